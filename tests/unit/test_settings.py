@@ -1,0 +1,104 @@
+"""Settings: defaults, every kind of refusal, and the message an operator reads."""
+
+from __future__ import annotations
+
+import pytest
+
+from deploys.settings import STAGES, Settings, SettingsError, allowed, validate
+
+
+def test_defaults_are_the_seed_recipe():
+    settings = validate({})
+    assert settings.vllm_version == "0.6.3"
+    assert settings.model_id == "Qwen/Qwen3.6-27B"
+    assert settings.tensor_parallel_size == 2
+    assert settings.max_model_len == 131072
+    assert settings.gpu_memory_utilization == 0.92
+    assert settings.block_size == 32
+    assert settings.sysctl == {"vm.swappiness": 1, "net.core.somaxconn": 65535}
+    assert settings.model_volume_mount_options == ["noatime"]
+    assert settings.stack["min_driver"] == "530.30.02"
+
+
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        ({"block_size": 24}, "block_size = 24: Input should be 8, 16 or 32 (allowed: 8, 16, 32)"),
+        ({"tensor_parallel_size": 0}, "tensor_parallel_size = 0:"),
+        ({"gpu_memory_utilization": 1.5}, "gpu_memory_utilization = 1.5:"),
+        ({"gpu_memory_utilization": 0}, "(allowed: > 0 and <= 1)"),
+        ({"max_model_len": -1}, "max_model_len = -1: Input should be greater than or equal to 1"),
+        ({"max_model_len": "128k"}, "max_model_len = '128k': Input should be a valid integer"),
+        ({"dtype": "fp8"}, "allowed: auto, bfloat16, float16, half, float, float32"),
+        ({"vllm_version": "9.9"}, "vllm_version = '9.9': no stack is defined for it; allowed: 0.6.3"),
+        ({"skip_stages": ["gatway"]}, "unknown stage ['gatway']"),
+        ({"model_volume_mount_options": ["noatime", "nobarrier"]}, "disables write barriers"),
+        ({"model_volume_mount_options": ["barrier=0"]}, "['barrier=0'] disables write barriers"),
+        ({"sysctl": {"vm swappiness": 1}}, "is not a sysctl key"),
+        ({"model_dir": "relative/path"}, "model_dir = 'relative/path': String should match"),
+        ({"max_model_length": 4096}, "max_model_length: unknown setting; did you mean max_model_len?"),
+        ({"max_num_seqs": 512, "max_num_batched_tokens": 256}, "must be >= max_num_seqs (512)"),
+        (
+            {"enable_chunked_prefill": False},
+            "without enable_chunked_prefill, max_num_batched_tokens (4096) must be >= "
+            "max_model_len (131072)",
+        ),
+    ],
+)
+def test_bad_values_are_refused_with_key_value_and_allowed(data, expected):
+    with pytest.raises(SettingsError) as refused:
+        validate(data, where="host gpu-1")
+    message = str(refused.value)
+    assert message.startswith("invalid settings for host gpu-1:")
+    assert expected in message
+    assert "README.md, section Settings" in message
+
+
+def test_every_problem_is_listed_at_once():
+    with pytest.raises(SettingsError) as refused:
+        validate({"block_size": 24, "tensor_parallel_size": 0, "gpu_memory_utilization": 1.5})
+    lines = str(refused.value).splitlines()
+    assert [line.split(" = ")[0].strip() for line in lines[1:4]] == [
+        "tensor_parallel_size",
+        "gpu_memory_utilization",
+        "block_size",
+    ]
+
+
+def test_secrets_are_never_echoed():
+    with pytest.raises(SettingsError) as refused:
+        validate({"hf_token": ["hf_SECRETVALUE"], "api_keys": "sk-NOTALIST"})
+    message = str(refused.value)
+    assert "SECRETVALUE" not in message and "NOTALIST" not in message
+    assert "hf_token = <secret>" in message
+
+
+def test_secret_values_are_hidden_in_repr():
+    settings = validate({"hf_token": "hf_abc123", "api_keys": ["sk-1"]})
+    assert "hf_abc123" not in repr(settings)
+    assert settings.hf_token.get_secret_value() == "hf_abc123"
+
+
+def test_connector_and_foreign_data_are_ignored():
+    settings = validate({"ssh_user": "ubuntu", "_sudo": True, "rack": "r12", "sandbox_scenario": "seed"})
+    assert settings.tensor_parallel_size == 2
+
+
+def test_settings_are_frozen():
+    with pytest.raises(Exception):
+        validate({}).block_size = 16  # type: ignore[misc]
+
+
+def test_allowed_words():
+    assert allowed("block_size") == "allowed: 8, 16, 32"
+    assert allowed("vllm_port") == "allowed: >= 1 and <= 65535"
+    assert allowed("model_id") is None
+
+
+def test_every_stage_name_is_accepted_by_skip_stages():
+    assert validate({"skip_stages": list(STAGES)}).skip_stages == list(STAGES)
+
+
+def test_every_setting_is_described():
+    for name, field in Settings.model_fields.items():
+        assert field.description and len(field.description) > 15, name
