@@ -1,0 +1,16 @@
+"""pyinfra-testing fixtures for the suite's facts: one class per ``tests/facts/<module>.<Fact>/``.
+
+Each JSON file pins the fact's command, its ``requires_command`` and what ``process``
+returns for one recorded output (notes/pyinfra.md section 6).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pyinfra_testing.facts import make_fact_tests
+
+BASE = Path(__file__).parent / "facts"
+
+for _name in sorted(d.name for d in BASE.iterdir() if d.is_dir()):
+    locals()[f"TestFact_{_name.replace('.', '_')}"] = make_fact_tests("facts", _name, BASE / _name)
