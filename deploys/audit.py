@@ -1,0 +1,21 @@
+"""Audit: read every host's OS, driver, GPUs, MIG, persistence, topology and NVLink
+state, judge it against the settings, and write a JSON and a Markdown report.
+
+Changes nothing on any host: it adds no operation, it only reads facts.
+
+    pyinfra inventory.py deploys/audit.py
+"""
+
+from pyinfra import host
+
+from deploys.audit_report import record, summarize
+from deploys.host_state import collect
+from deploys.settings import load_settings
+
+settings = load_settings(host)
+collected = collect(host)
+record(
+    host.name,
+    summarize(host.name, collected, settings),
+    report_dir=settings.audit_report_dir,
+)

@@ -1,0 +1,70 @@
+"""Real pyinfra runs against @local (this machine has no NVIDIA driver): the settings
+gate, the audit, and a fact from the command line."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PYINFRA = [sys.executable, "-m", "pyinfra"]
+
+
+def pyinfra(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=os.getcwd())
+    return subprocess.run(
+        [*PYINFRA, *args], capture_output=True, text=True, timeout=120, env=env, cwd=cwd
+    )
+
+
+@pytest.fixture(scope="module", autouse=True)
+def no_driver_here():
+    if Path("/proc/driver/nvidia/version").exists():
+        pytest.skip("these tests expect a machine without an NVIDIA driver")
+
+
+@pytest.mark.parametrize(
+    ("data", "words"),
+    [
+        ("block_size=24", ["block_size = 24", "allowed: 8, 16, 32"]),
+        ("tensor_parallel_size=0", ["tensor_parallel_size = 0", "allowed: >= 1 and <= 16"]),
+        ("gpu_memory_utilization=1.5", ["gpu_memory_utilization = 1.5", "allowed: > 0 and <= 1"]),
+    ],
+)
+def test_bad_setting_stops_the_run_before_any_operation(data, words):
+    run = pyinfra("@local", "deploys/full.py", "--dry", "--data", data)
+    assert run.returncode == 1
+    for word in words:
+        assert word in run.stderr
+    assert "Beginning operation run" not in run.stderr
+    assert "Proposed changes" not in run.stderr
+
+
+def test_audit_of_a_machine_without_driver(tmp_path):
+    run = pyinfra("-y", "@local", "deploys/audit.py", "--data", f"audit_report_dir={tmp_path}")
+    assert run.returncode == 0, run.stderr
+    assert "no NVIDIA driver" in run.stderr
+    reports = sorted(tmp_path.iterdir())
+    assert [p.suffix for p in reports] == [".json", ".md"]
+    assert f"Audit reports written to {reports[0]} and {reports[1]}" in run.stderr
+    report = json.loads(reports[0].read_text())
+    entry = report["hosts"]["@local"]
+    assert entry["summary"]["driver_present"] is False
+    assert entry["summary"]["verdict"] == "no NVIDIA driver"
+    assert entry["state"]["gpus"] is None
+    assert entry["state"]["topology"] is None
+    assert "## @local" in reports[1].read_text()
+
+
+def test_fact_from_the_command_line_is_absent_without_driver():
+    run = pyinfra("@local", "fact", "facts.nvidia.GpuTopology", "facts.nvidia.NvlinkStatus",
+                  "facts.nvidia.KernelModule", "--json")
+    assert run.returncode == 0, run.stderr
+    facts = json.loads(run.stdout)
+    assert facts["facts.nvidia.GpuTopology"]["@local"] is None
+    assert facts["facts.nvidia.NvlinkStatus"]["@local"] is None
+    assert facts["facts.nvidia.KernelModule"]["@local"] is None

@@ -1,0 +1,158 @@
+"""Preflight and audit verdicts, one test per branch, on hand-built host states."""
+
+from __future__ import annotations
+
+from deploys.checks import blocking, check_host, version_tuple
+from deploys.settings import validate
+
+UBUNTU_2204 = {"name": "Ubuntu", "major": 22, "minor": 4, "release_meta": {"PRETTY_NAME": "Ubuntu 22.04.4 LTS"}}
+
+
+def a100(index: int, **extra) -> dict:
+    gpu = {
+        "index": index,
+        "name": "NVIDIA A100 80GB PCIe",
+        "uuid": f"GPU-{index:08d}-0000-0000-0000-000000000000",
+        "pci_bus_id": f"00000000:{0x17 + index * 0x4E:02X}:00.0",
+        "memory_total_mib": 81920,
+        "mig_current": "Disabled",
+        "mig_pending": "Disabled",
+        "persistence_mode": "Enabled",
+        "driver_version": "535.129.03",
+    }
+    gpu.update(extra)
+    return gpu
+
+
+def topology(code: str) -> dict:
+    return {
+        "gpus": ["GPU0", "GPU1"],
+        "links": {"GPU0": {"GPU1": code}, "GPU1": {"GPU0": code}},
+        "cpu_affinity": {"GPU0": "0-31", "GPU1": "0-31"},
+        "numa_affinity": {"GPU0": "0", "GPU1": "0"},
+        "gpu_numa_id": {"GPU0": None, "GPU1": None},
+        "nics": [],
+        "nic_links": {},
+        "nic_legend": {},
+    }
+
+
+def seed_state(**changes) -> dict:
+    state = {
+        "os": UBUNTU_2204,
+        "kernel": "5.15.0-91-generic",
+        "kernel_module": {"version": "535.129.03", "open": False},
+        "driver": {"driver_version": "535.129.03", "cuda_version": "12.2"},
+        "driver_packages": {"nvidia-utils-535-server": "535.129.03-0ubuntu0.22.04.1"},
+        "held_packages": [],
+        "nvml_error": None,
+        "gpus": [a100(0), a100(1)],
+        "processes": [],
+        "topology": topology("NV12"),
+        "nvlink": {0: [{"link": n, "active": True, "speed_gbps": 25.0} for n in range(12)]},
+        "cuda_toolkit": None,
+    }
+    state.update(changes)
+    return state
+
+
+def names(checks):
+    return {c["name"]: c for c in checks}
+
+
+def test_the_seed_host_passes_every_check():
+    checks = check_host(seed_state(), validate({}))
+    assert [c["name"] for c in checks] == [
+        "os", "driver_version", "driver_cuda", "gpu_count", "gpu_memory", "tp_nvlink",
+    ]
+    assert all(c["ok"] is True for c in checks), checks
+    assert names(checks)["tp_nvlink"]["detail"] == "GPU0 and GPU1 joined by NVLink (GPU0-GPU1 NV12)"
+    assert blocking(checks) == []
+
+
+def test_pcie_topology_stops_the_host_naming_code_and_setting():
+    checks = check_host(seed_state(topology=topology("PHB")), validate({}))
+    failed = blocking(checks)
+    assert [c["name"] for c in failed] == ["tp_nvlink"]
+    assert "GPU0-GPU1 PHB" in failed[0]["detail"]
+    assert "allow_pcie_tensor_parallel=true" in failed[0]["fix"]
+
+
+def test_pcie_topology_is_a_warning_when_accepted():
+    checks = check_host(seed_state(topology=topology("PHB")), validate({"allow_pcie_tensor_parallel": True}))
+    link = names(checks)["tp_nvlink"]
+    assert link["ok"] is False and link["severity"] == "warning"
+    assert blocking(checks) == []
+
+
+def test_too_few_gpus_for_tensor_parallel():
+    checks = check_host(seed_state(gpus=[a100(0)]), validate({}))
+    count = names(checks)["gpu_count"]
+    assert count["ok"] is False
+    assert count["detail"] == "1 GPU(s); tensor_parallel_size is 2"
+    assert count["fix"] == "set tensor_parallel_size to at most 1"
+
+
+def test_small_gpus_are_refused():
+    small = [a100(0, name="NVIDIA A100-PCIE-40GB", memory_total_mib=40960), a100(1, memory_total_mib=40960)]
+    check = names(check_host(seed_state(gpus=small), validate({})))["gpu_memory"]
+    assert check["ok"] is False
+    assert "smallest 40960 MiB, min_gpu_memory_mib is 81920" in check["detail"]
+
+
+def test_old_driver_is_refused_with_the_stack_minimum():
+    state = seed_state(
+        kernel_module={"version": "525.147.05", "open": False},
+        driver={"driver_version": "525.147.05", "cuda_version": "12.0"},
+        driver_packages={"nvidia-utils-525-server": "525.147.05-0ubuntu0.22.04.1"},
+    )
+    checks = names(check_host(state, validate({})))
+    assert checks["driver_version"]["ok"] is False
+    assert "needs >= 530.30.02" in checks["driver_version"]["detail"]
+    assert checks["driver_cuda"]["ok"] is False
+
+
+def test_no_driver_is_not_a_failure_of_preflight():
+    state = seed_state(kernel_module=None, driver=None, driver_packages={}, gpus=None, topology=None, nvlink=None)
+    checks = check_host(state, validate({}))
+    driver = names(checks)["driver_present"]
+    assert driver["ok"] is None and driver["detail"] == "no NVIDIA driver"
+    assert "nvidia-headless-535-server" in driver["fix"]
+    assert blocking(checks) == []
+
+
+def test_module_package_mismatch_means_reboot():
+    state = seed_state(
+        kernel_module={"version": "535.104.05", "open": False},
+        driver=None,
+        gpus=None,
+        topology=None,
+        nvml_error={"error": "Failed to initialize NVML: Driver/library version mismatch", "nvml_library_version": "535.129"},
+    )
+    failed = blocking(check_host(state, validate({})))
+    assert failed[0]["name"] == "driver_module_match"
+    assert "535.104.05" in failed[0]["detail"] and "535.129.03" in failed[0]["detail"]
+    assert failed[0]["fix"].startswith("reboot the host")
+
+
+def test_unsupported_os():
+    state = seed_state(os={"name": "CentOS", "major": 7, "minor": 9, "release_meta": {"PRETTY_NAME": "CentOS Linux 7"}})
+    check = names(check_host(state, validate({})))["os"]
+    assert check == {
+        "name": "os", "ok": False, "severity": "error",
+        "detail": "CentOS Linux 7 is not supported",
+        "fix": "use Ubuntu 22.04, Ubuntu 24.04 or Debian 12",
+    }
+
+
+def test_tensor_parallel_one_skips_the_link_check():
+    checks = check_host(seed_state(gpus=[a100(0)]), validate({"tensor_parallel_size": 1}))
+    assert "tp_nvlink" not in names(checks)
+    assert blocking(checks) == []
+
+
+def test_version_tuple():
+    assert version_tuple("535.129.03") == (535, 129, 3)
+    assert version_tuple("570.26") > version_tuple("530.30.02")
+    assert version_tuple("13.0") >= version_tuple("12.1")
+    assert version_tuple(None) == ()
