@@ -1,0 +1,129 @@
+"""What the project's facts and audit printed on the real H200 host (the device tool,
+2026-11-29), checked against the raw outputs captured in the same run.
+
+tests/fixtures/nvidia/h200-device-20261129/ was written by
+``tools/capture_gpu_host.sh`` (raw command outputs, ``pyinfra @local fact ... --json``
+and ``pyinfra @local deploys/audit.py``), read-only: no GPU setting was changed.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from facts.cuda import parse_nvcc_version
+from facts.nvidia import (
+    parse_driver_info,
+    parse_dpkg_packages,
+    parse_gpu_inventory,
+    parse_gpu_processes,
+    parse_held_dpkg,
+    parse_kernel_module,
+    parse_nvlink_status,
+    parse_nvml_error,
+    parse_p2p,
+    parse_query_csv,
+    parse_topology,
+)
+
+CAPTURE = Path(__file__).parent.parent / "fixtures" / "nvidia" / "h200-device-20261129"
+FACTS = json.loads((CAPTURE / "pyinfra-facts.json").read_text())
+
+PARSERS = {
+    "facts.nvidia.GpuTopology": (parse_topology, "topo-m.txt"),
+    "facts.nvidia.P2pRead": (parse_p2p, "topo-p2p-r.txt"),
+    "facts.nvidia.NvlinkStatus": (parse_nvlink_status, "nvlink-s.txt"),
+    "facts.nvidia.KernelModule": (parse_kernel_module, "proc-driver-nvidia-version.txt"),
+    "facts.cuda.CudaToolkit": (parse_nvcc_version, "nvcc-version.txt"),
+    "facts.nvidia.GpuInventory": (parse_gpu_inventory, "query-gpu-csv-noheader-nounits.txt"),
+    "facts.nvidia.DriverInfo": (parse_driver_info, "smi.txt"),
+    "facts.nvidia.GpuProcesses": (parse_gpu_processes, "query-compute-apps.txt"),
+    "facts.nvidia.DriverPackages": (parse_dpkg_packages, "dpkg-nvidia.txt"),
+    "facts.nvidia.HeldPackages": (parse_held_dpkg, "dpkg-nvidia.txt"),
+    "facts.nvidia.NvmlError": (parse_nvml_error, "L.txt"),
+}
+
+
+def raw(name: str) -> list[str]:
+    return (CAPTURE / name).read_text(encoding="utf-8").splitlines()
+
+
+def fact(name: str):
+    return FACTS[name]["@local"]
+
+
+@pytest.mark.parametrize("name", sorted(PARSERS))
+def test_recorded_fact_equals_the_parser_on_the_raw_output(name):
+    parser, filename = PARSERS[name]
+    parsed = json.loads(json.dumps(parser(raw(filename))))
+    assert parsed == fact(name)
+
+
+def test_every_recorded_fact_is_checked():
+    assert set(FACTS) == set(PARSERS) | {"facts.nvidia.P2pRead"}
+
+
+def test_one_h200_mig_disabled_persistence_enabled():
+    (gpu,) = fact("facts.nvidia.GpuInventory")
+    assert gpu == {
+        "index": 0,
+        "name": "NVIDIA H200",
+        "uuid": "GPU-ab6a0263-0ae2-1846-2f4f-455ff8b12167",
+        "pci_bus_id": "00000000:00:06.0",
+        "memory_total_mib": 143771,
+        "mig_current": "Disabled",
+        "mig_pending": "Disabled",
+        "persistence_mode": "Enabled",
+        "driver_version": "580.159.04",
+    }
+    assert fact("facts.nvidia.DriverInfo") == {"driver_version": "580.159.04", "cuda_version": "13.0"}
+    assert fact("facts.nvidia.KernelModule") == {"version": "580.159.04", "open": True}
+
+
+def test_no_nvlink_exposed():
+    assert raw("nvlink-s.txt") == []
+    assert fact("facts.nvidia.NvlinkStatus") == {}
+    assert fact("facts.nvidia.GpuTopology")["links"] == {"GPU0": {}}
+    assert fact("facts.nvidia.GpuTopology")["cpu_affinity"] == {"GPU0": "0-15"}
+    assert fact("facts.nvidia.GpuTopology")["gpu_numa_id"] == {"GPU0": None}
+    assert "gpu0.nvlink0.state: NVMLError 3: Not Supported" in raw("nvml-probe.txt")
+
+
+def test_driver_not_from_dpkg_so_no_mismatch_is_claimed():
+    # The host's driver is not a Debian package (its module was built by nix), while
+    # CUDA 13.0 libraries are: cuda-compat's 580.95.05 must not be read as the driver.
+    packages = fact("facts.nvidia.DriverPackages")
+    assert packages["cuda-compat-13-0"] == "580.95.05-0ubuntu1"
+    assert not any(name.startswith(("nvidia-utils", "libnvidia-compute")) for name in packages)
+    assert fact("facts.nvidia.NvmlError") is None
+    assert fact("facts.nvidia.HeldPackages") == []
+
+
+def test_query_gpu_with_header_and_units():
+    (row,) = parse_query_csv(raw("query-gpu-csv.txt"))
+    assert row["memory.total"] == "143771"
+    assert row["mig.mode.current"] == "Disabled"
+    assert row["persistence_mode"] == "Enabled"
+
+
+def test_audit_report_of_the_real_host():
+    report = json.loads((CAPTURE / "audit-report.json").read_text())
+    summary = report["hosts"]["@local"]["summary"]
+    assert summary["os"] == "Ubuntu 24.04.3 LTS"
+    assert (summary["gpu_count"], summary["gpu_names"]) == (1, ["NVIDIA H200"])
+    assert (summary["driver_version"], summary["cuda_version"]) == ("580.159.04", "13.0")
+    assert summary["mig"] == [{"index": 0, "current": "Disabled", "pending": "Disabled"}]
+    assert summary["persistence"] == [{"index": 0, "mode": "Enabled"}]
+    assert summary["nvlink_active_links"] == {}
+    assert summary["module_mismatch"] is None
+    log = (CAPTURE / "audit-log.txt").read_text()
+    assert "1x NVIDIA H200  580.159.04  13.0  disabled  enabled" in log
+
+
+def test_every_command_exited_as_recorded():
+    codes = dict(line.split() for line in raw("exit-codes.txt"))
+    # dpkg-query exits 1 because no libnvidia-* package is installed; the fact accepts it.
+    assert codes.pop("dpkg-nvidia") == "1"
+    assert set(codes.values()) == {"0"}

@@ -1,0 +1,1 @@
+"""Operator-side commands (run on the operator's machine, not on the servers)."""

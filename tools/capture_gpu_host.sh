@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Capture, read-only, what the facts read on a real GPU host, then run the project's
+# facts and the audit against @local. Nothing here changes a GPU setting: only queries
+# (no -pm, -mig, -r, no driver or service change).
+#
+#   tools/capture_gpu_host.sh OUTDIR
+#
+# OUTDIR/raw/<command>.txt are fixtures for tests/fixtures/nvidia/<host>/, with each
+# command's exit status in OUTDIR/raw/exit-codes.txt; OUTDIR/facts.json is the facts'
+# JSON; OUTDIR/audit.log and OUTDIR/reports/ are the audit's output.
+set -uo pipefail
+out=${1:?usage: tools/capture_gpu_host.sh OUTDIR}
+mkdir -p "$out/raw"
+pyinfra=${PYINFRA:-pyinfra}
+
+capture() {  # capture NAME COMMAND...
+    local name=$1; shift
+    "$@" >"$out/raw/$name.txt" 2>&1
+    echo "$name $?" >>"$out/raw/exit-codes.txt"
+}
+
+capture smi nvidia-smi
+capture L nvidia-smi -L
+capture topo-m nvidia-smi topo -m
+capture topo-p2p-r nvidia-smi topo -p2p r
+capture nvlink-s nvidia-smi nvlink --status
+capture q nvidia-smi -q
+capture query-gpu-csv nvidia-smi --query-gpu=index,name,uuid,pci.bus_id,memory.total,mig.mode.current,mig.mode.pending,persistence_mode,driver_version --format=csv
+capture query-gpu-csv-noheader-nounits nvidia-smi --query-gpu=index,name,uuid,pci.bus_id,memory.total,mig.mode.current,mig.mode.pending,persistence_mode,driver_version --format=csv,noheader,nounits
+capture query-compute-apps nvidia-smi --query-compute-apps=gpu_uuid,pid,process_name,used_memory --format=csv,noheader,nounits
+capture proc-driver-nvidia-version cat /proc/driver/nvidia/version
+capture nvcc-version nvcc --version
+capture os-release cat /etc/os-release
+capture dpkg-nvidia dpkg-query -W -f '${Package}\t${Version}\t${db:Status-Abbrev}\n' 'nvidia-*' 'libnvidia-*' 'cuda-*'
+capture apt-mark-showhold apt-mark showhold
+capture systemd-detect-virt systemd-detect-virt
+
+facts=(
+    facts.nvidia.GpuTopology facts.nvidia.NvlinkStatus facts.nvidia.KernelModule
+    facts.cuda.CudaToolkit facts.nvidia.GpuInventory facts.nvidia.DriverInfo
+    facts.nvidia.GpuProcesses facts.nvidia.DriverPackages facts.nvidia.HeldPackages
+    facts.nvidia.NvmlError facts.nvidia.P2pRead
+)
+$pyinfra @local fact "${facts[@]}" --json >"$out/facts.json" 2>"$out/facts.log"
+echo "facts $?" >>"$out/raw/exit-codes.txt"
+$pyinfra -y @local deploys/audit.py --data audit_report_dir="$out/reports" >"$out/audit.log" 2>&1
+echo "audit $?" >>"$out/raw/exit-codes.txt"
