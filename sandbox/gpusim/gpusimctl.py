@@ -1,0 +1,463 @@
+#!/usr/bin/env python3
+"""gpusimctl: the admin side of the simulated NVIDIA stack (installed as /usr/sbin/gpusimctl).
+
+Single file, Python 3.11 stdlib only (it ships in the simulated nvidia-dkms package).
+Commands:
+  init --scenario seed|pcie|mig|mismatch|h200|bare   write a fresh state file
+  attach-process --gpu N [--pid P] [--name NAME] [--used-mib M]
+  detach-process --pid P | --all
+  boot                what a reboot does to the GPUs; run by gpusim-boot.service
+  install-driver --version V / remove-driver   what the package scripts call
+  configure --mig-auto-reset on|off            bare-metal (on) or passthrough-like (off)
+  show                print the state as JSON
+
+The state file is /var/lib/gpusim/state.json unless GPUSIM_STATE says otherwise. The
+helpers below repeat the few lines of nvidia_smi.py that read and write it, because each
+program is one file shipped in its own package.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import uuid
+from pathlib import Path
+
+DEFAULT_STATE = "/var/lib/gpusim/state.json"
+PROC_DRIVER = Path("/proc/driver")
+FALLBACK_PROC = Path("/run/gpusim/proc-driver")
+SCHEMA = 1
+
+# How each simulated module version reports itself in /proc/driver/nvidia/version.
+# 535.104.05: a real dmesg line ("Sat Aug 19 01:15:15 UTC 2023"). 535.129.03: the date is
+# not verified. 580.159.04: the captured H200 host (open module, nix build).
+MODULE_BUILDS = {
+    "535.129.03": {"flavor": "proprietary", "date": "Thu Oct 19 18:56:32 UTC 2023",
+                   "gcc": "gcc version 11.4.0 (Ubuntu 11.4.0-1ubuntu1~22.04)"},
+    "535.104.05": {"flavor": "proprietary", "date": "Sat Aug 19 01:15:15 UTC 2023",
+                   "gcc": "gcc version 11.4.0 (Ubuntu 11.4.0-1ubuntu1~22.04)"},
+    "580.159.04": {"flavor": "open", "date": "", "builder": "nixbld@",
+                   "gcc": "gcc version 15.3.0 (GCC) "},
+}
+CUDA_OF_BRANCH = {"535": "12.2", "550": "12.4", "555": "12.5", "570": "12.8", "580": "13.0"}
+
+
+# ------------------------------------------------------------------ state file (see module doc)
+
+
+def state_path() -> Path:
+    return Path(os.environ.get("GPUSIM_STATE", DEFAULT_STATE))
+
+
+def pid_alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat.rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def prune(state: dict) -> dict:
+    state["processes"] = [p for p in state.get("processes", []) if pid_alive(p.get("pid"))]
+    daemon = state.get("persistenced")
+    if daemon and not pid_alive(daemon.get("pid")):
+        state["persistenced"] = None
+        for gpu in state.get("gpus", []):
+            gpu["persistence_daemon"] = False
+    return state
+
+
+def load_state(path: Path) -> dict | None:
+    try:
+        return prune(json.loads(path.read_text()))
+    except FileNotFoundError:
+        return None
+
+
+def save_state(state: dict, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".state-", dir=path.parent)
+    with os.fdopen(fd, "w") as handle:
+        json.dump(state, handle, indent=2, sort_keys=True)
+        handle.write("\n")
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+
+
+@contextlib.contextmanager
+def locked(path: Path):
+    """Exclusive lock for a read-modify-write; the caller saves."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(f"{path}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+# ----------------------------------------------------------------------------------- scenarios
+
+
+def gpu_uuid(bus_id: str) -> str:
+    # Stable per bus id, so re-running init gives the same UUIDs (facts compare them).
+    return "GPU-" + str(uuid.uuid5(uuid.NAMESPACE_OID, f"gpusim:{bus_id}"))
+
+
+def a100_pcie(index: int, bus_id: str, temp: int, draw: float, nvlink: dict) -> dict:
+    """NVIDIA A100 80GB PCIe as R535 reports it (real capture of this card at these bus ids:
+    4MiB used, 300W cap). Serial/VBIOS are illustrative, not from a capture."""
+    return {
+        "index": index, "name": "NVIDIA A100 80GB PCIe", "uuid": gpu_uuid(bus_id),
+        "pci_bus_id": bus_id, "pci_device_id": "0x20B510DE", "pci_subsystem_id": "0x153310DE",
+        "serial": f"13240210{index:05d}", "vbios": "92.00.90.00.04", "board_id": "0x" + bus_id[9:11],
+        "brand": "NVIDIA", "architecture": "Ampere", "compute_cap": "8.0",
+        "memory_total_mib": 81920, "memory_reserved_mib": 0, "memory_base_used_mib": 4,
+        "power_limit_w": 300.0, "power_draw_w": draw, "temperature_c": temp, "pstate": "P0",
+        "clocks_max_sm_mhz": 1410, "ecc_mode": "Enabled", "compute_mode": "Default",
+        "mig_capable": True, "mig_current": "Disabled", "mig_pending": "Disabled",
+        "persistence_legacy": False, "persistence_daemon": False,
+        "cpu_affinity": "0-31,64-95", "numa_affinity": "0", "gpu_numa_id": "N/A",
+        "nvlink": nvlink,
+    }
+
+
+def driver(version: str | None, loaded_version: str | None) -> dict:
+    branch = (version or loaded_version or "535").split(".")[0]
+    return {"installed_version": version, "module_loaded": loaded_version is not None,
+            "module_version": loaded_version, "cuda_version": CUDA_OF_BRANCH.get(branch, "12.2")}
+
+
+def scenario_state(name: str, pcie_link: str = "PHB") -> dict:
+    if name == "h200":
+        return h200_state()
+    bridged = name in ("seed", "mig", "mismatch", "bare")
+    nvl = ({"state": "active", "links": 12, "speed": "25 GB/s"} if bridged
+           else {"state": "inactive"})
+    gpus = [a100_pcie(0, "00000000:17:00.0", 46, 63.0, dict(nvl)),
+            a100_pcie(1, "00000000:65:00.0", 50, 76.0, dict(nvl))]
+    if name == "mig":
+        gpus[0]["mig_current"] = gpus[0]["mig_pending"] = "Enabled"
+    versions = {"bare": (None, None), "mismatch": ("535.129.03", "535.104.05")}
+    installed, loaded = versions.get(name, ("535.129.03", "535.129.03"))
+    return {
+        "schema": SCHEMA, "scenario": name, "driver": driver(installed, loaded),
+        "topology": {"pairs": {"0,1": "NV12"} if bridged else {}, "pcie_link": pcie_link,
+                     "p2p": "OK"},
+        # Bare-metal Ampere resets an idle GPU itself when MIG mode changes (MIG user guide).
+        "mig_auto_reset": True,
+        "gpus": gpus, "processes": [], "persistenced": None,
+        # `init` describes the machine as it runs now: the container's next boot continues it.
+        "boot": {"skip_next": True, "count": 0},
+    }
+
+
+def h200_state() -> dict:
+    """The captured H200 host (fixtures/nvidia/h200-ubuntu2404-driver580), value for value."""
+    gpu = {
+        "index": 0, "name": "NVIDIA H200", "uuid": "GPU-f70fc72c-8ec5-a53a-cda1-f039fcfe7fab",
+        "pci_bus_id": "00000000:00:06.0", "pci_device_id": "0x233510DE",
+        "pci_subsystem_id": "0x18BF10DE", "serial": "1653824141930", "vbios": "96.00.A5.00.1A",
+        "board_id": "0x6", "brand": "NVIDIA", "architecture": "Hopper", "compute_cap": "9.0",
+        "memory_total_mib": 143771, "memory_reserved_mib": 616, "memory_base_used_mib": 0,
+        "memory_free_bias_mib": 1, "power_limit_w": 700.0, "power_draw_w": 133.46,
+        "temperature_c": 43, "pstate": "P0", "clocks_max_sm_mhz": 1980, "ecc_mode": "Enabled",
+        "compute_mode": "Default", "mig_capable": True, "mig_current": "Disabled",
+        "mig_pending": "Disabled", "persistence_legacy": True, "persistence_daemon": False,
+        "cpu_affinity": "0-15", "numa_affinity": "0", "gpu_numa_id": "N/A",
+        "nvlink": {"state": "hidden"},
+    }
+    return {
+        "schema": SCHEMA, "scenario": "h200", "driver": driver("580.159.04", "580.159.04"),
+        "topology": {"pairs": {}, "pcie_link": "PHB", "p2p": "OK"}, "mig_auto_reset": False,
+        "gpus": [gpu], "processes": [], "persistenced": None,
+        "boot": {"skip_next": True, "count": 0},
+    }
+
+
+# --------------------------------------------------------------------------- /proc exposure
+
+
+def version_text(version: str) -> str:
+    build = MODULE_BUILDS.get(version, {"flavor": "proprietary", "date": "",
+                                        "gcc": "gcc version 11.4.0 (Ubuntu 11.4.0-1ubuntu1~22.04)"})
+    if build["flavor"] == "open":
+        first = (f"NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  {version}  "
+                 f"Release Build  ({build.get('builder', 'buildd@lcy02-amd64-001')})  "
+                 f"{build['date']}")
+    else:
+        first = f"NVRM version: NVIDIA UNIX x86_64 Kernel Module  {version}  {build['date']}"
+    return f"{first}\nGCC version:  {build['gcc']}\n"
+
+
+def _mountpoint_fs(path: Path) -> str | None:
+    try:
+        for line in Path("/proc/self/mountinfo").read_text().splitlines():
+            left, _, right = line.partition(" - ")
+            if left.split()[4] == str(path):
+                fs = right.split()
+                return f"{fs[0]}:{fs[1]}"
+    except OSError:
+        return None
+    return None
+
+
+def _mount(*args: str) -> bool:
+    return subprocess.run(["mount", *args], capture_output=True).returncode == 0
+
+
+def expose_proc(state: dict, proc_driver: Path, use_mount: bool) -> Path | None:
+    """Make <proc_driver>/nvidia/version match the loaded module (or vanish without one).
+
+    Inside systemd-nspawn /proc is a real procfs where nothing can be created, but the
+    container has CAP_SYS_ADMIN, so a small tmpfs is mounted over /proc/driver (the way
+    container runtimes mask /proc/acpi). Returns the directory written, or None.
+    """
+    ours = _mountpoint_fs(proc_driver) == "tmpfs:gpusim"
+    if use_mount and not ours:
+        if (proc_driver / "nvidia").exists():
+            print("gpusimctl: a real NVIDIA driver is loaded here; not simulating /proc",
+                  file=sys.stderr)
+            return None
+        if not (proc_driver.is_dir() and
+                _mount("-t", "tmpfs", "-o", "mode=0555,size=64k", "gpusim", str(proc_driver))):
+            return _fallback(state)
+        ours = True
+    if ours:
+        _mount("-o", "remount,rw", str(proc_driver))
+    try:
+        _write_version(state, proc_driver)
+    finally:
+        if ours:
+            _mount("-o", "remount,ro", str(proc_driver))
+    return proc_driver
+
+
+def _fallback(state: dict) -> Path:
+    print(f"gpusimctl: cannot mount over {PROC_DRIVER}; wrote {FALLBACK_PROC}/nvidia/version "
+          "instead (facts reading /proc/driver/nvidia/version will see no driver)",
+          file=sys.stderr)
+    _write_version(state, FALLBACK_PROC)
+    return FALLBACK_PROC
+
+
+def _write_version(state: dict, proc_driver: Path) -> None:
+    nvdir = proc_driver / "nvidia"
+    drv = state["driver"]
+    if not drv.get("module_loaded"):
+        shutil.rmtree(nvdir, ignore_errors=True)
+        return
+    nvdir.mkdir(parents=True, exist_ok=True)
+    target = nvdir / "version"
+    if target.exists():
+        target.chmod(0o644)
+    target.write_text(version_text(drv["module_version"]))
+    target.chmod(0o444)
+    nvdir.chmod(0o555)
+
+
+# ------------------------------------------------------------------------------- commands
+
+
+def cmd_init(args: argparse.Namespace, path: Path) -> int:
+    with locked(path):
+        save_state(scenario_state(args.scenario, args.pcie_link), path)
+    print(f"gpusim: scenario {args.scenario} written to {path}")
+    return 0
+
+
+def _need_state(path: Path) -> dict:
+    state = load_state(path)
+    if state is None:
+        raise SystemExit(f"gpusimctl: no state at {path}; run `gpusimctl init` first")
+    return state
+
+
+def cmd_attach(args: argparse.Namespace, path: Path) -> int:
+    with locked(path):
+        state = _need_state(path)
+        if not any(g["index"] == args.gpu for g in state["gpus"]):
+            raise SystemExit(f"gpusimctl: no GPU {args.gpu}")
+        spawned = args.pid is None
+        pid = args.pid
+        if spawned:
+            # A real process, so `ps`, `fuser`-style checks and kill work on it.
+            proc = subprocess.Popen(["sleep", "infinity"], stdin=subprocess.DEVNULL,
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                    start_new_session=True)
+            pid = proc.pid
+        elif not pid_alive(pid):
+            raise SystemExit(f"gpusimctl: pid {pid} is not running")
+        state["processes"].append({"gpu": args.gpu, "pid": pid, "name": args.name,
+                                   "used_mib": args.used_mib, "type": "C", "spawned": spawned})
+        save_state(state, path)
+    print(pid)
+    return 0
+
+
+def _stop_spawned(procs: list[dict]) -> None:
+    """Only the `sleep` processes gpusimctl itself started are ended."""
+    for proc in procs:
+        if proc.get("spawned") and pid_alive(proc["pid"]):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc["pid"], signal.SIGTERM)
+
+
+def cmd_detach(args: argparse.Namespace, path: Path) -> int:
+    with locked(path):
+        state = _need_state(path)
+        gone = [p for p in state["processes"] if args.all or p["pid"] == args.pid]
+        if not gone and not args.all:
+            raise SystemExit(f"gpusimctl: pid {args.pid} is not attached")
+        state["processes"] = [p for p in state["processes"] if p not in gone]
+        _stop_spawned(gone)
+        save_state(state, path)
+    return 0
+
+
+def apply_reboot(state: dict) -> None:
+    """What a reboot does: pending MIG becomes current (Ampere keeps MIG mode in the InfoROM),
+    persistence mode is off until the daemon starts again, processes are gone, and the
+    module that loads is the installed one."""
+    for gpu in state["gpus"]:
+        if gpu.get("mig_capable", True):
+            gpu["mig_current"] = gpu.get("mig_pending", gpu.get("mig_current"))
+        gpu["persistence_legacy"] = False
+        gpu["persistence_daemon"] = False
+    _stop_spawned(state["processes"])
+    state["processes"] = []
+    state["persistenced"] = None
+    drv = state["driver"]
+    drv["module_version"] = drv.get("installed_version")
+    drv["module_loaded"] = drv["module_version"] is not None
+    if drv["module_version"]:
+        branch = drv["module_version"].split(".")[0]
+        drv["cuda_version"] = CUDA_OF_BRANCH.get(branch, drv.get("cuda_version", "12.2"))
+
+
+def _start_persistenced() -> None:
+    """Ubuntu's udev rule (71-nvidia.rules) starts the daemon when the module loads."""
+    unit = Path("/lib/systemd/system/nvidia-persistenced.service")
+    if Path("/run/systemd/system").is_dir() and unit.is_file():
+        subprocess.run(["systemctl", "start", "--no-block", "nvidia-persistenced.service"],
+                       capture_output=True)
+
+
+def cmd_boot(args: argparse.Namespace, path: Path) -> int:
+    with locked(path):
+        state = load_state(path)
+        if state is None:
+            print("gpusimctl boot: no simulated GPUs here (no state file)")
+            return 0
+        boot = state.setdefault("boot", {"skip_next": False, "count": 0})
+        if boot.get("skip_next"):
+            boot["skip_next"] = False
+        else:
+            apply_reboot(state)
+        boot["count"] = boot.get("count", 0) + 1
+        save_state(state, path)
+    proc_driver = Path(args.proc_root) if args.proc_root else PROC_DRIVER
+    expose_proc(state, proc_driver, use_mount=args.proc_root is None)
+    if state["driver"].get("module_loaded") and not args.no_udev:
+        _start_persistenced()
+    return 0
+
+
+def cmd_install_driver(args: argparse.Namespace, path: Path) -> int:
+    """Called by the package's postinst: new files on disk, the loaded module is unchanged."""
+    with locked(path):
+        state = load_state(path)
+        if state is None:
+            state = scenario_state("bare")
+            state["boot"]["skip_next"] = False
+        state["driver"]["installed_version"] = args.version
+        save_state(state, path)
+    return 0
+
+
+def cmd_remove_driver(args: argparse.Namespace, path: Path) -> int:
+    with locked(path):
+        state = load_state(path)
+        if state is not None:
+            state["driver"]["installed_version"] = None
+            save_state(state, path)
+    return 0
+
+
+def cmd_configure(args: argparse.Namespace, path: Path) -> int:
+    with locked(path):
+        state = _need_state(path)
+        if args.mig_auto_reset:
+            state["mig_auto_reset"] = args.mig_auto_reset == "on"
+        if args.pcie_link:
+            state["topology"]["pcie_link"] = args.pcie_link
+        save_state(state, path)
+    return 0
+
+
+def cmd_show(args: argparse.Namespace, path: Path) -> int:
+    state = load_state(path)
+    if state is None:
+        raise SystemExit(f"gpusimctl: no state at {path}")
+    print(json.dumps(state, indent=2, sort_keys=True))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gpusimctl", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    init = sub.add_parser("init", help="write a fresh state for a scenario")
+    init.add_argument("--scenario", required=True,
+                      choices=["seed", "pcie", "mig", "mismatch", "h200", "bare"])
+    init.add_argument("--pcie-link", default="PHB", choices=["PHB", "NODE", "SYS", "PXB", "PIX"],
+                      help="topo -m cell between GPUs without a bridge (pcie scenario)")
+    init.set_defaults(func=cmd_init)
+    attach = sub.add_parser("attach-process", help="a process that holds a GPU")
+    attach.add_argument("--gpu", type=int, required=True)
+    attach.add_argument("--pid", type=int)
+    attach.add_argument("--name", default="python3")
+    attach.add_argument("--used-mib", type=int, default=1024)
+    attach.set_defaults(func=cmd_attach)
+    detach = sub.add_parser("detach-process")
+    group = detach.add_mutually_exclusive_group(required=True)
+    group.add_argument("--pid", type=int)
+    group.add_argument("--all", action="store_true")
+    detach.set_defaults(func=cmd_detach)
+    boot = sub.add_parser("boot", help="apply what a reboot does (run at every boot)")
+    boot.add_argument("--proc-root", help="write DIR/nvidia/version instead of mounting "
+                      "over /proc/driver (tests)")
+    boot.add_argument("--no-udev", action="store_true",
+                      help="do not start nvidia-persistenced like Ubuntu's udev rule does")
+    boot.set_defaults(func=cmd_boot)
+    inst = sub.add_parser("install-driver", help="package postinst: installed version")
+    inst.add_argument("--version", required=True)
+    inst.set_defaults(func=cmd_install_driver)
+    sub.add_parser("remove-driver", help="package prerm").set_defaults(func=cmd_remove_driver)
+    conf = sub.add_parser("configure")
+    conf.add_argument("--mig-auto-reset", choices=["on", "off"])
+    conf.add_argument("--pcie-link", choices=["PHB", "NODE", "SYS", "PXB", "PIX"])
+    conf.set_defaults(func=cmd_configure)
+    sub.add_parser("show").set_defaults(func=cmd_show)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args, state_path())
+
+
+if __name__ == "__main__":
+    sys.exit(main())
