@@ -1,0 +1,708 @@
+"""Boot, inspect and tear down sandbox hosts: Debian 12 + systemd + sshd in systemd-nspawn.
+
+Each host N gets: an overlay root (lowerdir = the cached rootfs, its own upper/work dirs), its
+own network namespace and veth pair (see sandbox.net), a spare loop-backed block device bound
+into the container, a generated ssh host key (pinned in .sandbox/known_hosts) and a supervisor
+that boots it again after a `reboot` (see sandbox.supervise).
+
+Everything a host owns lives under RUN_DIR/hosts/<name>, and teardown finds resources from
+there and from their fixed names, so `down` also cleans up after a crashed `up`.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from sandbox import gpu, model_mirror, net, rootfs
+from sandbox.util import RUN_DIR, STATE_DIR, SandboxError, run, write_file
+
+# h200 is an extra gpusim scenario (8x H200 SXM, R580), matching the H200 captures.
+SCENARIOS = ("seed", "pcie", "mig", "mismatch", "bare", "h200")
+NAME_PREFIX = "gpu-sbx-"
+HOSTS_DIR = RUN_DIR / "hosts"
+STATE_FILE = STATE_DIR / "state.json"
+INVENTORY_FILE = STATE_DIR / "inventory.py"
+KEY_FILE = STATE_DIR / "id_ed25519"
+KNOWN_HOSTS = STATE_DIR / "known_hosts"
+LOG_DIR = STATE_DIR / "logs"
+DEFAULT_DISK_SIZE = "4G"
+BOOT_TIMEOUT = 180.0
+STOP_TIMEOUT = 30.0
+REQUIRED_TOOLS = (
+    "systemd-nspawn",
+    "ip",
+    "iptables",
+    "losetup",
+    "mount",
+    "umount",
+    "findmnt",
+    "ssh",
+    "ssh-keygen",
+    "truncate",
+)
+
+
+@dataclass
+class Host:
+    index: int
+    scenario: str
+    name: str = ""
+    address: str = ""
+    gateway: str = ""
+    netns: str = ""
+    veth: str = ""
+    loop_device: str = ""
+    host_dir: str = ""
+    boot_seconds: float = 0.0
+    data: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        hn = net.HostNet(self.index)
+        self.name = self.name or f"{NAME_PREFIX}{self.index}"
+        self.address, self.gateway = hn.address, hn.gateway
+        self.netns, self.veth = hn.netns, hn.veth
+        self.host_dir = self.host_dir or str(HOSTS_DIR / self.name)
+
+    @property
+    def dir(self) -> Path:
+        return Path(self.host_dir)
+
+    @property
+    def merged(self) -> Path:
+        return self.dir / "merged"
+
+
+# --------------------------------------------------------------------------- planning
+
+
+def _check_disk_size(size: str) -> None:
+    """The deploy's XFS step needs at least 2 GiB; sizes as truncate takes them (4G, 2048M)."""
+    match = re.fullmatch(r"(\d+)([KMGT]?)", size.strip().upper())
+    if not match:
+        raise SandboxError(f"--disk-size {size!r}: use a number with K, M, G or T (e.g. 4G)")
+    scale = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}[match.group(2)]
+    if int(match.group(1)) * scale < 2 * 2**30:
+        raise SandboxError(f"--disk-size {size}: at least 2G is needed")
+
+
+def plan(count: int, scenarios: list[str] | None) -> list[Host]:
+    """Hosts 1..count, scenarios taken from the list in turn (cycling); default seed."""
+    if count < 1:
+        raise SandboxError("--hosts must be at least 1")
+    chosen = scenarios or ["seed"]
+    for scenario in chosen:
+        if scenario not in SCENARIOS:
+            raise SandboxError(f"unknown scenario {scenario!r}; pick from {', '.join(SCENARIOS)}")
+    return [Host(index=i, scenario=chosen[(i - 1) % len(chosen)]) for i in range(1, count + 1)]
+
+
+def preflight(need_debootstrap: bool) -> None:
+    if os.geteuid() != 0:
+        raise SandboxError("sandbox hosts need root (netns, mounts, loop devices, nspawn)")
+    tools = list(REQUIRED_TOOLS) + (["debootstrap"] if need_debootstrap else [])
+    missing = [tool for tool in tools if shutil.which(tool) is None]
+    if missing:
+        raise SandboxError(
+            "missing tools: " + ", ".join(missing) + " (apt-get install systemd-container "
+            "debootstrap iptables openssh-client iproute2 util-linux)"
+        )
+
+
+# --------------------------------------------------------------------------- state
+
+
+def load_state() -> dict | None:
+    if not STATE_FILE.is_file():
+        return None
+    return json.loads(STATE_FILE.read_text())
+
+
+def save_state(state: dict) -> None:
+    STATE_DIR.mkdir(parents=True, exist_ok=True)
+    tmp = STATE_FILE.with_suffix(".tmp")
+    tmp.write_text(json.dumps(state, indent=2) + "\n")
+    tmp.rename(STATE_FILE)
+
+
+def ensure_key() -> Path:
+    """The client key pyinfra logs in with; kept across runs in .sandbox/."""
+    STATE_DIR.mkdir(parents=True, exist_ok=True)
+    if not KEY_FILE.is_file():
+        run(
+            [
+                "ssh-keygen",
+                "-q",
+                "-t",
+                "ed25519",
+                "-N",
+                "",
+                "-C",
+                "pyinfra-vllm-sandbox",
+                "-f",
+                str(KEY_FILE),
+            ],
+            step="ssh: generate client key",
+        )
+    return KEY_FILE
+
+
+# --------------------------------------------------------------------------- per-host setup
+
+
+def _nameservers() -> list[str]:
+    """The host's DNS servers; loopback stubs cannot be reached from a netns, so skip them."""
+    for path in (Path("/etc/resolv.conf"), Path("/run/systemd/resolve/resolv.conf")):
+        if not path.is_file():
+            continue
+        servers = re.findall(r"^\s*nameserver\s+(\S+)", path.read_text(), re.M)
+        usable = [s for s in servers if not s.startswith("127.") and s != "::1"]
+        if usable:
+            return usable
+    raise SandboxError("dns: no non-loopback nameserver in /etc/resolv.conf or systemd-resolved's")
+
+
+def _attach_loop(host: Host, size: str) -> None:
+    image = host.dir / "disk.img"
+    run(["truncate", "-s", size, str(image)], step=f"{host.name}: create disk image")
+    proc = run(["losetup", "-f", "--show", str(image)], step=f"{host.name}: losetup")
+    host.loop_device = proc.stdout.strip()
+
+
+def _mount_overlay(host: Host, lower: Path) -> None:
+    for sub in ("upper", "work", "merged"):
+        (host.dir / sub).mkdir(parents=True, exist_ok=True)
+    options = f"lowerdir={lower},upperdir={host.dir / 'upper'},workdir={host.dir / 'work'}"
+    run(
+        ["mount", "-t", "overlay", "overlay", "-o", options, str(host.merged)],
+        step=f"{host.name}: mount overlay root",
+    )
+
+
+def _inject_identity(host: Host, client_pub: str) -> str:
+    """Per-host files written into the overlay; returns the host's public ssh host key."""
+    root = host.merged
+    write_file(root / "etc/hostname", f"{host.name}\n")
+    write_file(
+        root / "etc/hosts",
+        f"127.0.0.1\tlocalhost\n127.0.1.1\t{host.name}\n"
+        "::1\tlocalhost ip6-localhost ip6-loopback\n",
+    )
+    write_file(root / "etc/machine-id", uuid.uuid4().hex + "\n", 0o444)
+    servers = "".join(f"nameserver {s}\n" for s in _nameservers())
+    resolv = root / "etc/resolv.conf"
+    if resolv.is_symlink():
+        resolv.unlink()
+    write_file(resolv, servers)
+    ssh_dir = root / "root/.ssh"
+    ssh_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    ssh_dir.chmod(0o700)
+    write_file(ssh_dir / "authorized_keys", client_pub, 0o600)
+    key = root / "etc/ssh/ssh_host_ed25519_key"
+    run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"root@{host.name}", "-f", str(key)],
+        step=f"{host.name}: generate ssh host key",
+    )
+    write_file(
+        root / "etc/ssh/sshd_config.d/10-sandbox-hostkey.conf",
+        "HostKey /etc/ssh/ssh_host_ed25519_key\n",
+    )
+    key_type, key_b64 = key.with_suffix(".pub").read_text().split()[0:2]
+    return f"{key_type} {key_b64}"
+
+
+def _nspawn_argv(host: Host, extra: list[str]) -> list[str]:
+    return [
+        "systemd-nspawn",
+        "--boot",
+        f"--directory={host.merged}",
+        f"--machine={host.name}",
+        f"--hostname={host.name}",
+        # The VM has no systemd and no system bus: do not register or create a scope unit.
+        "--register=no",
+        "--keep-unit",
+        f"--network-namespace-path=/run/netns/{host.netns}",
+        f"--bind={host.loop_device}",
+        "--resolv-conf=off",
+        "--timezone=off",
+        "--link-journal=no",
+        "--console=read-only",
+        *extra,
+    ]
+
+
+def _start_supervisor(host: Host, argv: list[str]) -> int:
+    write_file(host.dir / "nspawn.json", json.dumps(argv))
+    (host.dir / "stop").unlink(missing_ok=True)
+    log = open(host.dir / "console.log", "ab")  # noqa: SIM115 - handed to the child
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "sandbox.supervise", str(host.dir)],
+            cwd=Path(__file__).resolve().parent.parent,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # setsid: survives this CLI, gets no terminal signals
+        )
+    finally:
+        log.close()
+    (host.dir / "supervisor.pid").write_text(f"{proc.pid}\n")
+    return proc.pid
+
+
+def ssh_argv(address: str) -> list[str]:
+    """ssh client argv (without the command) for root on a sandbox host, pinned host key."""
+    return [
+        "ssh",
+        "-i",
+        str(KEY_FILE),
+        "-o",
+        f"UserKnownHostsFile={KNOWN_HOSTS}",
+        "-o",
+        "StrictHostKeyChecking=yes",
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        "ConnectTimeout=3",
+        "-o",
+        "LogLevel=ERROR",
+        f"root@{address}",
+    ]
+
+
+def ssh(
+    host: Host, command: list[str], *, step: str, check: bool = True, timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
+    """Run a command on a sandbox host over ssh (the remote side joins argv with spaces)."""
+    return run([*ssh_argv(host.address), "--", *command], step=step, check=check, timeout=timeout)
+
+
+def _console_tail(host: Host, lines: int = 25) -> str:
+    path = host.dir / "console.log"
+    if not path.is_file():
+        return "(no console.log)"
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def wait_ready(host: Host, started: float, timeout: float = BOOT_TIMEOUT) -> float:
+    """Wait for sshd and the end of boot; returns seconds since `started`."""
+    deadline = started + timeout
+    last = ""
+    while time.monotonic() < deadline:
+        if (host.dir / "exited").exists():
+            raise SandboxError(
+                f"{host.name}: systemd-nspawn exited during boot; console:\n" + _console_tail(host)
+            )
+        proc = ssh(
+            host,
+            ["systemctl", "is-system-running", "--wait"],
+            step="boot wait",
+            check=False,
+            timeout=max(5.0, deadline - time.monotonic()),
+        )
+        state = proc.stdout.strip()
+        if state in ("running", "degraded"):
+            return time.monotonic() - started
+        last = (proc.stderr or proc.stdout).strip()
+        time.sleep(0.5)
+    raise SandboxError(
+        f"{host.name}: not ready after {timeout:.0f}s (last: {last}); console:\n"
+        + _console_tail(host)
+    )
+
+
+def prepare_host(
+    host: Host, lower: Path, client_pub: str, disk_size: str, gpu_plan: gpu.GpuPlan
+) -> None:
+    """Everything before boot: dirs, loop disk, overlay, identity, GPU stack, netns."""
+    if host.dir.exists():
+        raise SandboxError(f"{host.name}: {host.dir} already exists (run `python -m sandbox down`)")
+    host.dir.mkdir(parents=True)
+    _attach_loop(host, disk_size)
+    _mount_overlay(host, lower)
+    hostkey = _inject_identity(host, client_pub)
+    with open(KNOWN_HOSTS, "a") as known:
+        known.write(f"{host.address} {hostkey}\n")
+    gpu.prepare(host, gpu_plan)
+    net.create(net.HostNet(host.index))
+
+
+# --------------------------------------------------------------------------- up
+
+
+@contextmanager
+def _exclusive(timeout: float = 120.0) -> Iterator[None]:
+    """One up/down at a time on this machine (addresses and netns names are fixed)."""
+    RUN_DIR.mkdir(parents=True, exist_ok=True)
+    with open(RUN_DIR / ".lock", "w") as lock:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise SandboxError("another `sandbox up/down` is still running") from None
+                time.sleep(0.5)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def up(
+    count: int,
+    scenarios: list[str] | None,
+    *,
+    disk_size: str = DEFAULT_DISK_SIZE,
+    model_base_url: str | None = None,
+    log=print,
+) -> list[Host]:
+    """Boot `count` hosts and write .sandbox/inventory.py; tears down a previous sandbox first."""
+    with _exclusive():
+        return _up(count, scenarios, disk_size=disk_size, model_base_url=model_base_url, log=log)
+
+
+def down(log=print) -> list[str]:
+    """Tear everything down (see _down) while holding the sandbox lock."""
+    with _exclusive():
+        return _down(log=log)
+
+
+def _up(
+    count: int,
+    scenarios: list[str] | None,
+    *,
+    disk_size: str = DEFAULT_DISK_SIZE,
+    model_base_url: str | None = None,
+    log=print,
+) -> list[Host]:
+    """Boot `count` hosts and write .sandbox/inventory.py; tears down a previous sandbox first."""
+    hosts = plan(count, scenarios)
+    _check_disk_size(disk_size)
+    lower = rootfs.rootfs_path()
+    preflight(need_debootstrap=not lower.is_dir())
+    if load_state() is not None or leftovers():
+        log("a previous sandbox exists: tearing it down first")
+        problems = _down(log=log)
+        if problems:
+            raise SandboxError("could not tear down the previous sandbox:\n" + "\n".join(problems))
+    lower = rootfs.build(log=log)
+    gpu_plan = gpu.plan([h.scenario for h in hosts], log=log)
+    client_pub = ensure_key().with_suffix(".pub").read_text()
+    KNOWN_HOSTS.write_text("")
+    state = {
+        "version": 1,
+        "rootfs": str(lower),
+        "run_dir": str(RUN_DIR),
+        "ip_forward_switched": False,
+        "hosts": [],
+        "services": {},
+    }
+    save_state(state)
+    try:
+        state["ip_forward_switched"] = net.enable_nat()
+        save_state(state)
+        starts: dict[str, float] = {}
+        for host in hosts:
+            state["hosts"].append(asdict(host))
+            save_state(state)
+            prepare_host(host, lower, client_pub, disk_size, gpu_plan)
+            state["hosts"][-1] = asdict(host)
+            save_state(state)
+            starts[host.name] = time.monotonic()
+            _start_supervisor(host, _nspawn_argv(host, gpu.nspawn_args(host, gpu_plan)))
+        # After the hosts' veths exist: the repo server binds to their gateway addresses.
+        gpu.start_services(hosts, gpu_plan, state)
+        mirror_url = model_mirror.start(hosts[0].gateway, state)
+        save_state(state)
+        log(f"booting {len(hosts)} host(s)...")
+        with ThreadPoolExecutor(max_workers=len(hosts)) as pool:
+            waits = {h.name: pool.submit(wait_ready, h, starts[h.name]) for h in hosts}
+            for host in hosts:
+                host.boot_seconds = round(waits[host.name].result(), 1)
+        for host in hosts:
+            gpu.after_boot(host, gpu_plan)
+            host.data = host_data(host, gpu_plan, model_base_url, mirror_url)
+        state["hosts"] = [asdict(h) for h in hosts]
+        save_state(state)
+        write_inventory(hosts)
+    except BaseException:
+        log("up failed: tearing down what was set up")
+        for problem in _down(log=log):
+            log(f"  teardown problem: {problem}")
+        raise
+    for host in hosts:
+        log(
+            f"{host.name}: {host.address} scenario={host.scenario} disk={host.loop_device} "
+            f"ready in {host.boot_seconds}s"
+        )
+    log(f"inventory: {INVENTORY_FILE}")
+    return hosts
+
+
+# --------------------------------------------------------------------------- inventory
+
+
+def host_data(
+    host: Host, gpu_plan: gpu.GpuPlan, model_base_url: str | None, mirror_url: str | None = None
+) -> dict:
+    data = {
+        "ssh_hostname": host.address,
+        "ssh_user": "root",
+        "ssh_port": 22,
+        "ssh_key": str(KEY_FILE),
+        "ssh_known_hosts_file": str(KNOWN_HOSTS),
+        # Host keys are generated by `up` and pinned in known_hosts, so checking is strict.
+        "ssh_strict_host_key_checking": "yes",
+        "sandbox": True,
+        "sandbox_index": host.index,
+        "sandbox_scenario": host.scenario,
+        "sandbox_gateway": host.gateway,
+        "model_volume_device": host.loop_device,
+    }
+    data.update(gpu.host_data(host, gpu_plan))
+    if mirror_url is not None:
+        data.update(model_mirror.host_data(mirror_url))
+    if model_base_url:
+        # Hook for sandbox/mirror: "{gateway}" becomes this host's host-side address.
+        data["model_base_url"] = model_base_url.replace("{gateway}", host.gateway)
+    return data
+
+
+def write_inventory(hosts: list[Host]) -> None:
+    lines = [
+        '"""Sandbox inventory, generated by `python -m sandbox up`; do not edit (git-ignored).',
+        "",
+        "Usage: pyinfra .sandbox/inventory.py fact server.Hostname",
+        '"""',
+        "",
+    ]
+    groups: dict[str, list[str]] = {}
+    for host in hosts:
+        groups.setdefault(host.scenario, []).append(
+            f"    ({host.name!r}, {json.dumps(host.data, sort_keys=True)}),"
+        )
+    for scenario in SCENARIOS:
+        if scenario in groups:
+            lines += [f"{scenario} = [", *groups[scenario], "]", ""]
+    lines += ["sandbox = " + " + ".join(s for s in SCENARIOS if s in groups), ""]
+    text = "\n".join(lines).replace(": true", ": True").replace(": false", ": False")
+    text = text.replace(": null", ": None")
+    write_file(INVENTORY_FILE, text)
+
+
+# --------------------------------------------------------------------------- down
+
+
+def _pid_from(path: Path) -> int | None:
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return (
+            Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        )
+    except OSError:
+        return ""
+
+
+def _ours(pid: int | None, marker: str, host_dir: Path) -> bool:
+    """Guard against pid reuse: signal only processes that are ours for this host."""
+    if pid is None:
+        return False
+    cmd = _cmdline(pid)
+    return marker in cmd and str(host_dir) in cmd
+
+
+def stop_host(host_dir: Path, timeout: float = STOP_TIMEOUT) -> list[str]:
+    """Orderly poweroff via SIGTERM to nspawn itself; SIGKILL after `timeout`."""
+    (host_dir / "stop").touch()
+    deadline = time.monotonic() + timeout
+    signalled: set[int] = set()
+    while time.monotonic() < deadline:
+        nspawn = _pid_from(host_dir / "nspawn.pid")
+        supervisor = _pid_from(host_dir / "supervisor.pid")
+        nspawn_alive = _ours(nspawn, "systemd-nspawn", host_dir)
+        if not nspawn_alive and not _ours(supervisor, "sandbox.supervise", host_dir):
+            return []
+        if nspawn_alive and nspawn not in signalled:
+            os.kill(nspawn, signal.SIGTERM)  # nspawn turns this into a poweroff of the container
+            signalled.add(nspawn)
+        time.sleep(0.2)
+    problems = []
+    for name, marker in (("nspawn.pid", "systemd-nspawn"), ("supervisor.pid", "sandbox.supervise")):
+        pid = _pid_from(host_dir / name)
+        if _ours(pid, marker, host_dir):
+            problems.append(f"{host_dir.name}: {marker} pid {pid} ignored SIGTERM; killed")
+            os.kill(pid, signal.SIGKILL)
+    time.sleep(0.5)
+    return problems
+
+
+def _mounts_under(prefix: Path) -> list[str]:
+    proc = run(["findmnt", "-rn", "-o", "TARGET"], step="findmnt", check=False)
+    targets = [t.replace("\\x20", " ") for t in proc.stdout.split()]
+    return sorted((t for t in targets if t.startswith(str(prefix) + "/")), key=len, reverse=True)
+
+
+def _loops_under(prefix: Path) -> list[str]:
+    proc = run(
+        ["losetup", "-a", "-n", "-O", "NAME,BACK-FILE", "--raw"], step="losetup", check=False
+    )
+    found = []
+    for line in proc.stdout.splitlines():
+        parts = line.split(maxsplit=1)
+        if len(parts) == 2 and parts[1].startswith(str(prefix) + "/"):
+            found.append(parts[0])
+    return found
+
+
+def _our_netns() -> list[str]:
+    return [n for n in net.netns_list() if re.fullmatch(rf"{NAME_PREFIX}\d+", n)]
+
+
+def _our_veths() -> list[str]:
+    return [
+        p.name for p in Path("/sys/class/net").glob("vsbx-*") if re.fullmatch(r"vsbx-\d+", p.name)
+    ]
+
+
+def _live_processes() -> list[str]:
+    found = []
+    for host_dir in sorted(HOSTS_DIR.glob("*")):
+        for name, marker in (
+            ("nspawn.pid", "systemd-nspawn"),
+            ("supervisor.pid", "sandbox.supervise"),
+        ):
+            pid = _pid_from(host_dir / name)
+            if _ours(pid, marker, host_dir):
+                found.append(f"{marker} pid {pid} ({host_dir.name})")
+    return found
+
+
+def leftovers() -> list[str]:
+    """Everything of ours still present on the machine (empty after a clean `down`)."""
+    found = _live_processes()
+    found += [f"mount {m}" for m in _mounts_under(RUN_DIR)]
+    found += [f"loop device {d}" for d in _loops_under(RUN_DIR)]
+    found += [f"netns {n}" for n in _our_netns()]
+    found += [f"veth {v}" for v in _our_veths()]
+    found += [f"iptables {r}" for r in net.leftover_rules()]
+    found += [f"service {s}" for s in gpu.live_services(load_state())]
+    found += model_mirror.leftovers()
+    if HOSTS_DIR.is_dir():
+        found += [f"host dir {d}" for d in sorted(HOSTS_DIR.iterdir())]
+    return found
+
+
+def _down(log=print) -> list[str]:
+    """Tear everything down; returns what could not be removed (empty list: all clean)."""
+    state = load_state() or {}
+    problems: list[str] = []
+    host_dirs = sorted(HOSTS_DIR.glob("*")) if HOSTS_DIR.is_dir() else []
+    for host_dir in host_dirs:
+        problems += stop_host(host_dir)
+    problems += gpu.stop_services(state)
+    problems += model_mirror.stop()
+    for target in _mounts_under(RUN_DIR):
+        proc = run(["umount", target], step="umount", check=False)
+        if proc.returncode != 0:
+            problems.append(f"umount {target}: {proc.stderr.strip()}")
+    for device in _loops_under(RUN_DIR):
+        proc = run(["losetup", "-d", device], step="losetup -d", check=False)
+        if proc.returncode != 0:
+            problems.append(f"losetup -d {device}: {proc.stderr.strip()}")
+    for netns in _our_netns():
+        problems += net.destroy(netns, "vsbx-" + netns[len(NAME_PREFIX) :])
+    for veth in _our_veths():
+        problems += net.destroy("", veth)
+    problems += net.disable_nat(bool(state.get("ip_forward_switched")))
+    LOG_DIR.mkdir(parents=True, exist_ok=True)
+    for host_dir in host_dirs:
+        if (host_dir / "console.log").is_file():
+            shutil.copy(host_dir / "console.log", LOG_DIR / f"{host_dir.name}.console.log")
+        if not _mounts_under(host_dir):
+            shutil.rmtree(host_dir, ignore_errors=True)
+        else:
+            problems.append(f"{host_dir} still has mounts; left in place")
+    for path in (STATE_FILE, INVENTORY_FILE, KNOWN_HOSTS):
+        path.unlink(missing_ok=True)
+    remaining = leftovers()
+    problems += [f"still present: {item}" for item in remaining if item not in problems]
+    if host_dirs or state:
+        log(
+            f"sandbox down: {len(host_dirs)} host(s) removed"
+            + (" with problems" if problems else "")
+        )
+    return problems
+
+
+# --------------------------------------------------------------------------- status
+
+
+def _descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    todo, found = [pid], []
+    while todo:
+        current = todo.pop()
+        found.append(current)
+        todo.extend(children.get(current, []))
+    return found
+
+
+def rss_kib(pid: int) -> int:
+    """RSS of nspawn and everything in its container (KiB, shared pages counted per process)."""
+    total = 0
+    for member in _descendants(pid):
+        try:
+            status = Path(f"/proc/{member}/status").read_text()
+        except OSError:
+            continue
+        match = re.search(r"^VmRSS:\s+(\d+)", status, re.M)
+        total += int(match.group(1)) if match else 0
+    return total
+
+
+def status() -> list[dict]:
+    state = load_state() or {}
+    rows = []
+    for record in state.get("hosts", []):
+        host_dir = Path(record["host_dir"])
+        pid = _pid_from(host_dir / "nspawn.pid")
+        alive = _ours(pid, "systemd-nspawn", host_dir)
+        rows.append(
+            {
+                "name": record["name"],
+                "address": record["address"],
+                "scenario": record["scenario"],
+                "loop_device": record["loop_device"],
+                "nspawn_pid": pid if alive else None,
+                "rss_mib": round(rss_kib(pid) / 1024, 1) if alive and pid else 0,
+                "boot_seconds": record.get("boot_seconds"),
+            }
+        )
+    return rows

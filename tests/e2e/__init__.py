@@ -1,0 +1,1 @@
+"""End-to-end tests against sandbox hosts (see sandbox/README.md)."""

@@ -1,0 +1,102 @@
+"""Session fixtures that boot sandbox hosts once for all e2e tests.
+
+- Skips (with the reason) when not root or when the tools are missing.
+- SANDBOX_REUSE=1 with an existing .sandbox/inventory.py: use the running sandbox as is and
+  leave it running afterwards.
+- SANDBOX_SCENARIOS (default "seed,bare") picks the scenarios of the two hosts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from sandbox import hosts as sbx
+from sandbox import rootfs
+from sandbox.util import REPO_ROOT, SandboxError
+
+PYINFRA = str(Path(sys.executable).with_name("pyinfra"))
+
+
+@dataclass
+class SandboxHost:
+    name: str
+    address: str
+    scenario: str
+    loop_device: str
+    host_dir: Path
+
+
+@dataclass
+class Sandbox:
+    hosts: list[SandboxHost]
+    inventory: Path
+    reused: bool
+
+    def ssh(
+        self, host: SandboxHost, command: str, *, check: bool = True, timeout: float = 300
+    ) -> subprocess.CompletedProcess[str]:
+        """Run a shell command line on a host as root."""
+        argv = [*sbx.ssh_argv(host.address), "--", command]
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+        if check and proc.returncode != 0:
+            pytest.fail(
+                f"{host.name}: `{command}` exited {proc.returncode}\n"
+                f"stdout: {proc.stdout}\nstderr: {proc.stderr}"
+            )
+        return proc
+
+    def pyinfra(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [PYINFRA, "-y", str(self.inventory), *args],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+
+
+def _skip_reason() -> str | None:
+    if os.geteuid() != 0:
+        return "sandbox hosts need root (network namespaces, mounts, loop devices, nspawn)"
+    try:
+        sbx.preflight(need_debootstrap=not rootfs.rootfs_path().is_dir())
+    except SandboxError as exc:
+        return str(exc)
+    return None
+
+
+def _from_state() -> list[SandboxHost]:
+    state = json.loads(sbx.STATE_FILE.read_text())
+    return [
+        SandboxHost(h["name"], h["address"], h["scenario"], h["loop_device"], Path(h["host_dir"]))
+        for h in state["hosts"]
+    ]
+
+
+@pytest.fixture(scope="session")
+def sandbox() -> Sandbox:
+    reason = _skip_reason()
+    if reason:
+        pytest.skip(f"e2e sandbox unavailable: {reason}")
+    reuse = os.environ.get("SANDBOX_REUSE") == "1" and sbx.INVENTORY_FILE.is_file()
+    if not reuse:
+        scenarios = os.environ.get("SANDBOX_SCENARIOS", "seed,bare").split(",")
+        try:
+            sbx.up(2, scenarios)
+        except SandboxError as exc:
+            pytest.fail(f"sandbox up failed: {exc}")
+    try:
+        yield Sandbox(hosts=_from_state(), inventory=sbx.INVENTORY_FILE, reused=reuse)
+    finally:
+        if not reuse:
+            problems = sbx.down()
+            if problems:
+                # Not an assert in a finalizer: report loudly, the teardown test checks it.
+                print("sandbox teardown problems:\n" + "\n".join(problems), file=sys.stderr)

@@ -1,0 +1,139 @@
+"""The sandbox hosts behave like real servers: systemd, sshd, a spare disk, apt/PyPI, reboot.
+
+Boots two hosts once per session (tests/e2e/conftest.py). The last test tears the sandbox down
+itself and checks that nothing is left behind, so keep it last in this file.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+
+import pytest
+
+from sandbox import hosts as sbx
+from sandbox import net
+
+pytestmark = pytest.mark.e2e
+
+
+def test_plan_cycles_scenarios() -> None:
+    planned = sbx.plan(5, ["seed", "bare"])
+    assert [h.scenario for h in planned] == ["seed", "bare", "seed", "bare", "seed"]
+    assert [h.address for h in planned[:2]] == ["10.213.1.2", "10.213.2.2"]
+    with pytest.raises(sbx.SandboxError, match="unknown scenario"):
+        sbx.plan(1, ["gpu"])
+
+
+def test_two_distinct_hostnames(sandbox) -> None:
+    proc = sandbox.pyinfra("fact", "server.Hostname", "--json")
+    assert proc.returncode == 0, proc.stderr
+    facts = json.loads(proc.stdout)["server.Hostname"]
+    assert facts == {h.name: h.name for h in sandbox.hosts}
+    assert len(set(facts.values())) == 2
+
+
+def test_inventory_host_data(sandbox) -> None:
+    proc = sandbox.pyinfra("debug-inventory", "--json", timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    text = proc.stdout + proc.stderr
+    for host in sandbox.hosts:
+        assert host.name in text
+    for key in ("ssh_known_hosts_file", "sandbox_scenario", "model_volume_device"):
+        assert key in text
+
+
+@pytest.mark.parametrize("index", [0, 1])
+def test_systemd_is_pid1_and_running(sandbox, index: int) -> None:
+    host = sandbox.hosts[index]
+    assert sandbox.ssh(host, "cat /proc/1/comm").stdout.strip() == "systemd"
+    state = sandbox.ssh(host, "systemctl is-system-running", check=False).stdout.strip()
+    assert state in ("running", "degraded")
+    assert sandbox.ssh(host, "systemd-detect-virt", check=False).stdout.strip() == "systemd-nspawn"
+
+
+def test_loop_device_takes_xfs_noatime(sandbox) -> None:
+    host = sandbox.hosts[-1]
+    dev = host.loop_device
+    mnt = "/mnt/sandbox-e2e"
+    out = sandbox.ssh(
+        host,
+        f"mkfs.xfs -q -f {dev} && mkdir -p {mnt} && mount -o noatime {dev} {mnt} && "
+        f"findmnt -no FSTYPE,OPTIONS {mnt}; umount {mnt}; rmdir {mnt}; wipefs -a -q {dev}",
+    ).stdout
+    fstype, options = out.split()[0:2]
+    assert fstype == "xfs"
+    assert "noatime" in options.split(",")
+    # Left blank for the deploy, which must format it itself.
+    assert sandbox.ssh(host, f"blkid -p {dev}", check=False).returncode != 0
+
+
+def test_apt_and_pip_reach_registries(sandbox) -> None:
+    host = sandbox.hosts[0]
+    sandbox.ssh(host, "apt-get update -q", timeout=300)
+    sandbox.ssh(
+        host,
+        "python3 -m venv /tmp/e2e-venv && /tmp/e2e-venv/bin/pip download -q --no-deps "
+        "--cert /etc/ssl/certs/ca-certificates.crt -d /tmp/e2e-dl six && ls /tmp/e2e-dl "
+        "&& rm -rf /tmp/e2e-venv /tmp/e2e-dl",
+        timeout=300,
+    )
+
+
+def test_gpu_scenarios(sandbox) -> None:
+    for host in sandbox.hosts:
+        smi = sandbox.ssh(host, "nvidia-smi -L", check=False)
+        if host.scenario == "bare":
+            assert smi.returncode != 0  # no driver
+            repo = f"http://10.213.{host.name.rsplit('-', 1)[1]}.1:8787/Packages"
+            packages = sandbox.ssh(host, f"curl -fsS {repo}").stdout
+            assert "Package: nvidia-headless-535-server" in packages
+        elif host.scenario in ("seed", "pcie", "mig"):
+            assert smi.returncode == 0, smi.stdout + smi.stderr
+            assert smi.stdout.count("NVIDIA A100 80GB PCIe") == 2
+
+
+def test_reboot_boots_the_same_host(sandbox) -> None:
+    host = sandbox.hosts[0]
+    before = sandbox.ssh(host, "touch /root/e2e-marker; cat /proc/sys/kernel/random/boot_id")
+    # delay=3: the container is down within a second of `reboot`, no need for the default 10.
+    proc = sandbox.pyinfra("--limit", host.name, "server.reboot", "delay=3", timeout=200)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    after = sandbox.ssh(
+        host,
+        "cat /proc/sys/kernel/random/boot_id; ls /root/e2e-marker; "
+        f"test -b {host.loop_device} && echo disk-ok; rm /root/e2e-marker",
+    )
+    assert after.stdout.split()[0] != before.stdout.strip()
+    assert "disk-ok" in after.stdout
+
+
+def test_teardown_leaves_nothing(sandbox) -> None:
+    if sandbox.reused:
+        pytest.skip("SANDBOX_REUSE=1: the sandbox is left running")
+    pids = [p for h in sandbox.hosts for p in _container_pids(h)]
+    assert pids, "expected running containers before teardown"
+    assert sbx.down() == []
+    assert not [n for n in net.netns_list() if n.startswith("gpu-sbx-")]
+    losetup = subprocess.run(["losetup", "-a"], capture_output=True, text=True).stdout
+    assert str(sbx.RUN_DIR) not in losetup
+    findmnt = subprocess.run(["findmnt", "-rn"], capture_output=True, text=True).stdout
+    assert str(sbx.RUN_DIR) not in findmnt
+    alive = [p for p in pids if _alive(p)]
+    assert alive == [], "nspawn/container processes (sshd, systemd) survived teardown"
+    assert net.leftover_rules() == []
+    assert sbx.leftovers() == []
+
+
+def _container_pids(host) -> list[int]:
+    pid_file = host.host_dir / "nspawn.pid"
+    return sbx._descendants(int(pid_file.read_text())) if pid_file.is_file() else []
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return re.search(r"\) [^Z] ", stat.read()) is not None  # zombies count as gone
+    except OSError:
+        return False
