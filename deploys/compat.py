@@ -1,0 +1,151 @@
+"""Compatibility gate: can the chosen vLLM stack load this model on this driver?
+
+Pure functions over the model's ``config.json`` (a dict), a row of
+``deploys.stacks.STACKS``, the model registry of the vLLM installed on the host (when
+the host has one; ``None`` before the runtime stage ran) and the driver version. They
+return check dicts ``{"name", "ok", "severity", "detail", "fix"}`` like
+deploys/checks.py, so preflight can refuse before anything on the host changes.
+
+Why a gate: the seed post runs Qwen3.6-27B (``Qwen3_5ForConditionalGeneration``) on
+vLLM 0.6.3, whose registry has no such class; vLLM then fails at start-up after the
+whole environment and 55 GB of weights were installed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from deploys.stacks import FIRST_SUPPORTED, STACKS
+
+
+def version_key(version: str | None) -> tuple[int, ...]:
+    """'0.10.1.1' -> (0, 10, 1, 1); '570.124.06' -> (570, 124, 6); stops at the first
+    non-numeric part ('0.6.3.post1' -> (0, 6, 3)), so post releases compare equal."""
+    parts: list[int] = []
+    for piece in (version or "").strip().split("."):
+        if not piece.isdigit():
+            break
+        parts.append(int(piece))
+    return tuple(parts)
+
+
+def _check(name: str, ok: bool | None, detail: str, fix: str = "", severity: str = "error"):
+    return {"name": name, "ok": ok, "severity": severity, "detail": detail, "fix": fix}
+
+
+def architectures(config: dict[str, Any]) -> list[str]:
+    """The ``architectures`` list of a config.json (empty when absent)."""
+    value = config.get("architectures") or []
+    return [str(a) for a in value] if isinstance(value, list) else [str(value)]
+
+
+def first_supporting(arch: str) -> str | None:
+    """The first vLLM release known to load ``arch``: FIRST_SUPPORTED, else the oldest
+    STACKS row whose built-in table lists it."""
+    if arch in FIRST_SUPPORTED:
+        return FIRST_SUPPORTED[arch]
+    rows = [v for v, row in STACKS.items() if arch in row.get("architectures", [])]
+    return min(rows, key=version_key) if rows else None
+
+
+def _model_words(config: dict[str, Any], model_id: str | None) -> str:
+    name = model_id or config.get("_name_or_path") or config.get("model_type") or "the model"
+    return str(name)
+
+
+def check_architecture(
+    config: dict[str, Any],
+    stack: dict[str, Any],
+    registry: list[str] | None,
+    model_id: str | None = None,
+) -> dict[str, Any]:
+    """Is one of the config's architectures loadable by the stack's vLLM?
+
+    The installed registry (``ModelRegistry.get_supported_archs()`` read on the host)
+    wins when known; otherwise the stack row's built-in table and FIRST_SUPPORTED decide.
+    An architecture neither knows is not judged (ok None, a warning): the built-in
+    table lists the Qwen family only.
+    """
+    version = stack["vllm"]
+    archs = architectures(config)
+    model = _model_words(config, model_id)
+    if not archs:
+        return _check(
+            "model_architecture",
+            False,
+            f"{model}: config.json has no 'architectures' list",
+            "check that model_id names a transformers model repository",
+        )
+    known = set(registry) if registry is not None else set(stack.get("architectures", []))
+    loadable = [a for a in archs if a in known]
+    if registry is None:
+        # A release at or after the first that registered it loads it too.
+        loadable += [
+            a
+            for a in archs
+            if a not in loadable
+            and a in FIRST_SUPPORTED
+            and version_key(version) >= version_key(FIRST_SUPPORTED[a])
+        ]
+    source = "its installed registry" if registry is not None else "the built-in table"
+    if loadable:
+        return _check(
+            "model_architecture",
+            True,
+            f"vLLM {version} loads {loadable[0]} ({model}) per {source}",
+        )
+    arch = archs[0]
+    first = first_supporting(arch)
+    if first is not None and version_key(first) > version_key(version):
+        return _check(
+            "model_architecture",
+            False,
+            f"vLLM {version} cannot load {arch} ({model}); it is supported from "
+            f"vLLM {first}: set vllm_version to {first} or later",
+            f"set vllm_version to {first} or later (rows: {', '.join(sorted(STACKS))})",
+        )
+    if registry is not None:
+        return _check(
+            "model_architecture",
+            False,
+            f"vLLM {version} cannot load {arch} ({model}): not in its installed registry",
+            "choose a model vLLM supports or a vLLM release that registers it",
+        )
+    return _check(
+        "model_architecture",
+        None,
+        f"{arch} ({model}) is not in the built-in table of vLLM {version}; the installed "
+        "registry decides once the runtime stage has run",
+        "",
+        severity="warning",
+    )
+
+
+def check_driver_minimum(stack: dict[str, Any], driver_version: str | None) -> dict[str, Any]:
+    """Does the host's driver meet the stack's minimum (None: no driver yet)?"""
+    minimum = stack["min_driver"]
+    words = f"the vLLM {stack['vllm']} stack (CUDA {stack['cuda']}) needs driver >= {minimum}"
+    if not driver_version:
+        return _check("stack_driver", None, f"no NVIDIA driver yet; {words}")
+    ok = version_key(driver_version) >= version_key(minimum)
+    return _check(
+        "stack_driver",
+        ok,
+        f"driver {driver_version}; {words}",
+        "" if ok else f"install a driver branch >= {minimum.split('.')[0]} "
+        f"(nvidia_driver_branch) or choose an older vllm_version",
+    )
+
+
+def check_compat(
+    config: dict[str, Any],
+    stack: dict[str, Any],
+    registry: list[str] | None,
+    driver_version: str | None,
+    model_id: str | None = None,
+) -> list[dict[str, Any]]:
+    """Every compatibility check for one model on one stack and host driver."""
+    return [
+        check_architecture(config, stack, registry, model_id),
+        check_driver_minimum(stack, driver_version),
+    ]

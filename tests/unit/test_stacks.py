@@ -1,0 +1,37 @@
+"""deploys.stacks: every row has the keys other code reads, and the table agrees with it."""
+
+from __future__ import annotations
+
+import re
+
+from deploys.compat import version_key
+from deploys.stacks import FIRST_SUPPORTED, STACKS
+
+KEYS = {"vllm", "python", "torch", "cuda", "min_driver", "pins", "qwen_architectures",
+        "architectures", "block_sizes"}
+
+
+def test_rows_have_every_key_and_consistent_pins():
+    for version, row in STACKS.items():
+        assert KEYS <= set(row), version
+        assert row["vllm"] == version
+        assert row["pins"]["torch"] == row["torch"]
+        assert re.fullmatch(r"\d{3}\.\d+(\.\d+)?", row["min_driver"])
+        assert re.fullmatch(r"3\.1[0-3]", row["python"])
+        assert set(row["qwen_architectures"]) <= set(row["architectures"])
+        assert {8, 16, 32} <= set(row["block_sizes"])  # the settings' choices
+
+
+def test_first_supported_agrees_with_rows():
+    for arch, first in FIRST_SUPPORTED.items():
+        for version, row in STACKS.items():
+            listed = arch in row["architectures"]
+            assert listed == (version_key(version) >= version_key(first)), (arch, version)
+
+
+def test_the_qwen36_stack():
+    row = STACKS["0.17.0"]
+    assert "Qwen3_5ForConditionalGeneration" in row["architectures"]
+    assert row["cuda"] == "12.8" and row["torch"] == "2.10.0"
+    assert row["pins"]["transformers"].startswith("4.")  # vLLM 0.17: transformers<5
+    assert "Qwen3_5ForConditionalGeneration" not in STACKS["0.6.3"]["architectures"]
