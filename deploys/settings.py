@@ -128,6 +128,13 @@ class Settings(BaseModel):
     """Accept tensor-parallel GPUs joined only by PCIe (a warning instead of a stop)."""
     nvidia_driver_branch: str = Field(default="535-server", pattern=r"^\d{3}(-server|-open|-server-open)?$")
     """Ubuntu driver branch installed on hosts without a driver (nvidia-headless-<branch>)."""
+    nvidia_apt_repo: str | None = Field(default=None, pattern=r"^(deb\s+\S.*|https?://\S+)$")
+    """Extra apt source for the driver packages, written to
+    /etc/apt/sources.list.d/pyinfra-vllm-nvidia.list before the driver install: a one-line
+    source ("deb [signed-by=...] URI SUITE COMPONENT"), or the URL of a flat repository you
+    trust (written as "deb [trusted=yes] URL ./": a local mirror, the sandbox's repo). None
+    installs from the distribution's own sources.
+    """
     allow_reboot: bool = False
     """May the deploy reboot a host (after a driver install, or for a pending MIG mode)?"""
     install_cuda_toolkit: bool = False

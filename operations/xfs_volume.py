@@ -1,0 +1,229 @@
+"""The weights volume: XFS on a block device, in /etc/fstab by UUID, mounted with noatime.
+
+A device is formatted only when a low-level probe finds nothing on it (no file system,
+no partition table, no other signature) and the operator allowed it; a device that
+carries anything else stops the host and is left untouched. The fstab is rewritten as a
+whole into a temporary file next to /etc/fstab, checked with ``findmnt --verify``, and
+only then moved over the old one, so a failed check never leaves a broken fstab.
+"""
+
+from __future__ import annotations
+
+import uuid as uuid_module
+from io import StringIO
+from typing import Any
+
+from pyinfra import host
+from pyinfra.api import (
+    FileUploadCommand,
+    OperationValueError,
+    QuoteString,
+    StringCommand,
+    operation,
+)
+from pyinfra.operations import files
+
+from facts.storage import FSTAB, BlockDevice, Fstab, MountPoint
+from operations import gate
+
+# Options that only mean something to mount(8) or at boot, never shown by the kernel.
+FSTAB_ONLY_OPTIONS = ("nofail", "defaults", "auto", "noauto", "_netdev")
+
+
+def fstab_options(options: list[str]) -> str:
+    """The fstab option field: the mount options plus ``nofail`` (a missing disk must not
+    drop the host into emergency mode at boot)."""
+    opts = [opt for opt in options if opt]
+    if "nofail" not in opts:
+        opts.append("nofail")
+    return ",".join(opts)
+
+
+def render_fstab_line(fs_uuid: str, path: str, options: list[str]) -> str:
+    """``UUID=<uuid> <path> xfs <options>,nofail 0 0``."""
+    if any(char.isspace() for char in path):
+        raise OperationValueError(f"{path!r}: a mount point with blanks is not supported")
+    return f"UUID={fs_uuid} {path} xfs {fstab_options(options)} 0 0"
+
+
+def fstab_with_entry(
+    entries: list[dict[str, Any]], wanted: str, path: str, sources: list[str]
+) -> tuple[str, bool]:
+    """The fstab with exactly one entry for ``path``: ``wanted``.
+
+    Entries for the same mount point, or for the same device (any spelling in
+    ``sources``), are replaced by ``wanted`` at the place of the first of them; other
+    lines, comments included, are kept as they are. Returns ``(content, changed)``.
+    """
+    wanted_fields = wanted.split()
+    lines: list[str] = []
+    placed = False
+    matched: list[list[str]] = []
+    for entry in entries:
+        if entry["spec"] is not None and (entry["file"] == path or entry["spec"] in sources):
+            matched.append(entry["line"].split())
+            if not placed:
+                lines.append(wanted)
+                placed = True
+            continue
+        lines.append(entry["line"])
+    if not placed:
+        lines.append(wanted)
+    content = "\n".join(lines) + "\n"
+    return content, matched != [wanted_fields]
+
+
+def describe_signature(info: dict[str, Any]) -> str:
+    if info.get("fstype"):
+        found = info["fstype"]
+        if info.get("uuid"):
+            found += f" (UUID {info['uuid']})"
+        return found
+    if info.get("pttype"):
+        return f"a {info['pttype']} partition table"
+    return "an unknown signature"
+
+
+def missing_options(wanted: list[str], mounted: list[str]) -> list[str]:
+    """Wanted mount options the live mount does not show."""
+    return [opt for opt in wanted if opt not in FSTAB_ONLY_OPTIONS and opt not in mounted]
+
+
+@operation()
+def mounted(
+    device: str,
+    path: str,
+    options: list[str] | None = None,
+    mkfs: bool = False,
+    fs_uuid: str | None = None,
+):
+    """
+    Ensure an XFS file system on ``device`` is in /etc/fstab by UUID and mounted at ``path``.
+
+    + device: the block device, e.g. ``/dev/nvme1n1``
+    + path: the mount point (created when missing)
+    + options: mount options (default ``["noatime"]``); fstab gets them plus ``nofail``
+    + mkfs: may ``mkfs.xfs`` run on a device that carries nothing at all?
+    + fs_uuid: UUID given to a new file system (default: a random one)
+
+    Refused (the host stops, nothing is changed): ``device`` is not a block device, the
+    probe cannot tell what it carries, it carries anything but XFS (a file system, a
+    partition table), it is empty and ``mkfs`` is false, or ``path`` is a mount of another
+    device. Mounted as wanted and in fstab: no change. In fstab but not mounted: mount.
+    Mounted with other options: remount.
+
+    **Example:**
+
+    .. code:: python
+
+        xfs_volume.mounted(
+            name="Weights volume",
+            device="/dev/nvme1n1",
+            path="/srv/models",
+            options=["noatime"],
+            mkfs=True,
+        )
+    """
+    options = list(options) if options is not None else ["noatime"]
+    info = host.get_fact(BlockDevice, device=device)
+    if info is None:
+        yield from gate.refuse._inner(
+            reasons=[
+                f"model_volume_device {device} is not a block device on this host; point "
+                "model_volume_device at the disk for the weights, or set it to None"
+            ]
+        )
+        return
+    if info.get("probe_error") is not None:
+        yield from gate.refuse._inner(
+            reasons=[
+                f"dev {device}: {info['probe_error']} (several or unreadable signatures); "
+                "refusing to format or mount it; inspect it with `wipefs -n` and clean it "
+                "up yourself"
+            ]
+        )
+        return
+
+    # Every spelling of this device an old fstab entry may use.
+    sources = [device]
+    if info.get("path"):
+        sources.append(info["path"])
+    if info.get("uuid"):
+        sources += [f"UUID={info['uuid']}", f"/dev/disk/by-uuid/{info['uuid']}"]
+    new_uuid = None
+    if info.get("fstype") is None and info.get("pttype") is None:
+        if not mkfs:
+            yield from gate.refuse._inner(
+                reasons=[
+                    f"dev {device} carries no file system; set model_volume_mkfs=true to let "
+                    "the deploy format it with XFS"
+                ]
+            )
+            return
+        new_uuid = fs_uuid or str(uuid_module.uuid4())
+    elif info.get("fstype") != "xfs":
+        yield from gate.refuse._inner(
+            reasons=[
+                f"dev {device} carries {describe_signature(info)}; refusing to format; point "
+                "model_volume_device at an empty device or remove the file system yourself"
+            ]
+        )
+        return
+    elif not info.get("uuid"):
+        yield from gate.refuse._inner(
+            reasons=[f"dev {device} carries XFS without a UUID; cannot write it into fstab"]
+        )
+        return
+
+    mount = host.get_fact(MountPoint, path=path)
+    if mount is not None and mount["source"] not in (device, info.get("path")):
+        yield from gate.refuse._inner(
+            reasons=[
+                f"{path} is a mount of {mount['source']} ({mount['fstype']}), not of {device}; "
+                "unmount it or choose another model_dir"
+            ]
+        )
+        return
+
+    fs_uuid_now = new_uuid or info["uuid"]
+    yield from files.directory._inner(path=path)
+
+    if new_uuid is not None:
+        # No -f: mkfs.xfs itself refuses a device where it finds a signature.
+        yield StringCommand(
+            "mkfs.xfs", "-q", "-m", QuoteString(f"uuid={new_uuid}"), QuoteString(device)
+        )
+        sources.append(f"UUID={new_uuid}")
+
+    wanted_line = render_fstab_line(fs_uuid_now, path, options)
+    content, changed = fstab_with_entry(host.get_fact(Fstab), wanted_line, path, sources)
+    if changed:
+        new = f"{FSTAB}.pyinfra-vllm.new"
+        yield FileUploadCommand(StringIO(content), new)
+        yield StringCommand("chmod", "644", QuoteString(new))
+        yield StringCommand(
+            "findmnt", "--verify", "--tab-file", QuoteString(new),
+            "|| {", "rm", "-f", QuoteString(new), ";",
+            "echo", QuoteString(
+                f"the new fstab failed findmnt --verify (the lines above name the entry; "
+                f"an existing one may be the cause); {FSTAB} is unchanged"
+            ),
+            ">&2 ; exit 1 ; }",
+        )
+        yield StringCommand(
+            "! test -e", QuoteString(FSTAB), "||",
+            "cp", "-p", QuoteString(FSTAB), QuoteString(f"{FSTAB}.pyinfra-vllm.bak"),
+        )
+        yield StringCommand("mv", "-f", QuoteString(new), QuoteString(FSTAB))
+
+    if mount is None:
+        option_args = ["-o", QuoteString(",".join(options))] if options else []
+        yield StringCommand(
+            "mount", "-t", "xfs", *option_args, QuoteString(device), QuoteString(path)
+        )
+    elif missing_options(options, mount["options"]):
+        yield StringCommand(
+            "mount", "-o", QuoteString("remount," + ",".join(options)), QuoteString(path)
+        )
+    elif not changed:
+        host.noop(f"{device} (XFS, UUID {fs_uuid_now}) is mounted at {path} and in {FSTAB}")

@@ -1,0 +1,37 @@
+"""pyinfra-testing fixtures for the suite's operations: one class per
+``tests/operations/<module>.<operation>/``.
+
+Each JSON file drives one code path: the facts the operation reads (keys use the fact's
+last module segment and sorted ``k=v`` arguments), the arguments it gets (the fake host
+has no inventory data), and the exact commands it yields, or its noop description
+(notes/pyinfra.md section 6).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pyinfra_testing.operations import make_operation_tests
+from pyinfra_testing.util import FakeFact, FakeHost
+
+BASE = Path(__file__).parent / "operations"
+
+_get_fact = FakeHost.get_fact
+
+
+def _get_fact_none_aware(self, fact_cls, *args, **kwargs):
+    # pyinfra-testing 0.2.1 wraps an argument-less fact's value in a FakeFact, even a
+    # JSON null, so ``fact is None`` (how the operations read "no driver") never holds.
+    # Hand None back as None, like a real host does.
+    value = _get_fact(self, fact_cls, *args, **kwargs)
+    if isinstance(value, FakeFact) and value.data is None:
+        return None
+    return value
+
+
+FakeHost.get_fact = _get_fact_none_aware
+
+for _name in sorted(d.name for d in BASE.iterdir() if d.is_dir()):
+    locals()[f"TestOperation_{_name.replace('.', '_')}"] = make_operation_tests(
+        "operations", _name, BASE / _name
+    )
