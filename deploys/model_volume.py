@@ -23,7 +23,7 @@ if ctx.proceed("model_volume"):
         files.directory(name="Model volume: model directory", path=settings.model_dir)
     else:
         xfs_volume.mounted(
-            name=f"Model volume: XFS on {settings.model_volume_device} at {settings.model_dir}",
+            name="Model volume: XFS mounted at the model directory",
             device=settings.model_volume_device,
             path=settings.model_dir,
             options=list(settings.model_volume_mount_options),

@@ -32,18 +32,20 @@ if ctx.proceed("persistence"):
         systemd.daemon_reload(
             name="Persistence: reload systemd units", _if=override.did_change
         )
-        service = systemd.service(
-            name="Persistence: nvidia-persistenced enabled and running",
-            service=unit,
-            running=True,
-            enabled=True,
-        )
+        # A new command line takes effect on a restart (which also starts a stopped
+        # daemon); placed first, a fresh host's daemon is started once, not twice.
         systemd.service(
             name="Persistence: restart nvidia-persistenced with its new command line",
             service=unit,
             running=True,
             restarted=True,
             _if=override.did_change,
+        )
+        systemd.service(
+            name="Persistence: nvidia-persistenced enabled and running",
+            service=unit,
+            running=True,
+            enabled=True,
         )
     else:
         systemd.service(

@@ -1,0 +1,25 @@
+"""Bootstrap or repair a GPU server, stage by stage, in the order of the runbook.
+
+    pyinfra inventory.py deploys/full.py              # converge
+    pyinfra inventory.py deploys/full.py --dry --diff # show what would change
+
+Settings are validated first: a bad value stops the whole run before any host is
+touched. A host whose state fails a check stops with its reason; the others go on.
+Each stage is also a deploy of its own (deploys/<stage>.py), and any can be skipped
+with the skip_stages setting.
+"""
+
+from pyinfra import local
+
+# Check, change nothing: OS, driver, GPUs, NVLink between the tensor-parallel GPUs.
+local.include("deploys/preflight.py")
+# The pinned driver on a bare host (then reboot), packages held against upgrades.
+local.include("deploys/driver.py")
+# MIG off, the mig-parted way: never reset a GPU in use.
+local.include("deploys/mig.py")
+# Persistence mode through nvidia-persistenced.
+local.include("deploys/persistence.py")
+# Kernel parameters in a sysctl.d drop-in, applied now.
+local.include("deploys/sysctl.py")
+# XFS with noatime for the weights, in fstab by UUID.
+local.include("deploys/model_volume.py")

@@ -1,0 +1,30 @@
+"""Preflight: check the host can serve the stack before anything changes.
+
+Supported OS; the driver loaded, matching its installed packages, and new enough for
+the stack's CUDA build; enough GPUs with enough memory; the tensor-parallel GPUs
+joined by NVLink. A failed check stops this host (and only this host) with what is
+wrong and what to do. Changes nothing.
+
+    pyinfra inventory.py deploys/preflight.py
+"""
+
+from pyinfra import host, logger
+
+from deploys.checks import blocking, check_host
+from deploys.context import context
+from operations import gate
+
+ctx = context(host)
+
+if ctx.proceed("preflight"):
+    checks = check_host(ctx.state, ctx.settings)
+    for check in checks:
+        if check["ok"] is False and check["severity"] == "warning":
+            host.log_styled(f"warning: {check['detail']}: {check['fix']}", fg="yellow",
+                            log_func=logger.warning)
+    failed = blocking(checks)
+    if failed:
+        ctx.refused = [f"preflight {c['name']}: {c['detail']}; {c['fix']}" for c in failed]
+        for reason in ctx.refused:
+            host.log_styled(reason, fg="red", log_func=logger.error)
+        gate.refuse(name="Preflight: host refused", reasons=ctx.refused)
