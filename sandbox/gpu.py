@@ -6,7 +6,7 @@ Per scenario:
   sets its simulated GPU state. That state lives in the host's upper dir, so it survives reboots.
 - bare: no driver. Instead a trusted apt repository carrying the same .debs under Ubuntu's
   package names is served over HTTP on the host side of the host's veth; its URL is the host
-  data `nvidia_apt_repo` (`nvidia_apt_source` is the whole sources.list line), for the deploy
+  data `nvidia_apt_repo` (`sandbox_nvidia_apt_source` is the whole sources.list line), for the deploy
 to install the driver from.
 
 The .debs and the repo are built once per gpusim source version and cached outside the repo.
@@ -148,7 +148,7 @@ def host_data(host: Host, gpu_plan: GpuPlan) -> dict:
         url = f"http://{host.gateway}:{REPO_PORT}/"
         data["nvidia_apt_repo"] = url
         # build_repo writes a flat repository (Packages at the top), hence the "./" suite.
-        data["nvidia_apt_source"] = f"deb [trusted=yes] {url} ./"
+        data["sandbox_nvidia_apt_source"] = f"deb [trusted=yes] {url} ./"
     return data
 
 

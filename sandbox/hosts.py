@@ -256,6 +256,11 @@ def _start_supervisor(host: Host, argv: list[str]) -> int:
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # setsid: survives this CLI, gets no terminal signals
+            # nspawn mounts /proc/sys read-only; "network" makes only /proc/sys/net
+            # writable, which is the host's own network namespace: net.* sysctls can
+            # be set (and drift) as on a real server, vm.* stay read-only as in any
+            # container.
+            env=dict(os.environ, SYSTEMD_NSPAWN_API_VFS_WRITABLE="network"),
         )
     finally:
         log.close()
@@ -473,6 +478,8 @@ def host_data(
         "sandbox_scenario": host.scenario,
         "sandbox_gateway": host.gateway,
         "model_volume_device": host.loop_device,
+        # The spare disk is created blank for the XFS stage: formatting it is allowed.
+        "model_volume_mkfs": True,
     }
     data.update(gpu.host_data(host, gpu_plan))
     if mirror_url is not None:
@@ -537,12 +544,17 @@ def stop_host(host_dir: Path, timeout: float = STOP_TIMEOUT) -> list[str]:
     (host_dir / "stop").touch()
     deadline = time.monotonic() + timeout
     signalled: set[int] = set()
+    first = _pid_from(host_dir / "nspawn.pid")
+    # The container's processes, taken before the poweroff: if nspawn dies first (killed
+    # after the timeout), its systemd and services are orphaned and would keep the loop
+    # disk mounted in their mount namespace.
+    tree = _descendants(first) if _ours(first, "systemd-nspawn", host_dir) else []
     while time.monotonic() < deadline:
         nspawn = _pid_from(host_dir / "nspawn.pid")
         supervisor = _pid_from(host_dir / "supervisor.pid")
         nspawn_alive = _ours(nspawn, "systemd-nspawn", host_dir)
         if not nspawn_alive and not _ours(supervisor, "sandbox.supervise", host_dir):
-            return []
+            return _kill_orphans(host_dir, tree)
         if nspawn_alive and nspawn not in signalled:
             os.kill(nspawn, signal.SIGTERM)  # nspawn turns this into a poweroff of the container
             signalled.add(nspawn)
@@ -554,7 +566,25 @@ def stop_host(host_dir: Path, timeout: float = STOP_TIMEOUT) -> list[str]:
             problems.append(f"{host_dir.name}: {marker} pid {pid} ignored SIGTERM; killed")
             os.kill(pid, signal.SIGKILL)
     time.sleep(0.5)
-    return problems
+    return problems + _kill_orphans(host_dir, tree)
+
+
+def _kill_orphans(host_dir: Path, pids: list[int]) -> list[str]:
+    """SIGKILL container processes that outlived their nspawn."""
+    survivors = []
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+            survivors.append(pid)
+        except ProcessLookupError:
+            continue
+    if survivors:
+        time.sleep(0.5)
+        print(
+            f"{host_dir.name}: {len(survivors)} container process(es) outlived nspawn; killed",
+            file=sys.stderr,
+        )
+    return []
 
 
 def _mounts_under(prefix: Path) -> list[str]:

@@ -129,9 +129,14 @@ def write_pidfile(pid_dir: Path, pid: int) -> Path:
 def daemonize() -> bool:
     """Classic double fork; True in the daemon, the parent exits once the pid file exists."""
     read_end, write_end = os.pipe()
-    if os.fork() > 0:
+    child = os.fork()
+    if child > 0:
         os.close(write_end)
         ok = os.read(read_end, 1) == b"1"
+        # Reap the intermediate child before exiting: systemd (Type=forking, no PIDFile)
+        # guesses the main PID from what is left in the cgroup, and must find only the
+        # daemon there, or stop and restart go to the wrong process.
+        os.waitpid(child, 0)
         os._exit(0 if ok else 1)
     os.close(read_end)
     os.setsid()

@@ -1,9 +1,10 @@
-"""Session fixtures that boot sandbox hosts once for all e2e tests.
+"""Fixtures that boot sandbox hosts for the e2e tests, once per module.
 
 - Skips (with the reason) when not root or when the tools are missing.
 - SANDBOX_REUSE=1 with an existing .sandbox/inventory.py: use the running sandbox as is and
   leave it running afterwards.
-- SANDBOX_SCENARIOS (default "seed,bare") picks the scenarios of the two hosts.
+- SANDBOX_SCENARIOS (default "seed,bare") picks the scenarios of the `sandbox` fixture's
+  hosts; modules that need other hosts boot them with ``booted([...])``.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,6 +54,9 @@ class Sandbox:
             )
         return proc
 
+    def host(self, name: str) -> SandboxHost:
+        return next(host for host in self.hosts if host.name == name)
+
     def pyinfra(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             [PYINFRA, "-y", str(self.inventory), *args],
@@ -80,16 +85,19 @@ def _from_state() -> list[SandboxHost]:
     ]
 
 
-@pytest.fixture(scope="session")
-def sandbox() -> Sandbox:
+@contextmanager
+def booted(scenarios: list[str]):
+    """Boot one host per scenario (one sandbox per machine), tear it down afterwards.
+
+    With SANDBOX_REUSE=1 and a running sandbox, that sandbox is used as is and kept.
+    """
     reason = _skip_reason()
     if reason:
         pytest.skip(f"e2e sandbox unavailable: {reason}")
     reuse = os.environ.get("SANDBOX_REUSE") == "1" and sbx.INVENTORY_FILE.is_file()
     if not reuse:
-        scenarios = os.environ.get("SANDBOX_SCENARIOS", "seed,bare").split(",")
         try:
-            sbx.up(2, scenarios)
+            sbx.up(len(scenarios), scenarios)
         except SandboxError as exc:
             pytest.fail(f"sandbox up failed: {exc}")
     try:
@@ -100,3 +108,11 @@ def sandbox() -> Sandbox:
             if problems:
                 # Not an assert in a finalizer: report loudly, the teardown test checks it.
                 print("sandbox teardown problems:\n" + "\n".join(problems), file=sys.stderr)
+
+
+# Module scope: each e2e module boots the hosts it needs (about 2 s) and tears them
+# down before the next module boots its own.
+@pytest.fixture(scope="module")
+def sandbox() -> Sandbox:
+    with booted(os.environ.get("SANDBOX_SCENARIOS", "seed,bare").split(",")) as booted_sandbox:
+        yield booted_sandbox
