@@ -12,10 +12,35 @@ venv: .venv/.done
 	.venv/bin/pip install -q -r requirements.lock
 	touch $@
 
-# --- lead: test / demo targets (filled in by the lead) ---
-test: venv
+# Debian packages the sandbox and the tests need (root; installs only what is missing).
+SYSTEM_TOOLS := debootstrap:debootstrap systemd-nspawn:systemd-container \
+	mkfs.xfs:xfsprogs ssh:openssh-client iptables:iptables ip:iproute2 \
+	losetup:util-linux curl:curl dpkg-deb:dpkg
+.PHONY: system-deps
+system-deps:
+	@missing=""; for pair in $(SYSTEM_TOOLS); do \
+		command -v $${pair%%:*} >/dev/null 2>&1 || missing="$$missing $${pair##*:}"; done; \
+	python3 -c 'import venv, ensurepip' 2>/dev/null || missing="$$missing python3-venv"; \
+	if [ -n "$$missing" ]; then \
+		echo "installing:$$missing"; \
+		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
+			--no-install-recommends ca-certificates $$missing; \
+	fi
+
+# The tests: unit, fact and operation fixtures, CLI runs against @local, and the
+# end-to-end tests against sandbox hosts (root; they boot their own and tear them down).
+test: system-deps venv
 	$(PY) -m pytest
 
+# The main job against the embedded default target: one sandbox host (Debian 12,
+# systemd, sshd, two simulated NVLink-joined A100s), provisioned, then audited.
+demo: system-deps venv
+	$(PY) -m sandbox up --hosts 1 --scenario seed
+	$(PYINFRA) -y .sandbox/inventory.py deploys/full.py
+	$(PYINFRA) -y .sandbox/inventory.py deploys/audit.py
+	@echo "The sandbox host is still up (pyinfra .sandbox/inventory.py ...); make sandbox-down removes it."
+
+# The audit of this machine itself.
 audit-local: venv
 	$(PYINFRA) -y @local deploys/audit.py
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from deploys.settings import STAGES, Settings, SettingsError, allowed, validate
+from deploys.settings import STACKS, STAGES, Settings, SettingsError, allowed, validate
 
 
 def test_defaults_are_the_seed_recipe():
@@ -30,7 +30,10 @@ def test_defaults_are_the_seed_recipe():
         ({"max_model_len": -1}, "max_model_len = -1: Input should be greater than or equal to 1"),
         ({"max_model_len": "128k"}, "max_model_len = '128k': Input should be a valid integer"),
         ({"dtype": "fp8"}, "allowed: auto, bfloat16, float16, half, float, float32"),
-        ({"vllm_version": "9.9"}, "vllm_version = '9.9': no stack is defined for it; allowed: 0.6.3"),
+        (
+            {"vllm_version": "9.9"},
+            "vllm_version = '9.9': no stack is defined for it; allowed: " + ", ".join(sorted(STACKS)),
+        ),
         ({"skip_stages": ["gatway"]}, "unknown stage ['gatway']"),
         ({"model_volume_mount_options": ["noatime", "nobarrier"]}, "disables write barriers"),
         ({"model_volume_mount_options": ["barrier=0"]}, "['barrier=0'] disables write barriers"),

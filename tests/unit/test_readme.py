@@ -1,0 +1,22 @@
+"""The README's settings reference is the one deploys/settings.py generates."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from deploys.settings import Settings, reference_markdown
+
+
+def test_settings_table_matches_the_model():
+    readme = Path("README.md").read_text()
+    start = readme.index("<!-- settings:start -->\n") + len("<!-- settings:start -->\n")
+    end = readme.index("<!-- settings:end -->")
+    assert readme[start:end].strip() == reference_markdown().strip(), (
+        "README settings table is stale: run `python -m deploys.settings` and paste it"
+    )
+
+
+def test_every_setting_is_in_the_readme():
+    readme = Path("README.md").read_text()
+    for name in Settings.model_fields:
+        assert f"| `{name}` |" in readme
