@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from facts.nvidia import module_mismatch, tp_link_verdict
+from facts.nvidia import module_mismatch, tp_link_verdict, userspace_driver
 
 # Operating systems the suite provisions: Ubuntu 22.04 is the target, 24.04 and
 # Debian 12 are supported (and the sandbox hosts are Debian 12).
@@ -53,7 +53,8 @@ def check_driver(state: dict[str, Any], settings: Any) -> list[dict[str, Any]]:
     module = state.get("kernel_module")
     driver = state.get("driver")
     nvml_error = state.get("nvml_error")
-    mismatch = module_mismatch(module, state.get("driver_packages"), nvml_error)
+    packages = state.get("driver_packages")
+    mismatch = module_mismatch(module, packages, nvml_error)
     if mismatch is not None:
         checks.append(
             _check(
@@ -61,6 +62,20 @@ def check_driver(state: dict[str, Any], settings: Any) -> list[dict[str, Any]]:
                 False,
                 mismatch,
                 "reboot the host so the installed driver's kernel module is loaded",
+            )
+        )
+        return checks
+    if module is None and userspace_driver(packages) is not None:
+        # Installed (by an earlier run, or by hand) but not loaded yet: not a preflight
+        # failure, the driver stage reboots (allow_reboot) or stops with this reason.
+        name, version = userspace_driver(packages)
+        checks.append(
+            _check(
+                "driver_loaded",
+                None,
+                f"{name} {version} is installed but no NVIDIA kernel module is loaded: "
+                "reboot required",
+                "the driver stage reboots the host with allow_reboot=true; otherwise reboot it",
             )
         )
         return checks

@@ -73,10 +73,24 @@ def pid_alive(pid: int | None) -> bool:
         return True
 
 
+def daemon_alive(daemon: dict | None) -> bool:
+    """Is the recorded persistence daemon still running? Its pid alone is not enough:
+    pids are small and reused quickly in a container, above all after a reboot."""
+    pid = (daemon or {}).get("pid")
+    if not pid_alive(pid):
+        return False
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    return b"nvidia-persistenced" in cmdline or b"nvidia_persistenced" in cmdline
+
+
+
 def prune(state: dict) -> dict:
     state["processes"] = [p for p in state.get("processes", []) if pid_alive(p.get("pid"))]
     daemon = state.get("persistenced")
-    if daemon and not pid_alive(daemon.get("pid")):
+    if daemon and not daemon_alive(daemon):
         state["persistenced"] = None
         for gpu in state.get("gpus", []):
             gpu["persistence_daemon"] = False

@@ -72,6 +72,20 @@ def pid_alive(pid: int | None) -> bool:
     return True
 
 
+def daemon_alive(daemon: dict | None) -> bool:
+    """Is the recorded persistence daemon still running? Its pid alone is not enough:
+    pids are small and reused quickly in a container, above all after a reboot."""
+    pid = (daemon or {}).get("pid")
+    if not pid_alive(pid):
+        return False
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    return b"nvidia-persistenced" in cmdline or b"nvidia_persistenced" in cmdline
+
+
+
 # ------------------------------------------------------------------------------------ daemon
 
 
@@ -94,7 +108,7 @@ def register(path: Path, pid: int, persistence: bool, verbose: bool) -> bool:
             print(FAILED, file=sys.stderr, flush=True)
             return False
         running = state.get("persistenced") or {}
-        if pid_alive(running.get("pid")) and running.get("pid") != pid:
+        if daemon_alive(running) and running.get("pid") != pid:
             log(True, f"already running as pid {running['pid']}")
             print(FAILED, file=sys.stderr, flush=True)
             return False
@@ -161,25 +175,30 @@ def run(args: argparse.Namespace) -> int:
     if not args.gpusim_foreground:
         daemonize()
     pid = os.getpid()
-    log(args.verbose, "Started (%d)" % pid)
-    if not register(path, pid, args.persistence_mode, args.verbose):
-        signal_ready(False)
-        return 1
-    pidfile = write_pidfile(Path(args.gpusim_pid_dir), pid)
-    signal_ready(True)
 
     def stop(signum, frame):  # noqa: ARG001 - signal handler signature
         raise SystemExit(0)
 
+    # Handlers first: a SIGTERM during start-up (systemd stops a unit it just started
+    # when StopWhenUnneeded) must still leave persistence mode and unregister.
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    log(args.verbose, "Started (%d)" % pid)
+    pidfile = None
     try:
+        if not register(path, pid, args.persistence_mode, args.verbose):
+            signal_ready(False)
+            return 1
+        pidfile = write_pidfile(Path(args.gpusim_pid_dir), pid)
+        signal_ready(True)
         while True:
             signal.pause()
     finally:
+        # A no-op unless this process is the registered daemon.
         unregister(path, pid, args.verbose)
-        with contextlib.suppress(FileNotFoundError):
-            pidfile.unlink()
+        if pidfile is not None:
+            with contextlib.suppress(FileNotFoundError):
+                pidfile.unlink()
         log(args.verbose, "Shutdown (%d)" % pid)
 
 

@@ -33,8 +33,6 @@ class Run:
     def __init__(self, proc):
         self.proc = proc
         self.stderr = proc.stderr
-        if not proc.stdout.strip():
-            pytest.fail(f"pyinfra printed no JSON (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
         self.data = json.loads(proc.stdout)
         self.results = self.data["results"]
 
@@ -55,7 +53,18 @@ class Run:
 
 
 def full_run(sandbox, *args: str, timeout: float = 600) -> Run:
-    return Run(sandbox.pyinfra("--json", *args, "deploys/full.py", timeout=timeout))
+    proc = sandbox.pyinfra("--json", *args, "deploys/full.py", timeout=timeout)
+    if not proc.stdout.strip():
+        # pyinfra prints no JSON when every host failed; show why, with the journal.
+        name = args[args.index("--limit") + 1] if "--limit" in args else sandbox.hosts[0].name
+        journal = sandbox.ssh(
+            sandbox.host(name), "journalctl -n 40 --no-pager -o short-monotonic", check=False
+        ).stdout
+        pytest.fail(
+            f"pyinfra printed no JSON (exit {proc.returncode}):\n{proc.stderr[-3000:]}\n"
+            f"journal of {name}:\n{journal}"
+        )
+    return Run(proc)
 
 
 @pytest.fixture(scope="module")
@@ -133,6 +142,21 @@ def test_bare_host_gets_the_driver_held_and_reboot_required(fleet):
     assert '"nvidia-";' in blacklist
     # Installed, not loaded: the module appears only after a reboot.
     sandbox.ssh(bare, "! test -e /proc/driver/nvidia/version")
+
+
+def test_bare_host_with_allow_reboot_reboots_and_converges(fleet):
+    sandbox, _ = fleet
+    bare = sandbox.host(BARE)
+    run = full_run(sandbox, "--limit", BARE, "--data", "allow_reboot=true", timeout=900)
+    assert run.failed(BARE) == set(), run.stderr
+    assert "deploys/driver.py | Driver: reboot to load the new kernel module" in run.changed(BARE)
+    module = sandbox.ssh(bare, "cat /proc/driver/nvidia/version").stdout
+    assert "Kernel Module  535.129.03" in module
+    assert smi(sandbox, BARE, "persistence_mode").splitlines() == ["Enabled", "Enabled"]
+    again = full_run(sandbox, "--limit", BARE)
+    assert (again.results["totals"]["success"], again.results["totals"]["error"]) == (0, 0), (
+        again.changed(BARE)
+    )
 
 
 def test_mig_host_with_a_process_is_refused_with_its_pid(fleet):

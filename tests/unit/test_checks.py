@@ -156,3 +156,26 @@ def test_version_tuple():
     assert version_tuple("570.26") > version_tuple("530.30.02")
     assert version_tuple("13.0") >= version_tuple("12.1")
     assert version_tuple(None) == ()
+
+
+def test_installed_but_not_loaded_is_left_to_the_driver_stage():
+    state = seed_state(
+        kernel_module=None,
+        driver=None,
+        gpus=None,
+        topology=None,
+        nvlink=None,
+        nvml_error={
+            "error": "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA "
+            "driver. Make sure that the latest NVIDIA driver is installed and running.",
+            "nvml_library_version": None,
+        },
+    )
+    checks = check_host(state, validate({}))
+    loaded = names(checks)["driver_loaded"]
+    assert loaded["ok"] is None
+    assert loaded["detail"] == (
+        "nvidia-utils-535-server 535.129.03 is installed but no NVIDIA kernel module is "
+        "loaded: reboot required"
+    )
+    assert blocking(checks) == []
