@@ -127,3 +127,23 @@ def test_every_command_exited_as_recorded():
     # dpkg-query exits 1 because no libnvidia-* package is installed; the fact accepts it.
     assert codes.pop("dpkg-nvidia") == "1"
     assert set(codes.values()) == {"0"}
+
+
+def test_second_real_host_with_the_final_audit():
+    # A second H200 lent later the same day (another GPU: its UUID differs), with the
+    # audit's final table, a preflight at TP=1 and a bad setting.
+    facts = json.loads((CAPTURE / "pyinfra-facts-second-host.json").read_text())
+    (gpu,) = facts["facts.nvidia.GpuInventory"]["@local"]
+    assert (gpu["name"], gpu["driver_version"], gpu["mig_current"], gpu["persistence_mode"]) == (
+        "NVIDIA H200", "580.159.04", "Disabled", "Enabled"
+    )
+    assert facts["facts.nvidia.NvlinkStatus"]["@local"] == {}
+    log = (CAPTURE / "audit-log-second-host.txt").read_text()
+    assert (
+        "@local  Ubuntu 24.04.3 LTS  1x NVIDIA H200  580.159.04  13.0  disabled  enabled      "
+        "no NVLink exposed  fewer than 2 GPUs" in log
+    )
+    preflight = (CAPTURE / "preflight-dry-tp1-second-host.txt").read_text()
+    assert "Preflight: host refused" not in preflight
+    bad = (CAPTURE / "full-dry-bad-setting-second-host.txt").read_text()
+    assert "block_size = 24: Input should be 8, 16 or 32 (allowed: 8, 16, 32)" in bad
