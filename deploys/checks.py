@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from facts.nvidia import module_mismatch, tp_link_verdict, userspace_driver
+from facts.nvidia import module_mismatch, tp_link_verdict, userspace_driver, version_tuple
 
 # Operating systems the suite provisions: Ubuntu 22.04 is the target, 24.04 and
 # Debian 12 are supported (and the sandbox hosts are Debian 12).
@@ -19,17 +19,8 @@ SUPPORTED_OS = {("Ubuntu", 22), ("Ubuntu", 24), ("Debian", 12)}
 SUPPORTED_OS_WORDS = "Ubuntu 22.04, Ubuntu 24.04 or Debian 12"
 
 
-def version_tuple(version: str | None) -> tuple[int, ...]:
-    """'535.129.03' -> (535, 129, 3); unparseable parts stop the tuple."""
-    parts: list[int] = []
-    for piece in (version or "").split("."):
-        if not piece.isdigit():
-            break
-        parts.append(int(piece))
-    return tuple(parts)
-
-
-def _check(name: str, ok: bool | None, detail: str, fix: str = "", severity: str = "error"):
+def check(name: str, ok: bool | None, detail: str, fix: str = "", severity: str = "error"):
+    """One verdict, in the shape every check of the suite shares."""
     return {"name": name, "ok": ok, "severity": severity, "detail": detail, "fix": fix}
 
 
@@ -38,8 +29,8 @@ def check_os(state: dict[str, Any]) -> dict[str, Any]:
     name, major = distro.get("name"), distro.get("major")
     pretty = (distro.get("release_meta") or {}).get("PRETTY_NAME") or f"{name} {major}"
     if (name, major) in SUPPORTED_OS:
-        return _check("os", True, pretty)
-    return _check(
+        return check("os", True, pretty)
+    return check(
         "os",
         False,
         f"{pretty} is not supported",
@@ -57,7 +48,7 @@ def check_driver(state: dict[str, Any], settings: Any) -> list[dict[str, Any]]:
     mismatch = module_mismatch(module, packages, nvml_error)
     if mismatch is not None:
         checks.append(
-            _check(
+            check(
                 "driver_module_match",
                 False,
                 mismatch,
@@ -70,7 +61,7 @@ def check_driver(state: dict[str, Any], settings: Any) -> list[dict[str, Any]]:
         # failure, the driver stage reboots (allow_reboot) or stops with this reason.
         name, version = userspace_driver(packages)
         checks.append(
-            _check(
+            check(
                 "driver_loaded",
                 None,
                 f"{name} {version} is installed but no NVIDIA kernel module is loaded: "
@@ -81,7 +72,7 @@ def check_driver(state: dict[str, Any], settings: Any) -> list[dict[str, Any]]:
         return checks
     if nvml_error is not None:
         checks.append(
-            _check(
+            check(
                 "driver_responds",
                 False,
                 f"nvidia-smi fails: {nvml_error['error']}",
@@ -92,7 +83,7 @@ def check_driver(state: dict[str, Any], settings: Any) -> list[dict[str, Any]]:
         return checks
     if module is None and driver is None:
         checks.append(
-            _check(
+            check(
                 "driver_present",
                 None,
                 "no NVIDIA driver",
@@ -104,7 +95,7 @@ def check_driver(state: dict[str, Any], settings: Any) -> list[dict[str, Any]]:
     minimum = settings.stack["min_driver"]
     ok = version_tuple(version) >= version_tuple(minimum)
     checks.append(
-        _check(
+        check(
             "driver_version",
             ok,
             f"driver {version}; the vLLM {settings.vllm_version} stack (CUDA "
@@ -116,7 +107,7 @@ def check_driver(state: dict[str, Any], settings: Any) -> list[dict[str, Any]]:
     if cuda is not None:
         ok = version_tuple(cuda) >= version_tuple(settings.stack["cuda"])
         checks.append(
-            _check(
+            check(
                 "driver_cuda",
                 ok,
                 f"the driver supports CUDA {cuda}; the stack is built for CUDA "
@@ -135,7 +126,7 @@ def check_gpus(state: dict[str, Any], settings: Any) -> list[dict[str, Any]]:
     count = len(gpus)
     tp = settings.tensor_parallel_size
     checks.append(
-        _check(
+        check(
             "gpu_count",
             count >= tp,
             f"{count} GPU(s); tensor_parallel_size is {tp}",
@@ -150,7 +141,7 @@ def check_gpus(state: dict[str, Any], settings: Any) -> list[dict[str, Any]]:
     ]
     names = sorted({gpu.get("name") or "?" for gpu in gpus})
     checks.append(
-        _check(
+        check(
             "gpu_memory",
             not small,
             f"{', '.join(names)}; smallest "
@@ -170,18 +161,18 @@ def check_tp_link(state: dict[str, Any], settings: Any) -> dict[str, Any] | None
     verdict = tp_link_verdict(topology, tp)
     codes = ", ".join(f"{pair} {code}" for pair, code in (verdict.get("codes") or {}).items())
     if verdict.get("nvlink"):
-        return _check(
+        return check(
             "tp_nvlink", True, f"{' and '.join(verdict['gpus'])} joined by NVLink ({codes})"
         )
     if not verdict.get("gpus"):
-        return _check(
+        return check(
             "tp_nvlink",
             False,
             f"fewer than {tp} GPUs in the topology",
             f"set tensor_parallel_size to at most {len(topology.get('gpus') or [])}",
         )
     severity = "warning" if settings.allow_pcie_tensor_parallel else "error"
-    return _check(
+    return check(
         "tp_nvlink",
         False,
         f"no {tp} GPUs are joined by NVLink: best {' and '.join(verdict['gpus'])} "

@@ -15,22 +15,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from deploys.checks import check
 from deploys.stacks import FIRST_SUPPORTED, STACKS
-
-
-def version_key(version: str | None) -> tuple[int, ...]:
-    """'0.10.1.1' -> (0, 10, 1, 1); '570.124.06' -> (570, 124, 6); stops at the first
-    non-numeric part ('0.6.3.post1' -> (0, 6, 3)), so post releases compare equal."""
-    parts: list[int] = []
-    for piece in (version or "").strip().split("."):
-        if not piece.isdigit():
-            break
-        parts.append(int(piece))
-    return tuple(parts)
-
-
-def _check(name: str, ok: bool | None, detail: str, fix: str = "", severity: str = "error"):
-    return {"name": name, "ok": ok, "severity": severity, "detail": detail, "fix": fix}
+from facts.nvidia import version_tuple
 
 
 def architectures(config: dict[str, Any]) -> list[str]:
@@ -70,7 +57,7 @@ def check_architecture(
     archs = architectures(config)
     model = _model_words(config, model_id)
     if not archs:
-        return _check(
+        return check(
             "model_architecture",
             False,
             f"{model}: config.json has no 'architectures' list",
@@ -85,19 +72,19 @@ def check_architecture(
             for a in archs
             if a not in loadable
             and a in FIRST_SUPPORTED
-            and version_key(version) >= version_key(FIRST_SUPPORTED[a])
+            and version_tuple(version) >= version_tuple(FIRST_SUPPORTED[a])
         ]
     source = "its installed registry" if registry is not None else "the built-in table"
     if loadable:
-        return _check(
+        return check(
             "model_architecture",
             True,
             f"vLLM {version} loads {loadable[0]} ({model}) per {source}",
         )
     arch = archs[0]
     first = first_supporting(arch)
-    if first is not None and version_key(first) > version_key(version):
-        return _check(
+    if first is not None and version_tuple(first) > version_tuple(version):
+        return check(
             "model_architecture",
             False,
             f"vLLM {version} cannot load {arch} ({model}); it is supported from "
@@ -105,13 +92,13 @@ def check_architecture(
             f"set vllm_version to {first} or later (rows: {', '.join(sorted(STACKS))})",
         )
     if registry is not None:
-        return _check(
+        return check(
             "model_architecture",
             False,
             f"vLLM {version} cannot load {arch} ({model}): not in its installed registry",
             "choose a model vLLM supports or a vLLM release that registers it",
         )
-    return _check(
+    return check(
         "model_architecture",
         None,
         f"{arch} ({model}) is not in the built-in table of vLLM {version}; the installed "
@@ -126,9 +113,9 @@ def check_driver_minimum(stack: dict[str, Any], driver_version: str | None) -> d
     minimum = stack["min_driver"]
     words = f"the vLLM {stack['vllm']} stack (CUDA {stack['cuda']}) needs driver >= {minimum}"
     if not driver_version:
-        return _check("stack_driver", None, f"no NVIDIA driver yet; {words}")
-    ok = version_key(driver_version) >= version_key(minimum)
-    return _check(
+        return check("stack_driver", None, f"no NVIDIA driver yet; {words}")
+    ok = version_tuple(driver_version) >= version_tuple(minimum)
+    return check(
         "stack_driver",
         ok,
         f"driver {driver_version}; {words}",

@@ -24,11 +24,13 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from itertools import combinations
-from typing import Any
+from typing import Any, TypeVar
 
 from typing_extensions import override
 
 from pyinfra.api import FactBase
+
+T = TypeVar("T")
 
 SMI_EXIT_MARKER = "##NVIDIA_SMI_EXIT="
 
@@ -706,9 +708,11 @@ def userspace_driver_version(packages: dict[str, str] | None) -> str | None:
     return found[1] if found is not None else None
 
 
-def _version_parts(version: str) -> tuple[int, ...]:
-    parts = []
-    for piece in version.split("."):
+def version_tuple(version: str | None) -> tuple[int, ...]:
+    """``"535.129.03"`` -> ``(535, 129, 3)``; stops at the first non-numeric part
+    (``"0.6.3.post1"`` -> ``(0, 6, 3)``), so versions compare as numbers."""
+    parts: list[int] = []
+    for piece in (version or "").strip().split("."):
         if not piece.isdigit():
             break
         parts.append(int(piece))
@@ -717,7 +721,7 @@ def _version_parts(version: str) -> tuple[int, ...]:
 
 def _same_release(a: str, b: str) -> bool:
     """Equal over the parts both give: NVML prints ``580.178`` for ``580.178.xx``."""
-    left, right = _version_parts(a), _version_parts(b)
+    left, right = version_tuple(a), version_tuple(b)
     common = min(len(left), len(right))
     return common > 0 and left[:common] == right[:common]
 
@@ -757,7 +761,25 @@ def module_mismatch(
 #
 
 
-class GpuTopology(FactBase[dict[str, Any] | None]):
+
+class NvidiaSmiFact(FactBase[T]):
+    """
+    Base of the facts read from one ``nvidia-smi <arguments>`` call: absent (the
+    fact's default, None) where nvidia-smi is not installed; the command always exits
+    0 and carries nvidia-smi's own exit status in its last line (``smi_command``).
+    """
+
+    arguments = ""
+
+    @override
+    def requires_command(self) -> str:
+        return "nvidia-smi"
+
+    @override
+    def command(self) -> str:
+        return smi_command(self.arguments)
+
+class GpuTopology(NvidiaSmiFact[dict[str, Any] | None]):
     """
     Returns the GPU interconnect matrix from ``nvidia-smi topo -m``, or None without
     nvidia-smi or on an NVML error. See ``parse_topology`` for the shape:
@@ -774,39 +796,27 @@ class GpuTopology(FactBase[dict[str, Any] | None]):
         }
     """
 
-    @override
-    def requires_command(self) -> str:
-        return "nvidia-smi"
-
-    @override
-    def command(self) -> str:
-        return smi_command("topo -m")
+    arguments = "topo -m"
 
     @override
     def process(self, output: list[str]) -> dict[str, Any] | None:
         return parse_topology(output)
 
 
-class P2pRead(FactBase[dict[str, dict[str, str]] | None]):
+class P2pRead(NvidiaSmiFact[dict[str, dict[str, str]] | None]):
     """
     Returns peer-to-peer read support between GPUs from ``nvidia-smi topo -p2p r``:
     ``{"GPU0": {"GPU1": "OK"}}`` (``OK``, ``NS``, ``CNS``, ``GNS``, ``TNS``, ``U``), or None.
     """
 
-    @override
-    def requires_command(self) -> str:
-        return "nvidia-smi"
-
-    @override
-    def command(self) -> str:
-        return smi_command("topo -p2p r")
+    arguments = "topo -p2p r"
 
     @override
     def process(self, output: list[str]) -> dict[str, dict[str, str]] | None:
         return parse_p2p(output)
 
 
-class NvlinkStatus(FactBase[dict[int, list[dict[str, Any]]] | None]):
+class NvlinkStatus(NvidiaSmiFact[dict[int, list[dict[str, Any]]] | None]):
     """
     Returns each GPU's NVLink links from ``nvidia-smi nvlink --status``:
 
@@ -818,20 +828,14 @@ class NvlinkStatus(FactBase[dict[int, list[dict[str, Any]]] | None]):
     (no output), None without nvidia-smi or on an NVML error.
     """
 
-    @override
-    def requires_command(self) -> str:
-        return "nvidia-smi"
-
-    @override
-    def command(self) -> str:
-        return smi_command("nvlink --status")
+    arguments = "nvlink --status"
 
     @override
     def process(self, output: list[str]) -> dict[int, list[dict[str, Any]]] | None:
         return parse_nvlink_status(output)
 
 
-class GpuInventory(FactBase[list[dict[str, Any]] | None]):
+class GpuInventory(NvidiaSmiFact[list[dict[str, Any]] | None]):
     """
     Returns one dict per GPU from a single ``nvidia-smi --query-gpu`` call, or None
     without nvidia-smi or on an NVML error:
@@ -846,21 +850,14 @@ class GpuInventory(FactBase[list[dict[str, Any]] | None]):
         }]
     """
 
-    @override
-    def requires_command(self) -> str:
-        return "nvidia-smi"
-
-    @override
-    def command(self) -> str:
-        fields = ",".join(INVENTORY_FIELDS)
-        return smi_command(f"--query-gpu={fields} --format=csv,noheader,nounits")
+    arguments = f"--query-gpu={','.join(INVENTORY_FIELDS)} --format=csv,noheader,nounits"
 
     @override
     def process(self, output: list[str]) -> list[dict[str, Any]] | None:
         return parse_gpu_inventory(output)
 
 
-class GpuProcesses(FactBase[list[dict[str, Any]] | None]):
+class GpuProcesses(NvidiaSmiFact[list[dict[str, Any]] | None]):
     """
     Returns the compute processes on the GPUs, ``[]`` when none, None without
     nvidia-smi or on an NVML error:
@@ -871,41 +868,31 @@ class GpuProcesses(FactBase[list[dict[str, Any]] | None]):
           "used_memory_mib": 70000}]
     """
 
-    @override
-    def requires_command(self) -> str:
-        return "nvidia-smi"
-
-    @override
-    def command(self) -> str:
-        fields = ",".join(PROCESS_FIELDS)
-        return smi_command(f"--query-compute-apps={fields} --format=csv,noheader,nounits")
+    arguments = (
+        f"--query-compute-apps={','.join(PROCESS_FIELDS)} --format=csv,noheader,nounits"
+    )
 
     @override
     def process(self, output: list[str]) -> list[dict[str, Any]] | None:
         return parse_gpu_processes(output)
 
 
-class DriverInfo(FactBase[dict[str, str | None] | None]):
+class DriverInfo(NvidiaSmiFact[dict[str, str | None] | None]):
     """
     Returns the driver version and the CUDA version it supports, from the header of
     nvidia-smi's default table: ``{"driver_version": "535.129.03", "cuda_version":
     "12.2"}``, or None without nvidia-smi or on an NVML error.
     """
 
-    @override
-    def requires_command(self) -> str:
-        return "nvidia-smi"
-
-    @override
-    def command(self) -> str:
-        return smi_command("")
+    # The default table: its header is the one place both versions are printed.
+    arguments = ""
 
     @override
     def process(self, output: list[str]) -> dict[str, str | None] | None:
         return parse_driver_info(output)
 
 
-class NvmlError(FactBase[dict[str, str | None] | None]):
+class NvmlError(NvidiaSmiFact[dict[str, str | None] | None]):
     """
     Returns why ``nvidia-smi -L`` fails, or None when it works or is absent:
 
@@ -915,13 +902,7 @@ class NvmlError(FactBase[dict[str, str | None] | None]):
          "nvml_library_version": "580.178"}
     """
 
-    @override
-    def requires_command(self) -> str:
-        return "nvidia-smi"
-
-    @override
-    def command(self) -> str:
-        return smi_command("-L")
+    arguments = "-L"
 
     @override
     def process(self, output: list[str]) -> dict[str, str | None] | None:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from deploys.compat import check_compat, first_supporting, version_key
+from deploys.compat import check_compat, first_supporting
+from facts.nvidia import version_tuple
 from deploys.stacks import STACKS
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures/hf/qwen3.6-27b/config.json"
@@ -53,5 +54,5 @@ def test_qwen3_on_063_names_084_and_versions_compare_numerically():
     arch = check_compat({"architectures": ["Qwen3ForCausalLM"]}, STACKS["0.6.3"], None, None)[0]
     assert "supported from vLLM 0.8.4" in arch["detail"]
     assert first_supporting("Qwen3NextForCausalLM") == "0.10.2"
-    assert version_key("0.10.2") > version_key("0.8.4") > version_key("0.6.3.post1")
-    assert version_key("570.124.06") > version_key("570.26")
+    assert version_tuple("0.10.2") > version_tuple("0.8.4") > version_tuple("0.6.3.post1")
+    assert version_tuple("570.124.06") > version_tuple("570.26")

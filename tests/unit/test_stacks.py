@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from deploys.compat import version_key
+from facts.nvidia import version_tuple
 from deploys.stacks import FIRST_SUPPORTED, STACKS
 
 KEYS = {"vllm", "python", "torch", "cuda", "min_driver", "pins", "qwen_architectures",
@@ -26,7 +26,7 @@ def test_first_supported_agrees_with_rows():
     for arch, first in FIRST_SUPPORTED.items():
         for version, row in STACKS.items():
             listed = arch in row["architectures"]
-            assert listed == (version_key(version) >= version_key(first)), (arch, version)
+            assert listed == (version_tuple(version) >= version_tuple(first)), (arch, version)
 
 
 def test_the_qwen36_stack():
