@@ -32,7 +32,7 @@ def first_supporting(arch: str) -> str | None:
     if arch in FIRST_SUPPORTED:
         return FIRST_SUPPORTED[arch]
     rows = [v for v, row in STACKS.items() if arch in row.get("architectures", [])]
-    return min(rows, key=version_key) if rows else None
+    return min(rows, key=version_tuple) if rows else None
 
 
 def _model_words(config: dict[str, Any], model_id: str | None) -> str:

@@ -75,7 +75,7 @@ if ctx.proceed("driver"):
         else:
             if install is None:
                 reboot_reason = (
-                    f"driver packages are installed but no NVIDIA kernel module is loaded; "
+                    "driver packages are installed but no NVIDIA kernel module is loaded; "
                     "reboot required; re-run after rebooting or set allow_reboot=true"
                 )
             # Later stages add nothing for this host; the reason is printed when the

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 
-from pyinfra import host
 from pyinfra.api import FunctionCommand, operation
 
 logger = logging.getLogger("pyinfra")

@@ -183,7 +183,7 @@ def run(args: argparse.Namespace) -> int:
     # when StopWhenUnneeded) must still leave persistence mode and unregister.
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    log(args.verbose, "Started (%d)" % pid)
+    log(args.verbose, f"Started ({pid})")
     pidfile = None
     try:
         if not register(path, pid, args.persistence_mode, args.verbose):
@@ -199,7 +199,7 @@ def run(args: argparse.Namespace) -> int:
         if pidfile is not None:
             with contextlib.suppress(FileNotFoundError):
                 pidfile.unlink()
-        log(args.verbose, "Shutdown (%d)" % pid)
+        log(args.verbose, f"Shutdown ({pid})")
 
 
 def build_parser() -> argparse.ArgumentParser:

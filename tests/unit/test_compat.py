@@ -56,3 +56,9 @@ def test_qwen3_on_063_names_084_and_versions_compare_numerically():
     assert first_supporting("Qwen3NextForCausalLM") == "0.10.2"
     assert version_tuple("0.10.2") > version_tuple("0.8.4") > version_tuple("0.6.3.post1")
     assert version_tuple("570.124.06") > version_tuple("570.26")
+
+
+def test_first_supporting_falls_back_to_the_oldest_stack_row_listing_it():
+    # Not in FIRST_SUPPORTED; listed by the 0.6.3 and 0.17.0 rows.
+    assert first_supporting("Qwen2ForRewardModel") == "0.6.3"
+    assert first_supporting("NoSuchArchitecture") is None
