@@ -30,6 +30,7 @@ system-deps:
 # The tests: unit, fact and operation fixtures, CLI runs against @local, and the
 # end-to-end tests against sandbox hosts (root; they boot their own and tear them down).
 test: system-deps venv
+	.venv/bin/ruff check .
 	$(PY) -m pytest
 
 # The main job against the embedded default target: one sandbox host (Debian 12,
