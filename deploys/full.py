@@ -23,3 +23,6 @@ local.include("deploys/persistence.py")
 local.include("deploys/sysctl.py")
 # XFS with noatime for the weights, in fstab by UUID.
 local.include("deploys/model_volume.py")
+# (Python environment, model download and the vLLM unit come here: issues #5, #6.)
+# nginx in front of the engine: API keys, streaming without buffering, /metrics.
+local.include("deploys/gateway.py")

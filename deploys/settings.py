@@ -195,6 +195,21 @@ class Settings(BaseModel):
     """API keys clients send as "Authorization: Bearer <key>"; never logged."""
     metrics_allow: list[str] = Field(default_factory=lambda: ["127.0.0.1/32"])
     """Addresses (CIDR) allowed to read /metrics through the gateway."""
+    gateway_proxy_timeout_s: int = Field(default=3600, ge=60, le=86400)
+    """nginx proxy_read_timeout and proxy_send_timeout, in seconds. A non-streamed
+    completion sends nothing until it is done, and a long generation at 128K context takes
+    tens of minutes; nginx's 60 s default cuts it off with a 504 (notes/anchors.md lesson 9).
+    """
+    gateway_max_body_mib: int | None = Field(default=None, ge=1, le=1024)
+    """nginx client_max_body_size in MiB; None derives it from max_model_len. Worst case per
+    token: JSON-escaped CJK text, 2 characters per token, each escaped as \\uXXXX (6 bytes),
+    is 12 bytes; 131072 tokens x 12 = 1572864 bytes (1.5 MiB), plus 64 KiB for the JSON
+    envelope = 1638400 bytes, rounded up to whole MiB: 2 MiB.
+    """
+    gateway_extra_directives: list[str] = Field(default_factory=list)
+    """Extra nginx directives added to the gateway's server block, each ending in ";" (e.g.
+    "add_header X-Served-By gpu1;"). A directive nginx -t rejects leaves the old config live.
+    """
 
     # --- reports ---------------------------------------------------------------------
     audit_report_dir: str = "reports"
@@ -214,6 +229,14 @@ class Settings(BaseModel):
         unknown = [stage for stage in value if stage not in STAGES]
         if unknown:
             raise ValueError(f"unknown stage {unknown}; allowed: {', '.join(STAGES)}")
+        return value
+
+    @field_validator("gateway_extra_directives")
+    @classmethod
+    def _one_directive_each(cls, value: list[str]) -> list[str]:
+        for directive in value:
+            if not directive.strip().endswith(";") or "\n" in directive:
+                raise ValueError(f"{directive!r} is not one nginx directive ending in ';'")
         return value
 
     @field_validator("model_volume_mount_options")

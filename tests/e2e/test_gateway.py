@@ -1,0 +1,198 @@
+"""The gateway on a real sandbox host: nginx from Debian in front of a streaming stub.
+
+One `seed` host. files/openai_stub.py stands in for the engine on 127.0.0.1:8000 (a
+transient systemd unit); deploys/gateway.py installs nginx and the site with one API key.
+Checked from inside the host against 127.0.0.1:8001: SSE chunks pass through unbuffered,
+the key check, the body limit, /health and /metrics; from this machine, /metrics is
+refused. Then: a second run changes nothing and does not reload nginx, and a config that
+nginx -t rejects leaves the old one serving and fails the run with nginx's message. The
+key must appear in no pyinfra output and no nginx log.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from operations.nginx_site import SITE_PATH, body_limit_mib
+from tests.e2e.conftest import booted
+
+pytestmark = pytest.mark.e2e
+
+KEY = "sk-test-1"
+DATA = ["--data", f'api_keys=["{KEY}"]']
+STUB = Path(__file__).resolve().parents[2] / "files" / "openai_stub.py"
+CHUNKS, INTERVAL = 10, 0.2  # the stub's stream: 2 s in all
+
+# Runs inside the host: first-byte times and status codes, printed as one JSON line.
+PROBE = r'''
+import http.client, json, sys, time
+KEY, LIMIT = sys.argv[1], int(sys.argv[2])
+
+def first_chunk(port, key):
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    body = json.dumps({"model": "m", "stream": True,
+                       "messages": [{"role": "user", "content": "hi"}]})
+    start = time.monotonic()
+    conn.request("POST", "/v1/chat/completions", body,
+                 {"Content-Type": "application/json", "Authorization": "Bearer " + key})
+    resp = conn.getresponse()
+    first = None
+    lines = []
+    while True:
+        line = resp.readline()
+        if not line:
+            break
+        if line.startswith(b"data:"):
+            if first is None:
+                first = time.monotonic() - start
+            lines.append(line.strip())
+    return {"status": resp.status, "first": first, "total": time.monotonic() - start,
+            "events": len(lines), "last": lines[-1].decode() if lines else None}
+
+def status(method, path, key=None, size=None):
+    conn = http.client.HTTPConnection("127.0.0.1", 8001, timeout=30)
+    headers = {"Content-Type": "application/json"}
+    if key is not None:
+        headers["Authorization"] = "Bearer " + key
+    body = None
+    if size is not None:
+        prefix, suffix = '{"model": "m", "prompt": "', '"}'
+        body = (prefix + "x" * (size - len(prefix) - len(suffix)) + suffix).encode()
+    try:
+        conn.request(method, path, body, headers)
+        return conn.getresponse().status
+    except (BrokenPipeError, ConnectionResetError) as exc:
+        return repr(exc)
+
+out = {
+    "nginx": first_chunk(8001, KEY),
+    "direct": first_chunk(8000, KEY),
+    "no_key": status("POST", "/v1/completions", size=100),
+    "wrong_key": status("POST", "/v1/completions", key="sk-wrong", size=100),
+    "good_key": status("POST", "/v1/completions", key=KEY, size=100),
+    "prompt_128k": status("POST", "/v1/completions", key=KEY, size=131072 * 12),
+    "too_big": status("POST", "/v1/completions", key=KEY, size=LIMIT + 1),
+    "health": status("GET", "/health"),
+    "metrics": status("GET", "/metrics"),
+    "elsewhere": status("GET", "/", key=KEY),
+}
+print(json.dumps(out))
+'''
+
+
+def upload(sandbox, host, path: str, text: str) -> None:
+    encoded = base64.b64encode(text.encode()).decode()
+    sandbox.ssh(host, f"echo {encoded} | base64 -d > {path}")
+
+
+def run(sandbox, *extra: str):
+    proc = sandbox.pyinfra("--json", *DATA, *extra, "deploys/gateway.py", timeout=240)
+    return proc, (json.loads(proc.stdout) if proc.stdout.strip() else None)
+
+
+def nginx_pids(sandbox, host) -> tuple[str, str]:
+    main = sandbox.ssh(host, "systemctl show nginx -p MainPID --value").stdout.strip()
+    workers = sandbox.ssh(host, f"pgrep -P {main} | sort | tr '\\n' ' '").stdout.strip()
+    return main, workers
+
+
+@pytest.fixture(scope="module")
+def gateway():
+    with booted(["seed"]) as sandbox:
+        host = sandbox.hosts[0]
+        upload(sandbox, host, "/root/openai_stub.py", STUB.read_text())
+        upload(sandbox, host, "/root/probe.py", PROBE)
+        sandbox.ssh(
+            host,
+            "systemd-run --unit openai-stub python3 /root/openai_stub.py --port 8000 "
+            f"--chunks {CHUNKS} --interval {INTERVAL}",
+        )
+        first, first_json = run(sandbox)
+        if first_json is None or first.returncode != 0:
+            pytest.fail(f"first run failed (exit {first.returncode}):\n{first.stderr[-4000:]}")
+        yield sandbox, host, first, first_json
+
+
+def probe(sandbox, host) -> dict:
+    limit = body_limit_mib(131072) * 1024 * 1024
+    out = sandbox.ssh(host, f"python3 /root/probe.py {KEY} {limit}").stdout
+    return json.loads(out)
+
+
+def test_first_run_installs_and_serves(gateway):
+    sandbox, host, first, first_json = gateway
+    assert first_json["results"]["totals"]["success"] > 0
+    modes = sandbox.ssh(host, "stat -c '%a %U %G' /etc/nginx/vllm-api-keys.conf").stdout
+    assert modes.strip() == "600 root root"
+    result = probe(sandbox, host)
+    print("\ngateway probe:", json.dumps(result))
+    total = CHUNKS * INTERVAL
+    for path in ("nginx", "direct"):
+        stream = result[path]
+        assert stream["status"] == 200
+        assert stream["events"] == CHUNKS + 1 and stream["last"] == "data: [DONE]"
+        # The first chunk arrives long before the stream ends: nginx does not buffer it.
+        assert stream["first"] < total / 4, stream
+        assert stream["total"] >= total * 0.9
+    assert result["no_key"] == 401
+    assert result["wrong_key"] == 401
+    assert result["good_key"] == 200
+    assert result["prompt_128k"] == 200
+    assert result["too_big"] == 413
+    assert result["health"] == 200
+    assert result["metrics"] == 200
+    assert result["elsewhere"] == 404
+
+
+def test_metrics_refused_from_outside_the_host(gateway):
+    _, host, _, _ = gateway
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(f"http://{host.address}:8001/metrics", timeout=10)
+    assert refused.value.code == 403
+    # /health is open to everyone.
+    with urllib.request.urlopen(f"http://{host.address}:8001/health", timeout=10) as resp:
+        assert resp.status == 200
+
+
+def test_second_run_changes_nothing_and_does_not_reload(gateway):
+    sandbox, host, first, _ = gateway
+    before = nginx_pids(sandbox, host)
+    second, second_json = run(sandbox)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert second_json["results"]["totals"]["success"] == 0
+    assert nginx_pids(sandbox, host) == before
+    for proc in (first, second):
+        assert KEY not in proc.stdout + proc.stderr
+
+
+def test_rejected_config_keeps_the_old_one_serving(gateway):
+    sandbox, host, _, _ = gateway
+    live = sandbox.ssh(host, f"sha1sum {SITE_PATH}").stdout
+    before = nginx_pids(sandbox, host)
+    broken, _ = run(sandbox, "--data", 'gateway_extra_directives=["bogus_directive on;"]')
+    assert broken.returncode == 1
+    assert 'unknown directive "bogus_directive"' in broken.stderr
+    assert "nginx -t rejected the new configuration" in broken.stderr
+    assert KEY not in broken.stdout + broken.stderr
+    assert sandbox.ssh(host, f"sha1sum {SITE_PATH}").stdout == live
+    assert nginx_pids(sandbox, host) == before
+    status = sandbox.ssh(
+        host,
+        "curl -s -o /dev/null -w '%{http_code}' -H 'Authorization: Bearer " + KEY + "' "
+        "-d '{\"prompt\": \"hi\"}' http://127.0.0.1:8001/v1/completions",
+    ).stdout
+    assert status == "200"
+
+
+def test_key_never_in_nginx_logs(gateway):
+    sandbox, host, _, _ = gateway
+    found = sandbox.ssh(host, f"grep -rl -- {KEY} /var/log/nginx/", check=False)
+    assert found.returncode == 1, found.stdout
+    lines = sandbox.ssh(host, "tail -n 3 /var/log/nginx/vllm-access.log").stdout
+    assert "rt=" in lines and "urt=" in lines
