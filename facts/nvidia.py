@@ -931,24 +931,10 @@ class KernelModule(FactBase[dict[str, Any] | None]):
 DRIVER_PACKAGE_PATTERNS = ("nvidia-*", "libnvidia-*", "cuda-*")
 
 
-def _dpkg_query_command() -> str:
-    patterns = " ".join(f"'{pattern}'" for pattern in DRIVER_PACKAGE_PATTERNS)
-    # dpkg-query exits 1 when a pattern matches nothing (a host without CUDA packages),
-    # 2 on real errors: only the first is normal.
-    return (
-        "dpkg-query -W -f '${Package}\\t${Version}\\t${db:Status-Abbrev}\\n' "
-        f"{patterns} 2>/dev/null || test $? -eq 1"
-    )
-
-
-class DriverPackages(FactBase[dict[str, str]]):
+class DriverPackageQuery(FactBase[T]):
     """
-    Returns the installed NVIDIA driver and CUDA packages (status ``ii`` or ``hi``),
-    ``{}`` when there are none or dpkg is absent:
-
-    .. code:: python
-
-        {"nvidia-utils-535-server": "535.129.03-0ubuntu0.22.04.1"}
+    Base of the facts read from one ``dpkg-query`` over the NVIDIA driver and CUDA
+    packages (``DRIVER_PACKAGE_PATTERNS``); absent (the fact's default) without dpkg.
     """
 
     @override
@@ -957,7 +943,24 @@ class DriverPackages(FactBase[dict[str, str]]):
 
     @override
     def command(self) -> str:
-        return _dpkg_query_command()
+        patterns = " ".join(f"'{pattern}'" for pattern in DRIVER_PACKAGE_PATTERNS)
+        # dpkg-query exits 1 when a pattern matches nothing (a host without CUDA
+        # packages), 2 on real errors: only the first is normal.
+        return (
+            "dpkg-query -W -f '${Package}\\t${Version}\\t${db:Status-Abbrev}\\n' "
+            f"{patterns} 2>/dev/null || test $? -eq 1"
+        )
+
+
+class DriverPackages(DriverPackageQuery[dict[str, str]]):
+    """
+    Returns the installed NVIDIA driver and CUDA packages (status ``ii`` or ``hi``),
+    ``{}`` when there are none or dpkg is absent:
+
+    .. code:: python
+
+        {"nvidia-utils-535-server": "535.129.03-0ubuntu0.22.04.1"}
+    """
 
     @override
     @staticmethod
@@ -969,19 +972,11 @@ class DriverPackages(FactBase[dict[str, str]]):
         return parse_dpkg_packages(output)
 
 
-class HeldPackages(FactBase[list[str]]):
+class HeldPackages(DriverPackageQuery[list[str]]):
     """
     Returns the NVIDIA driver and CUDA packages on hold (dpkg selection ``hold``, what
     ``apt-mark hold`` sets), ``[]`` when none or dpkg is absent.
     """
-
-    @override
-    def requires_command(self) -> str:
-        return "dpkg-query"
-
-    @override
-    def command(self) -> str:
-        return _dpkg_query_command()
 
     @override
     @staticmethod
