@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.mirror import model
 from sandbox.mirror.server import MirrorServer, RangeNotSatisfiable, parse_range
 
 REPO = "sandbox/tiny-qwen2"
@@ -25,16 +24,8 @@ TOKEN = "tok-1234-secret"
 
 
 @pytest.fixture(scope="module")
-def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    base = tmp_path_factory.mktemp("mirror")
-    model.generate(base / REPO)
-    return base
-
-
-@pytest.fixture(scope="module")
-def mirror(root: Path):
-    with MirrorServer(root) as server:
-        yield server
+def root(mirror_root: Path) -> Path:
+    return mirror_root
 
 
 @pytest.fixture(autouse=True)

@@ -33,19 +33,6 @@ fetch_model.PROGRESS_SECONDS = 0.0  # exercise the periodic progress line
 
 
 @pytest.fixture(scope="module")
-def mirror_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    base = tmp_path_factory.mktemp("mirror")
-    model.generate(base / REPO)
-    return base
-
-
-@pytest.fixture(scope="module")
-def mirror(mirror_root: Path):
-    with MirrorServer(mirror_root) as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
 def lock_file(mirror, tmp_path_factory: pytest.TempPathFactory) -> Path:
     api = fetch_api(mirror.url, REPO, "main")
     out = tmp_path_factory.mktemp("lock") / "lock.json"
