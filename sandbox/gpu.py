@@ -134,14 +134,6 @@ def _in_container(host: Host, argv: list[str], what: str) -> None:
     )
 
 
-def nspawn_args(host: Host, gpu_plan: GpuPlan) -> list[str]:
-    return []
-
-
-def after_boot(host: Host, gpu_plan: GpuPlan) -> None:
-    """Hook for steps that need the booted host (none yet)."""
-
-
 def host_data(host: Host, gpu_plan: GpuPlan) -> dict:
     data: dict = {}
     if host.scenario == "bare" and gpu_plan.repo_dir is not None:

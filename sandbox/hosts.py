@@ -224,7 +224,7 @@ def _inject_identity(host: Host, client_pub: str) -> str:
     return f"{key_type} {key_b64}"
 
 
-def _nspawn_argv(host: Host, extra: list[str]) -> list[str]:
+def _nspawn_argv(host: Host) -> list[str]:
     return [
         "systemd-nspawn",
         "--boot",
@@ -240,7 +240,6 @@ def _nspawn_argv(host: Host, extra: list[str]) -> list[str]:
         "--timezone=off",
         "--link-journal=no",
         "--console=read-only",
-        *extra,
     ]
 
 
@@ -429,7 +428,7 @@ def _up(
             state["hosts"][-1] = asdict(host)
             save_state(state)
             starts[host.name] = time.monotonic()
-            _start_supervisor(host, _nspawn_argv(host, gpu.nspawn_args(host, gpu_plan)))
+            _start_supervisor(host, _nspawn_argv(host))
         # After the hosts' veths exist: the repo server binds to their gateway addresses.
         gpu.start_services(hosts, gpu_plan, state)
         mirror_url = model_mirror.start(hosts[0].gateway, state)
@@ -440,7 +439,6 @@ def _up(
             for host in hosts:
                 host.boot_seconds = round(waits[host.name].result(), 1)
         for host in hosts:
-            gpu.after_boot(host, gpu_plan)
             host.data = host_data(host, gpu_plan, model_base_url, mirror_url)
         state["hosts"] = [asdict(h) for h in hosts]
         save_state(state)
