@@ -9,13 +9,11 @@ Changes nothing on any host: it adds no operation, it only reads facts.
 from pyinfra import host
 
 from deploys.audit_report import record, summarize
-from deploys.host_state import collect
-from deploys.settings import load_settings
+from deploys.context import context
 
-settings = load_settings(host)
-collected = collect(host)
+ctx = context(host)
 record(
     host.name,
-    summarize(host.name, collected, settings),
-    report_dir=settings.audit_report_dir,
+    summarize(host.name, ctx.state, ctx.settings),
+    report_dir=ctx.settings.audit_report_dir,
 )
