@@ -18,8 +18,12 @@ STACKS: dict[str, dict] = {
     "0.6.3": {
         "vllm": "0.6.3",
         # vllm-0.6.3 wheel METADATA: Requires-Python >=3.8; 3.10 is the seed's and
-        # the oldest Python pyinfra-side tooling here supports.
+        # the oldest Python pyinfra-side tooling here supports. conda installs exactly
+        # this; uv/venv use the host's python3 when it is inside python_range.
         "python": "3.10",
+        # torch 2.4.0 on PyPI has cp38..cp312 wheels (xformers 0.0.27.post2 the same):
+        # Ubuntu 22.04's 3.10 and Debian 12's 3.11 both qualify.
+        "python_range": ["3.8", "3.12"],
         # wheel METADATA: Requires-Dist torch==2.4.0, torchvision==0.19,
         # xformers==0.0.27.post2 (linux x86_64).
         "torch": "2.4.0",
@@ -37,6 +41,11 @@ STACKS: dict[str, dict] = {
             "transformers": "4.45.2",
             "tokenizers": "0.20.1",
             "numpy": "1.26.4",
+            # triton 3.0.0 (torch 2.4.0's pin) imports setuptools when vLLM is imported
+            # (triton/runtime/build.py line 8; seen failing in a sandbox uv venv, which,
+            # unlike python3 -m venv on 3.11, seeds no setuptools). 75.1.0: September
+            # 2024, before vLLM 0.6.3 (October 2024).
+            "setuptools": "75.1.0",
         },
         # vllm/model_executor/models/registry.py in the 0.6.3 wheel (_VLLM_MODELS): its
         # Qwen rows. The full registry of an installed vLLM is read from the host.
@@ -66,6 +75,7 @@ STACKS: dict[str, dict] = {
         # vllm-0.17.0 wheel METADATA: Requires-Python <3.14,>=3.10. 3.12 is inside that
         # range and is what torch 2.10 and vLLM's own docs build against.
         "python": "3.12",
+        "python_range": ["3.10", "3.13"],
         # wheel METADATA: Requires-Dist torch==2.10.0, torchaudio==2.10.0,
         # torchvision==0.25.0, flashinfer-python==0.6.4.
         "torch": "2.10.0",
@@ -153,4 +163,26 @@ FIRST_SUPPORTED: dict[str, str] = {
     "Qwen3VLMoeForConditionalGeneration": "0.11.0",  # absent in 0.10.2
     "Qwen3_5ForConditionalGeneration": "0.17.0",  # absent in 0.16.0
     "Qwen3_5MoeForConditionalGeneration": "0.17.0",  # absent in 0.16.0
+}
+
+# The installers of the Python environment, pinned like the stacks they install.
+INSTALLERS: dict[str, dict] = {
+    # PyPI: uv 0.13.9 uploaded 2026-11-17, the newest release then (`pip index versions
+    # uv`); its wheel carries the static binary, so the index is the only source needed.
+    "uv": {"version": "0.13.9"},
+    # conda-forge/miniforge tag 26.3.2-3 (2026-05-29; bundles conda 26.3.2, Python
+    # 3.13 for conda itself: Miniforge3/construct.yaml). The checksums are the release's
+    # .sha256 values as pinned, identically, by Python-for-HPC/PyOMP
+    # buildscripts/cibuildwheel/setup-miniforge3.sh (commit b4b024d6) and a fork of
+    # spack-packages (miniforge3/package.py); github.com was not reachable from here to
+    # read the release assets themselves. The installer refuses to run on a mismatch.
+    "miniforge": {
+        "version": "26.3.2-3",
+        "url": "https://github.com/conda-forge/miniforge/releases/download/{version}/"
+        "Miniforge3-{version}-Linux-{arch}.sh",
+        "sha256": {
+            "x86_64": "848194851a98903134187fbb4ab50efe87b003e0c0f808f97644b7524a62bf2c",
+            "aarch64": "2c113a69297e612b01ca0f320c22a3107a11f2ab9b573d79ac868a175945ce29",
+        },
+    },
 }

@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from sandbox import gpu, model_mirror, net, rootfs
-from sandbox.util import RUN_DIR, STATE_DIR, SandboxError, run, write_file
+from sandbox.util import CACHE_DIR, RUN_DIR, STATE_DIR, SandboxError, run, write_file
 
 # h200 is an extra gpusim scenario (8x H200 SXM, R580), matching the H200 captures.
 SCENARIOS = ("seed", "pcie", "mig", "mismatch", "bare", "h200")
@@ -224,6 +224,10 @@ def _inject_identity(host: Host, client_pub: str) -> str:
     return f"{key_type} {key_b64}"
 
 
+# Host-side cache dir name -> the path a sandbox host sees it at.
+PACKAGE_CACHES = {"pip-cache": "/root/.cache/pip", "uv-cache": "/root/.cache/uv"}
+
+
 def _nspawn_argv(host: Host) -> list[str]:
     return [
         "systemd-nspawn",
@@ -236,6 +240,10 @@ def _nspawn_argv(host: Host) -> list[str]:
         "--keep-unit",
         f"--network-namespace-path=/run/netns/{host.netns}",
         f"--bind={host.loop_device}",
+        # Package caches shared by every host and kept between runs on this machine, so
+        # the second install of vLLM and torch (several GB) reads them from disk. Bound
+        # at the default cache paths of root's pip and uv: the deploy does nothing special.
+        *(f"--bind={CACHE_DIR / name}:{path}" for name, path in PACKAGE_CACHES.items()),
         "--resolv-conf=off",
         "--timezone=off",
         "--link-journal=no",
@@ -335,6 +343,8 @@ def prepare_host(
     if host.dir.exists():
         raise SandboxError(f"{host.name}: {host.dir} already exists (run `python -m sandbox down`)")
     host.dir.mkdir(parents=True)
+    for name in PACKAGE_CACHES:
+        (CACHE_DIR / name).mkdir(parents=True, exist_ok=True)
     _attach_loop(host, disk_size)
     _mount_overlay(host, lower)
     hostkey = _inject_identity(host, client_pub)
@@ -432,6 +442,7 @@ def _up(
         # After the hosts' veths exist: the repo server binds to their gateway addresses.
         gpu.start_services(hosts, gpu_plan, state)
         mirror_url = model_mirror.start(hosts[0].gateway, state)
+        model_mirror.write_lock(mirror_url)
         save_state(state)
         log(f"booting {len(hosts)} host(s)...")
         with ThreadPoolExecutor(max_workers=len(hosts)) as pool:
@@ -478,6 +489,8 @@ def host_data(
         "model_volume_device": host.loop_device,
         # The spare disk is created blank for the XFS stage: formatting it is allowed.
         "model_volume_mkfs": True,
+        # conda-forge is not reachable from here (PyPI is): uv builds the environment.
+        "python_env_manager": "uv",
     }
     data.update(gpu.host_data(host, gpu_plan))
     if mirror_url is not None:

@@ -1,0 +1,106 @@
+#!/usr/bin/env python3
+"""Prove a freshly built vLLM environment works, and record what it contains.
+
+Run by the runtime stage with the environment's own interpreter, after pip finished:
+
+    ENV/bin/python vllm_probe.py --expect-vllm 0.6.3 --marker ENV/pyinfra-vllm-env.json \
+        --stack 0.6.3 --requirements-sha256 HEX --manager uv
+
+It imports vllm and torch, runs ``python -m vllm.entrypoints.openai.api_server --help``
+(the server the unit starts), and reads the model registry. Only when all of that
+works and the installed vLLM is the expected release does it write the marker (to a
+temporary name, then renamed), which is what makes the environment count
+(facts/python_env.py). Marker ``runtime``: vllm, torch, torch_cuda, python, flags (the
+server's long options, from --help), architectures (``ModelRegistry``).
+
+The vLLM version comes from the package metadata, not ``vllm.__version__``: the 0.6.3
+wheel on PyPI reports "dev" there (its generated ``vllm/_version.py`` is missing).
+Exit 0 ok, 1 the environment does not work (one line saying why on stderr).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+
+SERVER = "vllm.entrypoints.openai.api_server"
+HELP_TIMEOUT_S = 300
+# A whole long option: not the piece before a line break inside a wrapped name
+# (``--max-seq-len-to-`` / ``capture``), which argparse's usage lines produce.
+_FLAG = re.compile(r"(?<![\w-])(--[a-z0-9](?:[a-z0-9-]*[a-z0-9])?)(?![a-z0-9-])")
+
+
+def server_flags(help_text: str) -> list[str]:
+    """The long options an argparse ``--help`` text lists (``--tensor-parallel-size``)."""
+    return sorted(set(_FLAG.findall(help_text)))
+
+
+def probe() -> dict:
+    from importlib.metadata import version
+
+    import torch  # noqa: F401 - importing it is part of the proof
+    import vllm  # noqa: F401
+
+    from vllm.model_executor.models import ModelRegistry
+
+    # The server's --help imports the whole OpenAI front end, as the unit will.
+    help_run = subprocess.run(
+        [sys.executable, "-m", SERVER, "--help"],
+        capture_output=True, text=True, timeout=HELP_TIMEOUT_S,
+        env=dict(os.environ, CUDA_VISIBLE_DEVICES=""),
+    )
+    if help_run.returncode != 0:
+        tail = " | ".join((help_run.stderr or help_run.stdout).strip().splitlines()[-3:])
+        raise RuntimeError(f"{SERVER} --help exited {help_run.returncode}: {tail}")
+    return {
+        "vllm": version("vllm"),
+        "torch": version("torch"),
+        "torch_cuda": torch.version.cuda,
+        "python": ".".join(str(part) for part in sys.version_info[:3]),
+        "flags": server_flags(help_run.stdout),
+        "architectures": sorted(ModelRegistry.get_supported_archs()),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--expect-vllm", required=True)
+    parser.add_argument("--marker", required=True)
+    parser.add_argument("--stack", required=True)
+    parser.add_argument("--requirements-sha256", required=True)
+    parser.add_argument("--manager", required=True)
+    args = parser.parse_args(argv)
+    try:
+        runtime = probe()
+    except Exception as exc:  # any failure means the environment does not work
+        print(f"vllm-probe: the environment does not work: {type(exc).__name__}: {exc}",
+              file=sys.stderr)
+        return 1
+    if runtime["vllm"] != args.expect_vllm:
+        print(f"vllm-probe: vLLM {runtime['vllm']} is installed, expected {args.expect_vllm}",
+              file=sys.stderr)
+        return 1
+    marker = {
+        "stack": args.stack,
+        "requirements_sha256": args.requirements_sha256,
+        "manager": args.manager,
+        "runtime": runtime,
+    }
+    tmp = args.marker + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as out:
+        json.dump(marker, out, sort_keys=True)
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(tmp, args.marker)
+    print(f"vllm-probe: ok: vLLM {runtime['vllm']}, torch {runtime['torch']} "
+          f"(CUDA {runtime['torch_cuda']}), {len(runtime['flags'])} server flags, "
+          f"{len(runtime['architectures'])} architectures")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

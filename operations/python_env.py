@@ -1,0 +1,220 @@
+"""The vLLM Python environment: its installer (Miniforge or uv), the environment of one
+stack, built beside the others and kept only once it is proven to work.
+
+Layout under ``root`` (the python_env_root setting, /opt/vllm):
+
+    miniforge3/                conda (Miniforge), when the manager is conda
+    uv/                        uv in a small venv, when the manager is uv
+    envs/vllm-0.6.3-<sha8>/    one environment per stack and requirements
+    current -> envs/...        the environment the service runs
+
+An environment's name carries a hash of its requirements, manager and interpreter, so
+a change to any of them builds a new one beside the old, which stays for rollback
+(switching back is a change of the ``current`` link only). vLLM and torch always come
+from pip (never conda's torch, which links NCCL statically: vllm #8420), exactly as
+pinned by the stack row (deploys/stacks.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from pyinfra import host
+from pyinfra.api import FileUploadCommand, QuoteString, StringCommand, operation
+
+from facts.nvidia import version_tuple
+from facts.python_env import MARKER, VllmEnvironments
+
+
+def python_problem(found: str | None, python_range: list[str], manager: str) -> str | None:
+    """Why the host's python3 cannot carry the stack (None: it can)."""
+    low, high = python_range
+    if found is None:
+        return (f"python_env_manager={manager} uses the host's python3, and there is none: "
+                "install python3 or set python_env_manager=conda")
+    if not version_tuple(low) <= version_tuple(found)[:2] <= version_tuple(high):
+        return (f"python_env_manager={manager} uses the host's python3 {found}, outside "
+                f"{low}..{high} that the vLLM stack supports: set python_env_manager=conda "
+                "(it installs the stack's own Python)")
+    return None
+
+
+def requirements_text(stack: dict) -> str:
+    """The stack's pins as a requirements file: vLLM first, then its companions."""
+    lines = [f"vllm=={stack['vllm']}"]
+    lines += [f"{name}=={version}" for name, version in sorted(stack["pins"].items())]
+    return "\n".join(lines) + "\n"
+
+
+def interpreter(manager: str, stack: dict) -> str:
+    """What the manager builds from: conda a Python version, uv/venv the host's python3."""
+    return stack["python"] if manager == "conda" else "python3"
+
+
+def environment_path(root: str, stack: dict, manager: str, python: str) -> str:
+    """``{root}/envs/vllm-{version}-{sha8}``: one per stack, manager and interpreter."""
+    digest = hashlib.sha256(
+        f"{requirements_text(stack)}\0{manager}\0{python}".encode()
+    ).hexdigest()
+    return f"{root}/envs/vllm-{stack['vllm']}-{digest[:8]}"
+
+
+def download_env(
+    index_url: str, ca_bundle: str | None, proxy: str | None
+) -> list[QuoteString | str]:
+    """``env`` arguments that point pip, uv and curl at the index, CA bundle and proxy."""
+    pairs = {"PIP_INDEX_URL": index_url, "UV_DEFAULT_INDEX": index_url,
+             "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_INPUT": "1"}
+    if ca_bundle:
+        pairs.update(PIP_CERT=ca_bundle, SSL_CERT_FILE=ca_bundle, CURL_CA_BUNDLE=ca_bundle)
+    if proxy:
+        pairs.update(HTTPS_PROXY=proxy, HTTP_PROXY=proxy, https_proxy=proxy, http_proxy=proxy)
+    return ["env", *(QuoteString(f"{key}={value}") for key, value in pairs.items())]
+
+
+@operation()
+def uv(root: str, version: str, index_url: str = "https://pypi.org/simple",
+       ca_bundle: str | None = None, proxy: str | None = None):
+    """
+    Install uv, pinned, into its own small venv under ``root``.
+
+    + root: python_env_root; uv lands in ``{root}/uv``
+    + version: the uv release to install (from PyPI or the index)
+    + index_url: Python package index
+    + ca_bundle: CA bundle file trusted for the index (replaces certifi's)
+    + proxy: HTTP(S) proxy
+
+    The right version already there: no command. uv comes from the package index, as
+    vLLM does, so a site with only a PyPI mirror can use it.
+    """
+    if host.get_fact(VllmEnvironments, root=root)["uv"] == version:
+        host.noop(f"uv {version} is installed in {root}/uv")
+        return
+    venv = f"{root}/uv"
+    yield StringCommand("rm -rf", QuoteString(venv), "&& python3 -m venv", QuoteString(venv))
+    yield StringCommand(
+        *download_env(index_url, ca_bundle, proxy),
+        QuoteString(f"{venv}/bin/pip"), "install", "-q", QuoteString(f"uv=={version}"),
+    )
+
+
+@operation()
+def miniforge(root: str, version: str, sha256: str, url: str,
+              ca_bundle: str | None = None, proxy: str | None = None):
+    """
+    Install Miniforge (conda from conda-forge), pinned by version and checksum.
+
+    + root: python_env_root; conda lands in ``{root}/miniforge3``
+    + version: the Miniforge release (names the installer in messages)
+    + sha256: the installer's sha256; a download that differs is never run
+    + url: the installer's URL
+    + ca_bundle: CA bundle file trusted for the download
+    + proxy: HTTP(S) proxy
+
+    conda already there: no command. conda provides Python only; packages come from pip.
+    """
+    if host.get_fact(VllmEnvironments, root=root)["conda"]:
+        host.noop(f"conda is installed in {root}/miniforge3")
+        return
+    # Under root (root-owned), not /tmp: no other user can swap the file between the
+    # checksum and the run.
+    installer = f"{root}/Miniforge3-{version}.sh"
+    prefix = f"{root}/miniforge3"
+    yield StringCommand(
+        "install -d -m 755", QuoteString(root), "&&",
+        *download_env("https://pypi.org/simple", ca_bundle, proxy),
+        "curl", "-fsSL", "--retry", "3", "-o", QuoteString(installer), QuoteString(url),
+    )
+    yield StringCommand(
+        "echo", QuoteString(f"{sha256}  {installer}"), "| sha256sum --check --strict --quiet -",
+        "|| { rm -f", QuoteString(installer), "; echo",
+        QuoteString(f"Miniforge {version} installer does not match sha256 {sha256}"),
+        ">&2; exit 1; }",
+    )
+    yield StringCommand(
+        "rm -rf", QuoteString(prefix), "&& bash", QuoteString(installer), "-b -p",
+        QuoteString(prefix), "&& rm -f", QuoteString(installer),
+    )
+
+
+def _create_commands(root: str, path: str, manager: str, python: str,
+                     env: list) -> list[StringCommand]:
+    if manager == "conda":
+        return [StringCommand(
+            *env, QuoteString(f"{root}/miniforge3/bin/conda"), "create", "-y", "-q",
+            "--override-channels", "-c", "conda-forge", "-p", QuoteString(path),
+            QuoteString(f"python={python}"), "pip",
+        )]
+    if manager == "uv":
+        return [StringCommand(
+            *env, "UV_PYTHON_DOWNLOADS=never", QuoteString(f"{root}/uv/bin/uv"), "venv", "-q",
+            "--seed", "--python", QuoteString(python), QuoteString(path),
+        )]
+    return [StringCommand(QuoteString(python), "-m", "venv", QuoteString(path))]
+
+
+def _install_command(root: str, path: str, manager: str, env: list) -> StringCommand:
+    requirements = QuoteString(f"{path}/requirements.txt")
+    if manager == "uv":
+        # copy: the environment must not hard-link into a cache that may be pruned.
+        return StringCommand(
+            *env, "UV_LINK_MODE=copy", QuoteString(f"{root}/uv/bin/uv"), "pip", "install",
+            "-q", "--python", QuoteString(f"{path}/bin/python"), "-r", requirements,
+        )
+    return StringCommand(
+        *env, QuoteString(f"{path}/bin/python"), "-m", "pip", "install", "-q", "-r",
+        requirements,
+    )
+
+
+@operation()
+def environment(root: str, stack: dict, manager: str, python: str,
+                index_url: str = "https://pypi.org/simple", ca_bundle: str | None = None,
+                proxy: str | None = None, probe: str = "files/vllm_probe.py"):
+    """
+    Build the environment of one stack and prove it works; never touch a working one.
+
+    + root: python_env_root
+    + stack: the stack row (deploys/stacks.py): vllm version and pins
+    + manager: ``conda``, ``uv`` or ``venv``
+    + python: conda: the Python version to install (``3.10``); uv/venv: the interpreter
+      (``python3``, already checked against the stack's python_range)
+    + index_url: Python package index
+    + ca_bundle: CA bundle file trusted for the index (replaces certifi's)
+    + proxy: HTTP(S) proxy
+    + probe: local path of the check script (files/vllm_probe.py)
+
+    An environment whose marker names the same requirements and whose installed vLLM is
+    the stack's: no command. Otherwise it is built from scratch at its own path (never
+    over another stack's), the pins installed with pip or uv, and
+    the probe uploaded and run inside it: it imports vLLM and torch, runs the
+    OpenAI server's ``--help`` and writes the marker only if all of that worked. The
+    ``current`` link is not this operation's: the deploy moves it afterwards.
+    """
+    path = environment_path(root, stack, manager, python)
+    text = requirements_text(stack)
+    sha = hashlib.sha256(text.encode()).hexdigest()
+    found = host.get_fact(VllmEnvironments, root=root)["envs"].get(path)
+    if found:
+        marker = found["marker"] or {}
+        installed = found["installed"].get("vllm")
+        if marker.get("requirements_sha256") == sha and installed == stack["vllm"]:
+            host.noop(f"{path} works (vLLM {installed}, checked when it was built)")
+            return
+    env = download_env(index_url, ca_bundle, proxy)
+    yield StringCommand(
+        "rm -rf", QuoteString(path), "&& mkdir -p", QuoteString(f"{root}/envs"),
+    )
+    yield from _create_commands(root, path, manager, python, env)
+    yield StringCommand("printf '%s\\n'", *(QuoteString(line) for line in text.split()),
+                        ">", QuoteString(f"{path}/requirements.txt"))
+    yield _install_command(root, path, manager, env)
+    yield FileUploadCommand(probe, f"{path}/pyinfra-vllm-probe.py")
+    yield StringCommand(
+        QuoteString(f"{path}/bin/python"), QuoteString(f"{path}/pyinfra-vllm-probe.py"),
+        "--expect-vllm", QuoteString(stack["vllm"]),
+        "--marker", QuoteString(f"{path}/{MARKER}"),
+        "--stack", QuoteString(stack["vllm"]),
+        "--requirements-sha256", QuoteString(sha),
+        "--manager", QuoteString(manager),
+    )
