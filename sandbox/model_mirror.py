@@ -16,7 +16,8 @@ import time
 from pathlib import Path
 
 from sandbox.mirror.model import DEFAULT_REPO_ID
-from sandbox.util import CACHE_DIR, REPO_ROOT, RUN_DIR, SandboxError
+from sandbox.util import CACHE_DIR, REPO_ROOT, RUN_DIR, STATE_DIR, SandboxError
+from tools import model_lock
 
 MIRROR_PORT = 8788
 MIRROR_ROOT = CACHE_DIR / "mirror"
@@ -37,6 +38,17 @@ def _pid() -> int | None:
         return None
     # Guard against pid reuse: only our server counts.
     return pid if b"sandbox.mirror" in cmdline else None
+
+
+LOCK_FILE = STATE_DIR / "locks" / (DEFAULT_REPO_ID.replace("/", "--") + ".json")
+
+
+def write_lock(base_url: str) -> Path:
+    """Lock the mirror's model the way an operator locks a Hub model (tools.model_lock)."""
+    code = model_lock.main([DEFAULT_REPO_ID, "--base-url", base_url, "--out", str(LOCK_FILE)])
+    if code != 0:
+        raise SandboxError(f"tools.model_lock against the mirror {base_url} exited {code}")
+    return LOCK_FILE
 
 
 def start(bind: str, state: dict) -> str:
@@ -65,7 +77,8 @@ def start(bind: str, state: dict) -> str:
 
 def host_data(base_url: str) -> dict:
     """What a sandbox host's inventory data says about the mirror."""
-    return {"model_base_url": base_url, "model_id": DEFAULT_REPO_ID}
+    return {"model_base_url": base_url, "model_id": DEFAULT_REPO_ID,
+            "model_lock": str(LOCK_FILE)}
 
 
 def stop() -> list[str]:

@@ -14,11 +14,15 @@ LFS blobs by it). Small files are plain git blobs and the Hub reports only their
 blob id (``blobId``: sha1 over ``"blob <size>\\0" + content``), so that is what the lock
 records for them ("git-blob-sha1"); the downloader computes the same.
 
+The lock also carries ``config``: the model's config.json, fetched at the locked commit
+and checked against its lock entry, so the compatibility gate and the capacity planner
+judge the model on the operator's machine before any host changes.
+
 Lock format (``lock_version`` 1)::
 
     {"lock_version": 1, "model_id": "Qwen/Qwen3.6-27B", "revision": "main",
      "commit": "<40 hex>", "base_url": "https://huggingface.co", "created": "<UTC ISO>",
-     "total_size": 55600000000,
+     "total_size": 55600000000, "config": {"architectures": [...], ...},
      "files": [{"path": "config.json", "size": 1234, "algo": "git-blob-sha1",
                 "digest": "<40 hex>", "lfs": false}, ...]}
 """
@@ -28,6 +32,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import fnmatch
+import hashlib
 import json
 import os
 import re
@@ -123,6 +128,38 @@ def build_lock(api: dict[str, Any], *, model_id: str, revision: str, base_url: s
     }
 
 
+def git_blob_sha1(data: bytes) -> str:
+    """The git blob id of ``data``: what the Hub reports for a small file."""
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def fetch_config(lock: dict[str, Any], token: str | None = None,
+                 ca_bundle: str | None = None, timeout: float = 30.0) -> dict[str, Any]:
+    """config.json at the locked commit, verified against its entry in the lock."""
+    entry = next((f for f in lock["files"] if f["path"] == "config.json"), None)
+    if entry is None:
+        raise LockError(f"{lock['model_id']} has no config.json: not a transformers model")
+    url = (f"{lock['base_url']}/{lock['model_id']}/resolve/{lock['commit']}/config.json")
+    request = urllib.request.Request(url)
+    if token:
+        request.add_unredirected_header("Authorization", f"Bearer {token}")
+    context = ssl.create_default_context(cafile=ca_bundle)
+    try:
+        with urllib.request.urlopen(request, timeout=timeout, context=context) as response:
+            data = response.read()
+    except (urllib.error.URLError, OSError) as exc:
+        raise LockError(f"GET {url}: {exc}") from exc
+    digest = (hashlib.sha256(data).hexdigest() if entry["algo"] == "sha256"
+              else git_blob_sha1(data))
+    if len(data) != entry["size"] or digest != entry["digest"]:
+        raise LockError(f"GET {url}: {len(data)} bytes with {entry['algo']} {digest}, the "
+                        f"lock says {entry['size']} bytes, {entry['digest']}")
+    try:
+        return json.loads(data)
+    except ValueError as exc:
+        raise LockError(f"GET {url}: not JSON: {exc}") from exc
+
+
 def default_out(model_id: str) -> Path:
     return Path("locks") / (model_id.replace("/", "--") + ".json")
 
@@ -158,6 +195,7 @@ def main(argv: list[str] | None = None) -> int:
                         read_token(args.token_file), args.ca_bundle)
         lock = build_lock(api, model_id=args.model_id, revision=args.revision,
                           base_url=args.base_url, exclude=args.exclude)
+        lock["config"] = fetch_config(lock, read_token(args.token_file), args.ca_bundle)
     except (LockError, OSError) as exc:
         print(f"model_lock: {exc}", file=sys.stderr)
         return 1

@@ -9,7 +9,15 @@ import pytest
 
 from sandbox.mirror import model
 from sandbox.mirror.server import MirrorServer
-from tools.model_lock import LockError, api_url, build_lock, main
+from tools.model_lock import (
+    LockError,
+    api_url,
+    build_lock,
+    fetch_api,
+    fetch_config,
+    git_blob_sha1,
+    main,
+)
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "hf" / "api"
 TOKEN = "hf_lock-test-secret-0002"
@@ -82,3 +90,24 @@ def test_cli_against_gated_mirror_keeps_token_secret(tmp_path, capsys, monkeypat
     lock = json.loads(out.read_text())
     assert lock["commit"] == manifest["sha"] and len(lock["files"]) == len(manifest["files"])
     assert TOKEN not in printed.out + printed.err + out.read_text()
+    # config.json rides in the lock, as the mirror serves it at the locked commit.
+    served = json.loads((root / "sandbox/tiny-qwen2/config.json").read_text())
+    assert lock["config"] == served and lock["config"]["architectures"] == ["Qwen2ForCausalLM"]
+
+
+def test_config_that_does_not_match_its_lock_entry_is_refused(tmp_path):
+    root = tmp_path / "root"
+    model.generate(root / "sandbox/tiny-qwen2")
+    with MirrorServer(root) as mirror:
+        api = fetch_api(mirror.url, "sandbox/tiny-qwen2", "main")
+        lock = build_lock(api, model_id="sandbox/tiny-qwen2", revision="main",
+                          base_url=mirror.url)
+        entry = next(f for f in lock["files"] if f["path"] == "config.json")
+        entry["digest"] = "0" * 40
+        with pytest.raises(LockError, match=r"config.json: \d+ bytes with git-blob-sha1 "):
+            fetch_config(lock)
+
+
+def test_git_blob_sha1_is_gits():
+    # `printf 'hello\n' | git hash-object --stdin`
+    assert git_blob_sha1(b"hello\n") == "ce013625030ba8dba906f756967f9e9ca394464a"

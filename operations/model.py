@@ -1,0 +1,80 @@
+"""The model's files, downloaded and verified against the lock on the host itself.
+
+files/fetch_model.py does the work on the host (parallel, resumable, verified, written
+under a temporary name and renamed only once verified). This operation decides from the
+ModelFiles fact, without hashing anything, whether it has to run at all: every file of
+the lock verified against this lock and unchanged (size, mtime) since means no command.
+"""
+
+from __future__ import annotations
+
+import json
+from io import StringIO
+
+from pyinfra import host
+from pyinfra.api import FileUploadCommand, QuoteString, StringCommand, operation
+
+from facts.model import ModelFiles, unverified
+
+# Where the downloader and the lock live on the host (root only).
+TOOL_DIR = "/var/lib/pyinfra-vllm"
+# tmpfs, root-only directory: the token exists there only while a download runs.
+SECRET_DIR = "/run/pyinfra-vllm"
+
+
+def model_path(model_dir: str, model_id: str) -> str:
+    """``/srv/models/Qwen/Qwen3.6-27B``: the model's directory on the volume."""
+    return f"{model_dir.rstrip('/')}/{model_id}"
+
+
+@operation()
+def downloaded(lock: dict, dest: str, base_url: str, token: str | None = None,
+               ca_bundle: str | None = None, proxy: str | None = None, jobs: int = 4,
+               downloader: str = "files/fetch_model.py"):
+    """
+    Download the lock's files into ``dest`` and verify each against the lock.
+
+    + lock: the lock (tools.model_lock), as a dict
+    + dest: the model directory on the host
+    + base_url: Hugging Face or a mirror with the same layout
+    + token: bearer token for gated models; uploaded to a root-only tmpfs file for the
+      download and removed after it, never on a command line
+    + ca_bundle: CA bundle file on the host trusted for HTTPS
+    + proxy: HTTP(S) proxy
+    + jobs: files downloaded in parallel
+    + downloader: local path of files/fetch_model.py
+
+    Every file verified before and unchanged since: no command. Otherwise the downloader
+    and the lock are uploaded and the downloader runs; it re-hashes only files whose
+    size or mtime changed, and fails naming the file and both checksums when a file
+    fails verification twice. ``pyinfra -v`` shows its progress lines.
+    """
+    pending = unverified(host.get_fact(ModelFiles, path=dest), lock)
+    if not pending:
+        host.noop(f"{len(lock['files'])} files of {lock['model_id']}@{lock['commit'][:12]} "
+                  "verified and unchanged since")
+        return
+    name = lock["model_id"].replace("/", "--")
+    script = f"{TOOL_DIR}/fetch_model.py"
+    lock_file = f"{TOOL_DIR}/locks/{name}.json"
+    yield StringCommand("install -d -m 700", QuoteString(f"{TOOL_DIR}/locks"), "&& mkdir -p",
+                        QuoteString(dest))
+    yield FileUploadCommand(downloader, script)
+    yield FileUploadCommand(StringIO(json.dumps(lock, indent=1) + "\n"), lock_file)
+    argv = ["python3", QuoteString(script), "--lock", QuoteString(lock_file), "--dest",
+            QuoteString(dest), "--base-url", QuoteString(base_url), "--jobs", str(jobs)]
+    if ca_bundle:
+        argv += ["--ca-bundle", QuoteString(ca_bundle)]
+    env = ["env", QuoteString(f"https_proxy={proxy}"), QuoteString(f"http_proxy={proxy}")] \
+        if proxy else []
+    if token is None:
+        yield StringCommand(*env, *argv)
+        return
+    token_file = f"{SECRET_DIR}/hf_token"
+    yield StringCommand("install -d -m 700", QuoteString(SECRET_DIR))
+    yield FileUploadCommand(StringIO(token + "\n"), token_file)
+    # The token goes whatever the download does; the download's exit status is kept.
+    yield StringCommand(
+        "chmod 600", QuoteString(token_file), "&&", *env, *argv, "--token-file",
+        QuoteString(token_file), "; rc=$?; rm -f", QuoteString(token_file), "; exit $rc",
+    )
