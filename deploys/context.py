@@ -1,5 +1,5 @@
-"""What the stages of one run share per host: validated settings, the state read at
-the start, and whether an earlier stage refused the host.
+"""What the stages of one run share per host: validated settings, the model lock, the
+state read at the start, and whether an earlier stage refused the host.
 
 pyinfra executes each stage file once per host; this module outlives those runs, so
 the settings are validated and the host's state is read once per host, not once per
@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from deploys.host_state import collect
+from deploys.locks import load_lock
 from deploys.settings import Settings, load_settings
 
 _CONTEXTS: dict[str, HostContext] = {}
@@ -21,6 +22,9 @@ _CONTEXTS: dict[str, HostContext] = {}
 class HostContext:
     settings: Settings
     state: dict[str, Any]
+    # The model lock (tools.model_lock), read before any operation; None only when the
+    # model stage is skipped and there is no lock.
+    lock: dict[str, Any] | None = None
     # Reasons an earlier stage refused this host; later stages add nothing for it.
     refused: list[str] = field(default_factory=list)
 
@@ -29,11 +33,14 @@ class HostContext:
         return not self.refused and stage not in self.settings.skip_stages
 
 
-def context(host: Any) -> HostContext:
-    """The run's context for ``host``, made on first use."""
+def context(host: Any, lock_required: bool = True) -> HostContext:
+    """The run's context for ``host``, made on first use. The model lock is required
+    unless ``lock_required`` is False or the model stage is skipped."""
     found = _CONTEXTS.get(host.name)
     if found is None:
         settings = load_settings(host)
-        found = HostContext(settings=settings, state=collect(host))
+        required = lock_required and "model" not in settings.skip_stages
+        lock = load_lock(settings, required=required)
+        found = HostContext(settings=settings, state=collect(host), lock=lock)
         _CONTEXTS[host.name] = found
     return found

@@ -23,6 +23,10 @@ local.include("deploys/persistence.py")
 local.include("deploys/sysctl.py")
 # XFS with noatime for the weights, in fstab by UUID.
 local.include("deploys/model_volume.py")
-# (Python environment, model download and the vLLM unit come here: issues #5, #6.)
+# vLLM and torch, pinned by the stack, in an environment proven before it is used.
+local.include("deploys/python_env.py")
+# The locked model files, downloaded and verified into the model volume.
+local.include("deploys/model.py")
+# (The vLLM unit comes here: issue #6.)
 # nginx in front of the engine: API keys, streaming without buffering, /metrics.
 local.include("deploys/gateway.py")

@@ -2,8 +2,11 @@
 
 Supported OS; the driver loaded, matching its installed packages, and new enough for
 the stack's CUDA build; enough GPUs with enough memory; the tensor-parallel GPUs
-joined by NVLink. A failed check stops this host (and only this host) with what is
-wrong and what to do. Changes nothing.
+joined by NVLink. Then the model, from the config.json in its lock: the stack's vLLM
+loads its architecture (the host's installed registry when it has the stack, else the
+built-in table), max_model_len is within the model's limit, and it fits the GPUs next
+to the weights (the numbers are shown). A failed check stops this host (and only this
+host) with what is wrong and what to do. Changes nothing.
 
     pyinfra inventory.py deploys/preflight.py
 """
@@ -12,12 +15,17 @@ from pyinfra import host, logger
 
 from deploys.checks import blocking, check_host
 from deploys.context import context
+from deploys.gates import model_gates, registry_on_host
 from operations import gate
 
 ctx = context(host)
 
 if ctx.proceed("preflight"):
-    checks = check_host(ctx.state, ctx.settings)
+    settings = ctx.settings
+    checks = check_host(ctx.state, settings)
+    if ctx.lock is not None:
+        registry = registry_on_host(host, settings)
+        checks += model_gates(settings, ctx.lock, ctx.state, registry)["checks"]
     for check in checks:
         if check["ok"] is False and check["severity"] == "warning":
             host.log_styled(f"warning: {check['detail']}: {check['fix']}", fg="yellow",

@@ -119,6 +119,23 @@ class Settings(BaseModel):
     vllm_port: int = Field(default=8000, ge=1, le=65535)
     """Port the engine listens on (the seed's 8000)."""
 
+    # --- vllm service ----------------------------------------------------------------
+    vllm_start_timeout_s: int = Field(default=1800, ge=60, le=86400)
+    """systemd TimeoutStartSec of the vllm unit: how long a start may take until /health
+    answers (the unit waits for it in ExecStartPost). Qwen3.6-27B's BF16 weights are about
+    55.6 GB; read cold at 100 MB/s (a slow disk, after a reboot) that is 556 s, plus up to
+    300 s for CUDA and NCCL start-up, vLLM's profiling run, the KV-cache allocation and CUDA
+    graph capture: 856 s, doubled for margin and rounded: 1800 s. systemd's default 90 s
+    would kill every cold start.
+    """
+    vllm_min_shm_mib: int = Field(default=1024, ge=64)
+    """Smallest /dev/shm, in MiB, the deploy accepts. The unit uses the host's /dev/shm
+    (systemd has no per-unit size for it, and PrivateDevices=, which hides /dev/nvidia*,
+    would still bind the host's), a tmpfs of half the RAM by default. NCCL's shared-memory
+    transport and vLLM's shared-memory broadcast between TP workers live there; Docker's
+    64 MiB default is the known failure, so the check asks for 1 GiB.
+    """
+
     # --- host ------------------------------------------------------------------------
     skip_stages: list[str] = Field(default_factory=list)
     """Stages deploys/full.py skips, by name (see STAGES)."""
@@ -178,13 +195,21 @@ class Settings(BaseModel):
     pip_index_url: str = "https://pypi.org/simple"
     """Python package index (a mirror URL at sites without PyPI)."""
     pip_ca_bundle: str | None = None
-    """Extra CA bundle (a path on the host) trusted by pip and downloads."""
+    """CA bundle (a PEM file on the host) that pip, uv, curl and the model download trust
+    instead of their built-in one: point it at the system bundle after adding the site's
+    CA with update-ca-certificates.
+    """
     http_proxy: str | None = None
     """HTTP(S) proxy for package and model downloads."""
     model_base_url: str = "https://huggingface.co"
     """Base URL of the model files (Hugging Face or a mirror with the same layout)."""
     model_revision: str = "main"
     """Model revision (branch, tag or commit) to lock and download."""
+    model_lock: str | None = None
+    """The model's lock file on the operator's machine: every file with its size and
+    checksum, the resolved commit and config.json (``python -m tools.model_lock``). Default
+    ``locks/<org>--<name>.json`` under the directory pyinfra runs in.
+    """
     hf_token: SecretStr | None = None
     """Hugging Face token for gated models; never printed. Prefer the HF_TOKEN variable."""
 
@@ -275,6 +300,22 @@ class Settings(BaseModel):
         if self.max_model_len < self.block_size:
             raise ValueError(
                 f"max_model_len ({self.max_model_len}) must be >= block_size ({self.block_size})"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _driver_branch_serves_stack(self) -> Settings:
+        # The driver stage installs this branch; a branch older than the stack's minimum
+        # would install a driver the stack's CUDA build cannot use.
+        if "driver" in self.skip_stages:
+            return self
+        minimum = self.stack["min_driver"]
+        needed = int(minimum.split(".")[0])
+        if int(self.nvidia_driver_branch[:3]) < needed:
+            raise ValueError(
+                f"nvidia_driver_branch {self.nvidia_driver_branch} is older than driver "
+                f"{minimum}, the minimum of the vLLM {self.vllm_version} stack (CUDA "
+                f"{self.stack['cuda']}): set nvidia_driver_branch to {needed}-server or newer"
             )
         return self
 
