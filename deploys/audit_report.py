@@ -5,21 +5,36 @@ pyinfra runs a deploy file once per host, in parallel greenlets; this module out
 those runs, so it gathers every host's entry and rewrites both files after each one
 (a run cut short still leaves what it read). The terminal table is printed once, when
 the process exits, after pyinfra's own output.
+
+Drift: when deploys/audit.py runs after deploys/full.py in the same ``--dry`` run
+(``python -m tools.audit`` does that), ``host_plan`` reads, from pyinfra's own state,
+which of the host's operations would change: the same flag pyinfra's "Detected
+changes" table and ``--dry --json`` plan are built from (``OperationMeta._maybe_is_change``
+set at prepare time, pyinfra 3.10 ``api/operation.py``; ``pyinfra_cli/prints.py``
+``build_plan_json``).
 """
 
 from __future__ import annotations
 
 import atexit
+import inspect
 import json
+import os
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from deploys.checks import blocking, check_host
+from deploys.gates import gpu_memory_mib, model_gates
 from facts.nvidia import tp_link_verdict
+from operations import gate
 
 _RUN: dict[str, Any] = {"hosts": {}, "paths": None, "registered": False}
+
+# When set (python -m tools.audit sets it), the paths of the reports are written to
+# this file as JSON, so the wrapper reads the report this run wrote.
+INDEX_ENV = "PYINFRA_VLLM_AUDIT_INDEX"
 
 
 def summarize(name: str, state: dict[str, Any], settings: Any) -> dict[str, Any]:
@@ -71,6 +86,134 @@ def _verdict(checks: list[dict[str, Any]]) -> str:
     unknown = [c["detail"] for c in checks if c["ok"] is None]
     warnings = [c["detail"] for c in checks if c["ok"] is False]
     return "; ".join(unknown + [f"warning: {w}" for w in warnings]) or "ok"
+
+
+def split_op_name(name: str) -> tuple[str | None, str]:
+    """(stage, operation) from one pyinfra operation name.
+
+    ``local.include`` runs a stage file inside ``host.deploy(<relative path>)``, so the
+    operations deploys/full.py adds are named ``"deploys/sysctl.py | Sysctl: ..."``
+    (pyinfra 3.10 ``local.py`` include, ``api/operation.py`` generate_operation_name).
+    A stage run on its own has no prefix: the stage is then read from the suite's
+    ``"Stage: what"`` naming, e.g. ``"Model volume: ..."`` is ``model_volume``.
+    """
+    deploy, sep, operation = name.rpartition(" | ")
+    if sep:
+        return Path(deploy.rpartition(" | ")[2]).stem, operation
+    head, sep, _ = name.partition(": ")
+    return (head.strip().lower().replace(" ", "_") if sep else None), name
+
+
+def _op_function(op_data: Any) -> Any:
+    """The operation function behind one host's operation. pyinfra keeps it only in the
+    closure of the operation's command generator (``func`` in pyinfra 3.10
+    ``api/operation.py`` _wrap_operation); None when that ever changes."""
+    try:
+        return inspect.getclosurevars(op_data.command_generator).nonlocals.get("func")
+    except (TypeError, ValueError, AttributeError):
+        return None
+
+
+def _operation_words(meta: Any) -> str:
+    """One operation's name as pyinfra prints it, without the stage file prefix. Names are
+    shared by every host that reached the same line (``StateOperationMeta.names``)."""
+    names = sorted({split_op_name(name)[1] for name in meta.names})
+    words = " / ".join(names)
+    if meta.args:
+        words += f" ({', '.join(str(arg) for arg in meta.args)})"
+    return words
+
+
+def host_plan(state: Any, host: Any, refused: list[str]) -> dict[str, Any]:
+    """What the deploy files loaded before deploys/audit.py in this run would change on
+    ``host``, read from pyinfra's prepared state.
+
+    ``drift``: the operations that would change, in the host's order, each
+    ``{"operation", "stage"}`` ([] is converged). ``conditional``: operations that
+    change only when their ``_if`` holds (pyinfra's "Conditional Change" column; in this
+    suite a reload or restart after another operation of the same stage changed), not
+    counted as drift. ``refused``: why a stage stopped the host (deploys/context.py
+    HostContext.refused); the refusing operation itself (operations/gate.py) is not
+    drift. All three are None, with ``drift_note`` saying why, when nothing was planned
+    before the audit in this run or pyinfra ran with ``-y`` (no change detection).
+    """
+    note = None
+    if not state.should_check_for_changes():
+        note = "not checked: pyinfra ran with -y, which skips change detection"
+    elif not getattr(state, "current_op_file_number", 0):
+        note = (
+            "not checked: deploys/audit.py ran alone; python -m tools.audit INVENTORY "
+            "plans deploys/full.py first"
+        )
+    if note is not None:
+        return {"drift": None, "conditional": None, "refused": None, "drift_note": note}
+    drift: list[dict[str, Any]] = []
+    conditional: list[dict[str, Any]] = []
+    unknown = []
+    host_ops = state.ops.get(host, {})
+    for op_hash in host.op_hash_order:
+        op_data = host_ops.get(op_hash)
+        if op_data is None:
+            continue
+        change = op_data.operation_meta._maybe_is_change
+        if change is False:
+            continue
+        if _op_function(op_data) is gate.refuse._inner:
+            continue
+        meta = state.op_meta[op_hash]
+        stage = split_op_name(sorted(meta.names)[0])[0] if meta.names else None
+        item = {"operation": _operation_words(meta), "stage": stage}
+        if change is None:
+            unknown.append(item["operation"])
+        (conditional if op_data.global_arguments.get("_if") else drift).append(item)
+    return {
+        "drift": drift,
+        "conditional": conditional,
+        "refused": list(refused),
+        "drift_note": (
+            f"change unknown for {', '.join(unknown)} (counted as drift)" if unknown else None
+        ),
+    }
+
+
+def host_problems(entry: dict[str, Any]) -> tuple[list[dict[str, Any]], list[str]]:
+    """(operations that would change, refusal reasons) of one report entry."""
+    return list(entry.get("drift") or []), list(entry.get("refused") or [])
+
+
+def model_plans(
+    settings: Any,
+    lock: dict[str, Any] | None,
+    state: dict[str, Any],
+    registry: list[str] | None = None,
+) -> dict:
+    """The model's checks and memory plan, exactly as preflight judges them
+    (deploys/gates.py), or why there are none.
+
+    Returns ``{"compatibility": [checks], "capacity": plan, "why": None}``, or
+    ``{"compatibility": None, "capacity": None, "why": ...}`` without a model lock.
+    """
+    if not lock:
+        return {
+            "compatibility": None,
+            "capacity": None,
+            "why": "no model lock: python -m tools.model_lock writes one (setting model_lock)",
+        }
+    gates = model_gates(settings, lock, state, registry)
+    source = "host" if state.get("gpus") else "min_gpu_memory_mib (no GPU read on the host)"
+    capacity = dict(gates["capacity"], gpu_memory_mib=gpu_memory_mib(state, settings),
+                    gpu_memory_source=source)
+    return {"compatibility": gates["checks"], "capacity": capacity, "why": None}
+
+
+def _drift_words(entry: dict[str, Any]) -> str:
+    if entry.get("drift") is None:
+        return "-"
+    drift, refused = host_problems(entry)
+    words = [f"{len(drift)} change(s)"] if drift else []
+    if refused:
+        words.append("refused")
+    return ", ".join(words) or "converged"
 
 
 def _mig_words(summary: dict[str, Any]) -> str:
@@ -135,6 +278,24 @@ def render_markdown(report: dict[str, Any]) -> str:
         f"{len(report['hosts'])} host(s).",
         "",
     ]
+    if any(entry.get("drift") is not None for entry in report["hosts"].values()):
+        lines += [
+            "## Drift",
+            "",
+            "What `deploys/full.py` would change now (a `--dry` plan), and the hosts a "
+            "stage refused.",
+            "",
+            "| host | drift | would change | refused |",
+            "|---|---|---|---|",
+        ]
+        for name, entry in sorted(report["hosts"].items()):
+            drift, refused = host_problems(entry)
+            changes = "<br>".join(_md(f"{d['operation']} [{d['stage']}]") for d in drift)
+            lines.append(
+                f"| {name} | {_drift_words(entry)} | {changes or '-'} | "
+                f"{'<br>'.join(_md(r) for r in refused) or '-'} |"
+            )
+        lines.append("")
     for name, entry in sorted(report["hosts"].items()):
         s, state = entry["summary"], entry["state"]
         lines += [f"## {name}", ""]
@@ -177,13 +338,78 @@ def render_markdown(report: dict[str, Any]) -> str:
                 ok = "warn"
             lines.append(f"| {check['name']} | {ok} | {check['detail']} | {check['fix']} |")
         lines += ["", f"Verdict: {s['verdict']}", ""]
+        lines += _markdown_drift(entry) + _markdown_model(entry)
     return "\n".join(lines)
+
+
+def _md(text: str) -> str:
+    """Text safe inside a Markdown table cell."""
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def _markdown_drift(entry: dict[str, Any]) -> list[str]:
+    lines = ["### Drift", ""]
+    if entry.get("drift") is None:
+        return lines + [f"{entry.get('drift_note') or 'not checked'}", ""]
+    drift, refused = host_problems(entry)
+    if drift:
+        lines += [
+            f"{len(drift)} operation(s) of `deploys/full.py` would change:",
+            "",
+            "| stage | operation |",
+            "|---|---|",
+        ]
+        lines += [f"| {d['stage'] or '-'} | {_md(d['operation'])} |" for d in drift]
+        lines.append("")
+    elif not refused:
+        lines += ["Converged: `deploys/full.py` would change nothing.", ""]
+    if entry.get("conditional"):
+        words = ", ".join(f"{d['operation']} [{d['stage']}]" for d in entry["conditional"])
+        lines += [f"Only if an operation before them changes: {words}.", ""]
+    for reason in refused:
+        lines.append(f"- Refused: {reason}")
+    if entry.get("drift_note"):
+        lines.append(f"- Note: {entry['drift_note']}")
+    return lines + ([""] if refused or entry.get("drift_note") else [])
+
+
+def _markdown_model(entry: dict[str, Any]) -> list[str]:
+    if "compatibility" not in entry and "capacity" not in entry:
+        return []
+    lines = ["### Model", ""]
+    if entry.get("compatibility") is None and entry.get("capacity") is None:
+        return lines + [f"Not planned: {entry.get('model_note') or 'no model lock'}", ""]
+    lines += ["| check | ok | detail | fix |", "|---|---|---|---|"]
+    for check in entry.get("compatibility") or []:
+        ok = {True: "yes", False: "NO", None: "-"}[check["ok"]]
+        lines.append(
+            f"| {check['name']} | {ok} | {_md(check['detail'])} | {_md(check['fix'])} |"
+        )
+    capacity = entry.get("capacity") or {}
+    check = capacity.get("check")
+    if check:
+        ok = {True: "yes", False: "NO", None: "-"}[check["ok"]]
+        lines.append(
+            f"| {check['name']} | {ok} | {_md(check['detail'])} | {_md(check['fix'])} |"
+        )
+    lines.append("")
+    if "error" in capacity:
+        lines.append(f"- Capacity: {capacity['error']}")
+    elif capacity:
+        lines += [
+            f"- Capacity at {capacity['gpu_memory_mib']} MiB per GPU "
+            f"({capacity['gpu_memory_source']}): {capacity['sequences']} sequence(s) of "
+            f"{capacity['max_model_len']} tokens at once; KV cache "
+            f"{capacity['kv_bytes_per_token']} bytes per token; the longest "
+            f"max_model_len that fits: {capacity['max_model_len_that_fits']}",
+        ]
+    return lines + [""]
 
 
 def summary_table(report: dict[str, Any]) -> str:
     header = (
         "host", "OS", "GPUs", "driver", "CUDA", "MIG", "persistence", "NVLink", "TP GPUs",
-        "verdict",
+        "verdict", "drift",
     )
     rows = [header]
     for name, entry in sorted(report["hosts"].items()):
@@ -200,6 +426,7 @@ def summary_table(report: dict[str, Any]) -> str:
                 _nvlink_words(entry["state"]),
                 _link_words(s, entry["state"]),
                 s["verdict"],
+                _drift_words(entry),
             )
         )
     widths = [max(len(str(row[i])) for row in rows) for i in range(len(header))]
@@ -220,6 +447,10 @@ def _write(report: dict[str, Any]) -> None:
     json_path.parent.mkdir(parents=True, exist_ok=True)
     json_path.write_text(json.dumps(report, indent=2, sort_keys=True, default=str) + "\n")
     md_path.write_text(render_markdown(report) + "\n")
+    index = os.environ.get(INDEX_ENV)
+    if index:
+        paths = {"json": str(json_path.resolve()), "markdown": str(md_path.resolve())}
+        Path(index).write_text(json.dumps(paths) + "\n")
 
 
 def _report() -> dict[str, Any]:
