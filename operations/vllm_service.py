@@ -1,0 +1,313 @@
+"""vLLM service: the systemd unit and its secret environment file, rendered from settings.
+
+The unit runs ``python -m vllm.entrypoints.openai.api_server`` from the stack's Python
+environment as the non-root ``vllm`` user, on loopback behind the gateway, with the GPU
+guard (``files/gpu_guard.py``) as ``ExecStartPre`` and a readiness wait
+(``files/wait_ready.py``) as ``ExecStartPost``, so the unit is "active" only once the
+weights are loaded and ``TimeoutStartSec`` is the load's deadline. Every argument of the
+command lines is quoted for systemd (``systemd_quote``). The flags come from settings
+(``server_flags``) and are checked against the installed server's ``--help``
+(``unknown_flags``) before the unit is written, so a flag the installed vLLM does not know
+fails the deploy instead of crash-looping the service.
+
+Secrets (HF_TOKEN, VLLM_API_KEY) go to ``/etc/vllm/vllm.env`` (0600, root), never into the
+unit, which any user can read with ``systemctl cat``.
+
+The helpers are pure, so unit tests call them without a pyinfra host.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from jinja2 import Environment, FileSystemLoader, StrictUndefined
+from pyinfra.api import OperationValueError
+
+TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
+UNIT_TEMPLATE = "vllm.service.j2"
+ENV_TEMPLATE = "vllm.env.j2"
+
+SERVICE = "vllm"
+UNIT_PATH = "/etc/systemd/system/vllm.service"
+ENV_PATH = "/etc/vllm/vllm.env"
+SERVICE_USER = "vllm"
+# The service user's home, and the only path the unit may write (ProtectSystem=strict):
+# vLLM's cache (VLLM_CACHE_ROOT, its P2P probe cache among it), HF_HOME, Triton's cache.
+STATE_DIR = "/var/lib/vllm"
+# Where the deploy uploads files/gpu_guard.py and files/wait_ready.py (readable by vllm).
+HELPER_DIR = "/usr/local/lib/pyinfra-vllm"
+GUARD_PATH = f"{HELPER_DIR}/gpu_guard.py"
+READY_PATH = f"{HELPER_DIR}/wait_ready.py"
+SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+
+# SIGTERM, then SIGKILL to the whole cgroup after this long (the unit's comment says why).
+STOP_TIMEOUT_S = 120
+# A crash is retried RestartSec=10 later; more starts than this within the interval leave
+# the unit failed (a held GPU or a config that cannot load would loop forever).
+START_LIMIT_BURST = 5
+START_LIMIT_INTERVAL_S = 1800
+# RestartSteps= and RestartMaxDelaySec= arrived in systemd 254; 249 (Ubuntu 22.04) and 252
+# (Debian 12) log "Unknown key name" for them.
+RESTART_STEPS_SINCE = 254
+
+# Characters systemd would read as something else inside a quoted word: \ and " are
+# escaped; % starts a specifier (%%); $ starts a variable in Exec*= lines ($$).
+_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
+_OPTION_RE = re.compile(r"(?<![\w-])--[A-Za-z0-9][\w-]*")
+_PATH_UNSAFE_RE = re.compile(r"[\s\"'\\]")
+
+
+def systemd_quote(word: str, *, exec_line: bool = True) -> str:
+    """One argument as a double-quoted systemd word.
+
+    + word: the argument, as the program should receive it
+    + exec_line: True for ``Exec*=`` lines, where ``$`` must be written ``$$``; False for
+      ``Environment=``, which expands specifiers (``%``) but no variables
+
+    Control characters (a newline would end the directive) are refused.
+    """
+    if _CONTROL_RE.search(word):
+        raise OperationValueError(f"{word!r} has a control character: not a systemd word")
+    text = word.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%")
+    if exec_line:
+        text = text.replace("$", "$$")
+    return f'"{text}"'
+
+
+def exec_command(argv: Sequence[str], *, continued: bool = False) -> str:
+    """A command line for ``Exec*=``: every argument quoted.
+
+    With ``continued``, each option and its value go on their own line, joined by systemd's
+    line continuation (a trailing backslash).
+    """
+    words = [systemd_quote(arg) for arg in argv]
+    if not continued:
+        return " ".join(words)
+    groups: list[list[str]] = [[]]
+    for arg, word in zip(argv, words):
+        if arg.startswith("--") and groups[-1]:
+            groups.append([])
+        groups[-1].append(word)
+    return " \\\n    ".join(" ".join(group) for group in groups)
+
+
+# --- server flags --------------------------------------------------------------------
+def _bool_flag(name: str, value: bool, accepted: set[str] | None, explicit_false: bool) -> list[str]:
+    """``--name`` when on; when off, ``--no-name`` where the installed server has it
+    (argparse BooleanOptionalAction in newer vLLM), ``--name=false`` where the flag takes a
+    value (``explicit_false``: vLLM 0.6.3's StoreBoolean), else nothing (the default).
+    """
+    if value:
+        return [f"--{name}"]
+    if accepted is not None and f"--no-{name}" in accepted:
+        return [f"--no-{name}"]
+    if explicit_false:
+        return [f"--{name}=false"]
+    return []
+
+
+def server_flags(settings: Any, model_path: str, accepted: set[str] | None = None) -> list[str]:
+    """The arguments of ``python -m vllm.entrypoints.openai.api_server`` for ``settings``.
+
+    + settings: a validated ``deploys.settings.Settings``
+    + model_path: directory of the downloaded model on the host (``--model``)
+    + accepted: the installed server's options (``help_flags``), to pick a spelling where
+      vLLM releases differ; None renders for vLLM 0.6.3
+
+    Chunked prefill is always explicit: 0.6.3 turns it on by itself above 32K tokens, so
+    "off" must be said (``--enable-chunked-prefill=false``). Request logging is off where
+    the flag exists (``--disable-log-requests``): it writes every prompt to the journal.
+    """
+    flags = [
+        "--model", model_path,
+        "--served-model-name", settings.model_name,
+        "--host", settings.vllm_host,
+        "--port", str(settings.vllm_port),
+        "--tensor-parallel-size", str(settings.tensor_parallel_size),
+        "--dtype", settings.dtype,
+        "--max-model-len", str(settings.max_model_len),
+        "--gpu-memory-utilization", str(settings.gpu_memory_utilization),
+        "--block-size", str(settings.block_size),
+        "--max-num-seqs", str(settings.max_num_seqs),
+        "--max-num-batched-tokens", str(settings.max_num_batched_tokens),
+    ]
+    flags += _bool_flag("enable-chunked-prefill", settings.enable_chunked_prefill, accepted,
+                        explicit_false=True)
+    flags += _bool_flag("enforce-eager", settings.enforce_eager, accepted, explicit_false=False)
+    flags += _bool_flag("enable-prefix-caching", settings.enable_prefix_caching, accepted,
+                        explicit_false=False)
+    flags += ["--seed", str(settings.seed)]
+    if settings.disable_custom_all_reduce:
+        flags.append("--disable-custom-all-reduce")
+    if accepted is None or "--disable-log-requests" in accepted:
+        flags.append("--disable-log-requests")
+    return flags
+
+
+def help_flags(help_text: str) -> set[str]:
+    """Every ``--option`` named in a server's ``--help`` output (newer vLLM: ``--help=all``)."""
+    return set(_OPTION_RE.findall(help_text))
+
+
+def unknown_flags(flags: Iterable[str], accepted: set[str]) -> list[str]:
+    """Options in ``flags`` that ``accepted`` (the installed server's) does not list.
+
+    ``--name=value`` is checked as ``--name``; values are not options. ``--no-X`` is an
+    option of its own: accepted only if the server lists it.
+    """
+    unknown: list[str] = []
+    for flag in flags:
+        if not flag.startswith("--"):
+            continue
+        name = flag.split("=", 1)[0]
+        if name not in accepted and name not in unknown:
+            unknown.append(name)
+    return unknown
+
+
+# --- unit and environment file -------------------------------------------------------
+def health_url(host: str, port: int) -> str:
+    """The URL the readiness wait polls: a wildcard bind is reached on loopback."""
+    if host in ("", "0.0.0.0"):
+        host = "127.0.0.1"
+    elif host == "::":
+        host = "::1"
+    try:
+        if ipaddress.ip_address(host).version == 6:
+            host = f"[{host}]"
+    except ValueError:
+        pass  # a host name
+    return f"http://{host}:{port}/health"
+
+
+def unit_environment(settings: Any, devices: Sequence[int]) -> list[str]:
+    """The unit's ``Environment=`` assignments (not secrets), in order."""
+    pairs = [
+        ("HOME", STATE_DIR),
+        ("VLLM_CACHE_ROOT", f"{STATE_DIR}/cache/vllm"),
+        ("HF_HOME", f"{STATE_DIR}/cache/huggingface"),
+        # The weights are local (downloaded and verified by the deploy): never the Hub.
+        ("HF_HUB_OFFLINE", "1"),
+        ("TRANSFORMERS_OFFLINE", "1"),
+        ("VLLM_NO_USAGE_STATS", "1"),
+        ("DO_NOT_TRACK", "1"),
+        ("PYTHONUNBUFFERED", "1"),
+        # CUDA numbers GPUs fastest-first by default; NVML and nvidia-smi by PCI bus id.
+        ("CUDA_DEVICE_ORDER", "PCI_BUS_ID"),
+        ("CUDA_VISIBLE_DEVICES", ",".join(str(d) for d in devices)),
+    ]
+    if settings.nccl_p2p_level is not None:
+        pairs.append(("NCCL_P2P_LEVEL", settings.nccl_p2p_level))
+    return [systemd_quote(f"{name}={value}", exec_line=False) for name, value in pairs]
+
+
+def _plain(text: str, *, path: bool = True) -> str:
+    """A bare value for a unit directive that expands specifiers (Description=, paths)."""
+    if _CONTROL_RE.search(text) or (path and _PATH_UNSAFE_RE.search(text)):
+        what = "spaces, quotes, backslashes or control characters" if path else "control characters"
+        raise OperationValueError(f"{text!r}: no {what} here")
+    return text.replace("%", "%%")
+
+
+def _env() -> Environment:
+    return Environment(
+        loader=FileSystemLoader(str(TEMPLATES)),
+        undefined=StrictUndefined,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+
+
+def render_unit(
+    settings: Any,
+    *,
+    python: str,
+    model_path: str,
+    devices: Sequence[int] | None = None,
+    accepted: set[str] | None = None,
+    guard_path: str = GUARD_PATH,
+    ready_path: str = READY_PATH,
+    env_path: str = ENV_PATH,
+    systemd_version: int = 249,
+) -> str:
+    """The unit file ``vllm.service``.
+
+    + settings: a validated ``deploys.settings.Settings``
+    + python: the stack environment's interpreter, e.g. ``/opt/vllm/<env>/bin/python``
+    + model_path: directory of the downloaded model (``--model``; ``RequiresMountsFor=``)
+    + devices: NVML/CUDA indexes of the GPUs to use; default the first tensor_parallel_size
+    + accepted: the installed server's options (``help_flags``), see ``server_flags``
+    + guard_path, ready_path: where the deploy put files/gpu_guard.py and files/wait_ready.py
+    + env_path: the secret EnvironmentFile
+    + systemd_version: the host's systemd; RestartSteps= only from 254 on
+    """
+    tp = settings.tensor_parallel_size
+    devices = list(range(tp)) if devices is None else list(devices)
+    if len(devices) != tp:
+        raise OperationValueError(
+            f"{len(devices)} GPU(s) {devices} for tensor_parallel_size {tp}"
+        )
+    guard = [python, guard_path, "--expect-gpus", str(tp),
+             "--devices", ",".join(str(d) for d in devices)]
+    if not settings.allow_pcie_tensor_parallel and tp > 1:
+        guard.append("--require-nvlink")
+    ready = [python, ready_path, "--url", health_url(settings.vllm_host, settings.vllm_port)]
+    start = [python, "-m", SERVER_MODULE, *server_flags(settings, model_path, accepted)]
+    return _env().get_template(UNIT_TEMPLATE).render(
+        model_name=_plain(settings.model_name, path=False),
+        tp=tp,
+        model_path=_plain(model_path),
+        user=SERVICE_USER,
+        state_dir=STATE_DIR,
+        state_dir_name=STATE_DIR.removeprefix("/var/lib/"),
+        env_path=env_path,
+        environment=unit_environment(settings, devices),
+        guard_command=exec_command(guard),
+        exec_start=exec_command(start, continued=True),
+        ready_command=exec_command(ready),
+        start_timeout_s=settings.vllm_start_timeout_s,
+        stop_timeout_s=STOP_TIMEOUT_S,
+        start_limit_burst=START_LIMIT_BURST,
+        start_limit_interval_s=START_LIMIT_INTERVAL_S,
+        restart_steps=systemd_version >= RESTART_STEPS_SINCE,
+    )
+
+
+def render_env(hf_token: str | None = None, api_key: str | None = None) -> str:
+    """The EnvironmentFile (``/etc/vllm/vllm.env``, mode 0600): secrets only.
+
+    + hf_token: HF_TOKEN (the weights are local and HF_HUB_OFFLINE=1, so only needed by
+      a server that reaches the Hub itself); None leaves it out
+    + api_key: VLLM_API_KEY, the key the engine itself demands on /v1; keep None while the
+      gateway fronts the engine (nginx checks the keys and strips Authorization)
+
+    A value is written in single quotes (no expansion); one that holds a quote, a
+    backslash or a control character is refused, naming the variable, never the value.
+    """
+    secrets = []
+    for name, value in (("HF_TOKEN", hf_token), ("VLLM_API_KEY", api_key)):
+        if value is None:
+            continue
+        if not value or "'" in value or "\\" in value or _CONTROL_RE.search(value):
+            raise OperationValueError(
+                f"{name} is empty or has a quote, backslash or control character"
+            )
+        secrets.append((name, value))
+    return _env().get_template(ENV_TEMPLATE).render(secrets=secrets)
+
+
+def shm_problem(shm_bytes: int | None, min_mib: int) -> str | None:
+    """Why the host's /dev/shm is too small for the TP workers, or None when it is fine."""
+    if shm_bytes is None:
+        return "/dev/shm is not mounted (NCCL and vLLM's TP workers exchange data through it)"
+    if shm_bytes < min_mib * 1024 * 1024:
+        return (
+            f"/dev/shm is {shm_bytes // (1024 * 1024)} MiB, below vllm_min_shm_mib "
+            f"({min_mib} MiB): NCCL and vLLM's TP workers exchange data through it"
+        )
+    return None
+
