@@ -27,6 +27,7 @@ local.include("deploys/model_volume.py")
 local.include("deploys/python_env.py")
 # The locked model files, downloaded and verified into the model volume.
 local.include("deploys/model.py")
-# (The vLLM unit comes here: issue #6.)
+# The engine under systemd: GPU guard before each start, ready only once it serves.
+local.include("deploys/vllm_service.py")
 # nginx in front of the engine: API keys, streaming without buffering, /metrics.
 local.include("deploys/gateway.py")

@@ -128,6 +128,18 @@ class Settings(BaseModel):
     graph capture: 856 s, doubled for margin and rounded: 1800 s. systemd's default 90 s
     would kill every cold start.
     """
+    vllm_start: bool = True
+    """Start (or restart) the engine now. False installs and enables the unit without
+    starting it (hosts prepared before their GPUs are ready; sandbox hosts, which have no
+    real GPU); a running engine is then restarted only if it already runs.
+    """
+    vllm_warmup_requests: int = Field(default=3, ge=0, le=20)
+    """Warm-up completions sent once the engine answers (the seed's three, each one
+    token), after a first one-token completion that must succeed; bounded by
+    vllm_warmup_timeout_s each.
+    """
+    vllm_warmup_timeout_s: int = Field(default=300, ge=10, le=3600)
+    """Time limit of each readiness and warm-up completion."""
     vllm_min_shm_mib: int = Field(default=1024, ge=64)
     """Smallest /dev/shm, in MiB, the deploy accepts. The unit uses the host's /dev/shm
     (systemd has no per-unit size for it, and PrivateDevices=, which hides /dev/nvidia*,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from typing_extensions import override
 
 from pyinfra.api import FactBase, QuoteString, StringCommand
@@ -41,3 +43,42 @@ class UnitPids(FactBase[list[int]]):
     @override
     def process(self, output: list[str]) -> list[int]:
         return sorted(int(line) for line in (line.strip() for line in output) if line.isdigit())
+
+
+class UnitActivation(FactBase[dict[str, Any] | None]):
+    """
+    Returns a systemd unit's state and how long its last start took to become active,
+    or None when systemd does not know the unit:
+
+    .. code:: python
+
+        {"active": "active", "enabled": "enabled", "start_to_active_s": 412.7}
+
+    ``start_to_active_s`` is None until the unit has become active after a start.
+    """
+
+    @override
+    def requires_command(self, unit: str) -> str:
+        return "systemctl"
+
+    @override
+    def command(self, unit: str) -> StringCommand:
+        return StringCommand(
+            "systemctl show --property=LoadState,ActiveState,UnitFileState,"
+            "InactiveExitTimestampMonotonic,ActiveEnterTimestampMonotonic --",
+            QuoteString(unit),
+        )
+
+    @override
+    def process(self, output: list[str]) -> dict[str, Any] | None:
+        values = dict(line.strip().partition("=")[::2] for line in output if "=" in line)
+        if values.get("LoadState") in (None, "not-found"):
+            return None
+        started = int(values.get("InactiveExitTimestampMonotonic") or 0)
+        active = int(values.get("ActiveEnterTimestampMonotonic") or 0)
+        return {
+            "active": values.get("ActiveState"),
+            "enabled": values.get("UnitFileState"),
+            "start_to_active_s": round((active - started) / 1e6, 1)
+            if started and active >= started else None,
+        }

@@ -150,3 +150,19 @@ class Fstab(FactBase[list[dict[str, Any]]]):
     @override
     def process(self, output: list[str]) -> list[dict[str, Any]]:
         return parse_fstab(output)
+
+
+class FilesystemSize(FactBase[int | None]):
+    """
+    Returns the size in bytes of the file system mounted at ``path`` (``df``), or None
+    when nothing is there.
+    """
+
+    @override
+    def command(self, path: str) -> StringCommand:
+        return StringCommand("df -B1 --output=size", QuoteString(path), "2>/dev/null || true")
+
+    @override
+    def process(self, output: list[str]) -> int | None:
+        numbers = [line.strip() for line in output if line.strip().isdigit()]
+        return int(numbers[-1]) if numbers else None

@@ -2,6 +2,7 @@
 """Wait until the vLLM server answers: the unit's ``ExecStartPost``.
 
     python wait_ready.py --url http://127.0.0.1:8000/health [--interval 5] [--timeout S]
+        [--model NAME [--warmups 3] [--request-timeout 300]]
 
 Polls ``--url`` until it answers 200 and exits 0 with one line on stdout,
 ``wait-ready: <url> answered 200 after N s``. vLLM 0.6.3's OpenAI server binds its port
@@ -11,11 +12,18 @@ the service can take requests. Until then systemd keeps the unit "activating", a
 server dies first, systemd stops this poller with it. ``--timeout`` (default: none, the
 unit's deadline applies) gives up with one line on stderr and exit 1. Standard library
 only.
+
+With ``--model``, readiness also means serving: a one-token completion on
+``/v1/completions`` must answer 200 with a choice (exit 1 otherwise: ``/health`` alone
+passes while a broken tokenizer or chat template fails every request), then
+``--warmups`` one-token completions warm the kernels (the seed's warm-up; bounded in
+number and by ``--request-timeout`` each; a failed warm-up is reported, not fatal).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 import urllib.error
@@ -33,11 +41,50 @@ def probe(url: str, timeout: float) -> int | None:
         return None
 
 
+def complete(base: str, model: str, prompt: str, timeout: float) -> tuple[int | None, str]:
+    """One ``max_tokens=1`` completion: (HTTP status or None, a short reason)."""
+    body = json.dumps({"model": model, "prompt": prompt, "max_tokens": 1,
+                       "temperature": 0}).encode()
+    request = urllib.request.Request(f"{base}/v1/completions", data=body,
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            answer = json.load(response)
+            if not answer.get("choices"):
+                return None, "no choices in the answer"
+            return response.status, "ok"
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read(300).decode("utf-8", "replace").strip()
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        return None, str(exc)
+
+
+def serve_checks(base: str, model: str, warmups: int, timeout: float) -> int:
+    start = time.monotonic()
+    status, reason = complete(base, model, "Hello", timeout)
+    if status != 200:
+        print(f"wait-ready: the first one-token completion failed ({status}: {reason})",
+              file=sys.stderr, flush=True)
+        return 1
+    first = time.monotonic() - start
+    failed = 0
+    for _ in range(warmups):
+        status, _ = complete(base, model, "Warm up. " * 256, timeout)
+        failed += status != 200
+    print(f"wait-ready: first completion in {first:.1f} s; {warmups} warm-up(s) in "
+          f"{time.monotonic() - start - first:.1f} s" + (f", {failed} failed" if failed else ""),
+          flush=True)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="wait_ready.py", description=__doc__.splitlines()[0])
     parser.add_argument("--url", required=True)
     parser.add_argument("--interval", type=float, default=5.0)
     parser.add_argument("--timeout", type=float, default=None)
+    parser.add_argument("--model", help="served model name: also require a completion")
+    parser.add_argument("--warmups", type=int, default=3)
+    parser.add_argument("--request-timeout", type=float, default=300.0)
     args = parser.parse_args(argv)
     # Never go through a proxy for the engine on this host.
     urllib.request.install_opener(urllib.request.build_opener(urllib.request.ProxyHandler({})))
@@ -48,7 +95,10 @@ def main(argv: list[str] | None = None) -> int:
         waited = time.monotonic() - start
         if last == 200:
             print(f"wait-ready: {args.url} answered 200 after {waited:.0f} s", flush=True)
-            return 0
+            if args.model is None:
+                return 0
+            base = args.url.rsplit("/", 1)[0]
+            return serve_checks(base, args.model, args.warmups, args.request_timeout)
         if args.timeout is not None and waited >= args.timeout:
             seen = "no answer" if last is None else f"HTTP {last}"
             print(f"wait-ready: {args.url} not ready after {waited:.0f} s ({seen})",

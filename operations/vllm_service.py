@@ -13,7 +13,9 @@ fails the deploy instead of crash-looping the service.
 Secrets (HF_TOKEN, VLLM_API_KEY) go to ``/etc/vllm/vllm.env`` (0600, root), never into the
 unit, which any user can read with ``systemctl cat``.
 
-The helpers are pure, so unit tests call them without a pyinfra host.
+The render helpers are pure, so unit tests call them without a pyinfra host; the
+operations (below them) install nothing themselves: the deploy writes the files with
+pyinfra's own operations, then ``restarted``/``running`` start the engine and report.
 """
 
 from __future__ import annotations
@@ -25,7 +27,10 @@ from pathlib import Path
 from typing import Any
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
-from pyinfra.api import OperationValueError
+from pyinfra import host, logger
+from pyinfra.api import FunctionCommand, OperationValueError, QuoteString, StringCommand, operation
+
+from facts.services import UnitActivation
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
 UNIT_TEMPLATE = "vllm.service.j2"
@@ -255,7 +260,10 @@ def render_unit(
              "--devices", ",".join(str(d) for d in devices)]
     if not settings.allow_pcie_tensor_parallel and tp > 1:
         guard.append("--require-nvlink")
-    ready = [python, ready_path, "--url", health_url(settings.vllm_host, settings.vllm_port)]
+    ready = [python, ready_path, "--url", health_url(settings.vllm_host, settings.vllm_port),
+             "--model", settings.model_name,
+             "--warmups", str(settings.vllm_warmup_requests),
+             "--request-timeout", str(settings.vllm_warmup_timeout_s)]
     start = [python, "-m", SERVER_MODULE, *server_flags(settings, model_path, accepted)]
     return _env().get_template(UNIT_TEMPLATE).render(
         model_name=_plain(settings.model_name, path=False),
@@ -311,3 +319,101 @@ def shm_problem(shm_bytes: int | None, min_mib: int) -> str | None:
         )
     return None
 
+
+
+# --- operations ----------------------------------------------------------------------
+UNIT = "vllm.service"
+JOURNAL_LINES = 15
+
+
+def _journal_on_failure(command: StringCommand) -> StringCommand:
+    """``command``; when it fails, the unit's last journal lines on stderr (pyinfra prints
+    a failed command's output) and the failure kept."""
+    return StringCommand(
+        command, "|| { rc=$?; journalctl -u", UNIT, "-n", str(JOURNAL_LINES),
+        "--no-pager -o cat >&2; exit $rc; }",
+    )
+
+
+def _report_ready(state, host) -> bool:
+    found = host.get_fact(UnitActivation, unit=UNIT) or {}
+    seconds = found.get("start_to_active_s")
+    host.log_styled(
+        f"vLLM is {found.get('active')}: ready {seconds} s after its start (health, a "
+        "one-token completion and the warm-ups answered)",
+        fg="green" if found.get("active") == "active" else "yellow",
+        log_func=logger.info,
+    )
+    return found.get("active") == "active"
+
+
+@operation(is_idempotent=False)
+def restarted(start: bool = True):
+    """
+    Restart the engine after its unit or environment changed: once, and report how
+    long it took to become ready. Use with ``_if=any_changed(...)``.
+
+    + start: restart it (start it when stopped); False restarts it only if it runs
+
+    ``systemctl restart`` returns when ExecStartPost's readiness wait (health, a
+    one-token completion, the warm-ups) answered, so a failure here is a server that
+    never became ready: its last journal lines are printed.
+    """
+    verb = "restart" if start else "try-restart"
+    yield _journal_on_failure(StringCommand("systemctl daemon-reload && systemctl", verb, UNIT))
+    if start:
+        yield FunctionCommand(_report_ready, (), {})
+
+
+@operation()
+def running(start: bool = True):
+    """
+    Keep the engine enabled at boot and, with ``start``, running.
+
+    + start: start it when it is not running; False only enables it
+
+    Enabled (and running): no command. A start that fails prints the unit's last
+    journal lines, where the GPU guard's one-line reason is.
+    """
+    found = host.get_fact(UnitActivation, unit=UNIT)
+    if found is None:
+        host.noop(f"{UNIT} is not installed")
+        return
+    changed = False
+    if found["enabled"] != "enabled":
+        yield StringCommand("systemctl enable", UNIT)
+        changed = True
+    if start and found["active"] != "active":
+        yield _journal_on_failure(StringCommand("systemctl start", UNIT))
+        yield FunctionCommand(_report_ready, (), {})
+        changed = True
+    if not changed:
+        host.noop(f"{UNIT} is enabled" + (" and active" if start else ""))
+
+
+@operation()
+def flags_accepted(python: str, marker: str, flags: list[str]):
+    """
+    Stop before the unit is written when the installed server does not accept a flag.
+
+    + python: the environment's interpreter
+    + marker: the environment's marker file (its ``runtime.flags``: the server's --help)
+    + flags: the server arguments the unit will pass
+
+    For an environment built in this same run, whose flags were not known when the run
+    was planned; otherwise the deploy checks them before adding any operation.
+    """
+    options = sorted({flag.split("=", 1)[0] for flag in flags if flag.startswith("--")})
+    yield StringCommand(
+        QuoteString(python), "-c", QuoteString(_FLAGS_CHECK), QuoteString(marker),
+        *(QuoteString(option) for option in options),
+    )
+
+
+# Run by flags_accepted on the host: exit 1 naming the options the server lacks.
+_FLAGS_CHECK = (
+    "import json, sys; known = set(json.load(open(sys.argv[1]))['runtime']['flags']); "
+    "bad = [f for f in sys.argv[2:] if f not in known]; "
+    "bad and sys.exit('the installed vLLM server does not accept ' + ', '.join(bad) + "
+    "': change the setting that adds it, or the stack (vllm_version)')"
+)

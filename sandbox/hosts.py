@@ -491,6 +491,9 @@ def host_data(
         "model_volume_mkfs": True,
         # conda-forge is not reachable from here (PyPI is): uv builds the environment.
         "python_env_manager": "uv",
+        # No real GPU: the unit is installed and enabled, not started (the GPU guard would
+        # refuse; tests/e2e/test_serving.py starts it on purpose to see that).
+        "vllm_start": False,
     }
     data.update(gpu.host_data(host, gpu_plan))
     if mirror_url is not None:

@@ -198,3 +198,62 @@ def test_a_file_that_stays_corrupt_stops_the_run_then_heals(sandbox, host, mirro
     assert proc.returncode == 0, proc.stderr[-3000:]
     changed = outcome(data, "success")
     assert len(changed) == 1 and next(iter(changed)).startswith(OP_MODEL_PREFIX)
+
+
+# --- the vLLM unit (issue #6): installed and enabled, never started by the sandbox's own
+# data (vllm_start=false: no GPU), started on purpose below to see the GPU guard refuse.
+OP_UNIT = "deploys/vllm_service.py | vLLM service: systemd unit"
+OP_RESTART = "deploys/vllm_service.py | vLLM service: restarted for its new unit"
+
+
+def test_unit_installed_enabled_not_started(sandbox, host):
+    shown = sandbox.ssh(host, "systemctl is-enabled vllm; systemctl is-active vllm; "
+                              "stat -c '%a %U' /etc/vllm/vllm.env; id -u vllm >/dev/null "
+                              "&& getent passwd vllm | cut -d: -f6,7", check=False).stdout
+    assert shown.split() == ["enabled", "inactive", "600", "root",
+                             "/var/lib/vllm:/usr/sbin/nologin"]
+    unit = sandbox.ssh(host, "cat /etc/systemd/system/vllm.service").stdout
+    env = sandbox.ssh(host, "readlink /opt/vllm/current").stdout.strip()
+    assert f'ExecStart="{env}/bin/python" "-m" "vllm.entrypoints.openai.api_server"' in unit
+    assert '"--tensor-parallel-size" "2"' in unit and '"--host" "127.0.0.1"' in unit
+    assert 'Environment="CUDA_VISIBLE_DEVICES=0,1"' in unit  # the NV12 pair preflight found
+    assert "KillMode=control-group" in unit and "User=vllm" in unit
+    verify = sandbox.ssh(host, "systemd-analyze verify /etc/systemd/system/vllm.service 2>&1",
+                         check=False)
+    assert "Unknown key" not in verify.stdout and "Invalid" not in verify.stdout
+
+
+def test_the_gpu_guard_stops_the_engine_and_the_deploy_says_why(sandbox, host):
+    proc, data = run(sandbox, "--data", "vllm_start=true")
+    assert proc.returncode != 0 and data is None  # the only host failed
+    assert "gpu-guard: NVML unavailable: NVML Shared Library Not Found" in proc.stderr
+    journal = sandbox.ssh(host, "journalctl -u vllm -o cat --no-pager").stdout
+    assert "gpu-guard: NVML unavailable: NVML Shared Library Not Found" in journal
+    state = sandbox.ssh(host, "systemctl is-active vllm", check=False).stdout.strip()
+    assert state in ("failed", "activating")  # activating: Restart=on-failure waits 10 s
+    # Restart=on-failure would try again in 10 s: stop it, as an operator would.
+    sandbox.ssh(host, "systemctl stop vllm; systemctl reset-failed vllm")
+
+
+def test_one_flag_changed_restarts_once_then_nothing(sandbox):
+    proc, data = run(sandbox, "--data", "max_num_seqs=128")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert outcome(data, "success") == {OP_UNIT, OP_RESTART}
+    proc, data = run(sandbox, "--data", "max_num_seqs=128")
+    assert data["results"]["totals"]["success"] == 0
+    proc, data = run(sandbox)  # back to the default: once more, and only that
+    assert outcome(data, "success") == {OP_UNIT, OP_RESTART}
+
+
+def test_a_flag_the_installed_server_lacks_stops_before_the_unit(sandbox, host):
+    marker = sandbox.ssh(host, "ls /opt/vllm/current/pyinfra-vllm-env.json").stdout.strip()
+    sandbox.ssh(host, f"cp {marker} /root/marker.bak && sed -i 's/\"--max-num-seqs\", //' "
+                      f"{marker}")
+    try:
+        proc, data = run(sandbox, "--data", "max_num_seqs=64")
+    finally:
+        sandbox.ssh(host, f"mv /root/marker.bak {marker}")
+    assert proc.returncode != 0 and data is None
+    assert "the installed vLLM 0.6.3 server does not accept --max-num-seqs" in proc.stderr
+    assert '"--max-num-seqs" "256"' in sandbox.ssh(
+        host, "cat /etc/systemd/system/vllm.service").stdout

@@ -97,7 +97,8 @@ def test_guard_ready_and_environment_lines():
     ]
     assert values(text, "ExecStartPost") == [
         f'"{PYTHON}" "/usr/local/lib/pyinfra-vllm/wait_ready.py" '
-        '"--url" "http://127.0.0.1:8000/health"'
+        '"--url" "http://127.0.0.1:8000/health" "--model" "Qwen/Qwen3.6-27B" '
+        '"--warmups" "3" "--request-timeout" "300"'
     ]
     env = values(text, "Environment")
     for wanted in ('"CUDA_VISIBLE_DEVICES=0,1"', '"CUDA_DEVICE_ORDER=PCI_BUS_ID"',

@@ -1,0 +1,118 @@
+"""vLLM service: the OpenAI server under systemd, tensor parallel on the NVLink-joined GPUs.
+
+A dedicated ``vllm`` user runs ``python -m vllm.entrypoints.openai.api_server`` from the
+stack's environment on 127.0.0.1, behind the gateway. Every flag comes from settings and
+is checked against the installed server's ``--help`` before the unit is written. Before
+each start the GPU guard checks GPU count, MIG, foreign processes and NVLink (one line in
+the journal when it refuses); after it, the unit stays "activating" until /health, a
+one-token completion and the warm-ups answered. A change to the unit restarts the engine
+once; no change, no restart.
+
+    pyinfra inventory.py deploys/vllm_service.py
+"""
+
+from io import StringIO
+
+from pyinfra import host, logger
+from pyinfra.operations import files, server
+from pyinfra.operations.util import any_changed
+
+from deploys.context import context
+from facts.nvidia import tp_link_verdict
+from facts.python_env import MARKER, VllmEnvironments
+from facts.storage import FilesystemSize
+from operations import gate, model, python_env, vllm_service
+
+ctx = context(host)
+
+if ctx.proceed("vllm_service"):
+    settings = ctx.settings
+    env_path = python_env.environment_path(
+        settings.python_env_root,
+        settings.stack,
+        settings.python_env_manager,
+        python_env.interpreter(settings.python_env_manager, settings.stack),
+    )
+    python = f"{env_path}/bin/python"
+    model_path = model.model_path(settings.model_dir, settings.model_id)
+    # The GPUs preflight judged: the NVLink-joined set when there is one.
+    verdict = tp_link_verdict(ctx.state.get("topology"), settings.tensor_parallel_size)
+    devices = verdict["indices"] or None
+    marker = (
+        host.get_fact(VllmEnvironments, root=settings.python_env_root)["envs"].get(env_path)
+        or {}
+    ).get("marker")
+    accepted = set(marker["runtime"]["flags"]) if marker else None
+
+    problems = []
+    flags = vllm_service.server_flags(settings, model_path, accepted)
+    unknown = vllm_service.unknown_flags(flags, accepted) if accepted else []
+    if unknown:
+        problems.append(
+            f"vllm_service: the installed vLLM {settings.vllm_version} server does not accept "
+            f"{', '.join(unknown)}: change the setting that adds it, or vllm_version"
+        )
+    shm = vllm_service.shm_problem(host.get_fact(FilesystemSize, path="/dev/shm"),
+                                   settings.vllm_min_shm_mib)
+    if shm:
+        problems.append(f"vllm_service: {shm}; raise it (fstab: tmpfs /dev/shm size=...) "
+                        "or lower vllm_min_shm_mib")
+    if problems:
+        ctx.refused.extend(problems)
+        for reason in problems:
+            host.log_styled(reason, fg="red", log_func=logger.error)
+        gate.refuse(name="vLLM service: host refused", reasons=problems)
+    else:
+        server.group(name="vLLM service: group vllm", group=vllm_service.SERVICE_USER,
+                     system=True)
+        server.user(
+            name="vLLM service: user vllm (no login)",
+            user=vllm_service.SERVICE_USER,
+            group=vllm_service.SERVICE_USER,
+            home=vllm_service.STATE_DIR,
+            shell="/usr/sbin/nologin",
+            system=True,
+            create_home=False,
+            # systemd makes it at start (StateDirectory=, 0700, owned by vllm).
+            ensure_home=False,
+        )
+        for name, path in (("gpu_guard.py", vllm_service.GUARD_PATH),
+                           ("wait_ready.py", vllm_service.READY_PATH)):
+            files.put(name=f"vLLM service: {name}", src=f"files/{name}", dest=path,
+                      mode="755", create_remote_dir=True)
+        if marker is None:
+            # Built in this run: its --help was unknown when the run was planned.
+            vllm_service.flags_accepted(
+                name="vLLM service: flags accepted by the new environment's server",
+                python=python,
+                marker=f"{env_path}/{MARKER}",
+                flags=flags,
+            )
+        # No secret by default: the weights are local (HF_HUB_OFFLINE=1) and the gateway
+        # checks the API keys, so the engine needs neither HF_TOKEN nor VLLM_API_KEY.
+        environment = files.put(
+            name="vLLM service: environment file (0600)",
+            src=StringIO(vllm_service.render_env()),
+            dest=vllm_service.ENV_PATH,
+            mode="600",
+            create_remote_dir=True,
+        )
+        unit = files.put(
+            name="vLLM service: systemd unit",
+            src=StringIO(
+                vllm_service.render_unit(
+                    settings, python=python, model_path=model_path, devices=devices,
+                    accepted=accepted,
+                )
+            ),
+            dest=vllm_service.UNIT_PATH,
+            mode="644",
+        )
+        vllm_service.restarted(
+            name="vLLM service: restarted for its new unit",
+            start=settings.vllm_start,
+            _if=any_changed(unit, environment),
+        )
+        vllm_service.running(name="vLLM service: enabled and running"
+                             if settings.vllm_start else "vLLM service: enabled",
+                             start=settings.vllm_start)
