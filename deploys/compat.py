@@ -1,4 +1,4 @@
-"""Compatibility gate: can the chosen vLLM stack load this model on this driver?
+"""Compatibility gate: can the chosen vLLM stack load this model?
 
 Pure functions over the model's ``config.json`` (a dict), a row of
 ``deploys.stacks.STACKS``, the model registry of the vLLM installed on the host (when
@@ -88,7 +88,7 @@ def check_architecture(
             "model_architecture",
             False,
             f"vLLM {version} cannot load {arch} ({model}); it is supported from "
-            f"vLLM {first}: set vllm_version to {first} or later",
+            f"vLLM {first}",
             f"set vllm_version to {first} or later (rows: {', '.join(sorted(STACKS))})",
         )
     if registry is not None:
@@ -106,33 +106,3 @@ def check_architecture(
         "",
         severity="warning",
     )
-
-
-def check_driver_minimum(stack: dict[str, Any], driver_version: str | None) -> dict[str, Any]:
-    """Does the host's driver meet the stack's minimum (None: no driver yet)?"""
-    minimum = stack["min_driver"]
-    words = f"the vLLM {stack['vllm']} stack (CUDA {stack['cuda']}) needs driver >= {minimum}"
-    if not driver_version:
-        return check("stack_driver", None, f"no NVIDIA driver yet; {words}")
-    ok = version_tuple(driver_version) >= version_tuple(minimum)
-    return check(
-        "stack_driver",
-        ok,
-        f"driver {driver_version}; {words}",
-        "" if ok else f"install a driver branch >= {minimum.split('.')[0]} "
-        f"(nvidia_driver_branch) or choose an older vllm_version",
-    )
-
-
-def check_compat(
-    config: dict[str, Any],
-    stack: dict[str, Any],
-    registry: list[str] | None,
-    driver_version: str | None,
-    model_id: str | None = None,
-) -> list[dict[str, Any]]:
-    """Every compatibility check for one model on one stack and host driver."""
-    return [
-        check_architecture(config, stack, registry, model_id),
-        check_driver_minimum(stack, driver_version),
-    ]

@@ -1,11 +1,11 @@
-"""deploys.compat: the architecture gate and the driver minimum."""
+"""deploys.compat: the architecture gate (the driver minimum is deploys.checks's)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from deploys.compat import check_compat, first_supporting
+from deploys.compat import check_architecture, first_supporting
 from facts.nvidia import version_tuple
 from deploys.stacks import STACKS
 
@@ -17,41 +17,36 @@ def qwen36() -> dict:
 
 
 def test_qwen36_on_063_is_refused_naming_the_first_release():
-    arch, driver = check_compat(qwen36(), STACKS["0.6.3"], None, "535.129.03",
-                                model_id="Qwen/Qwen3.6-27B")
+    arch = check_architecture(qwen36(), STACKS["0.6.3"], None, model_id="Qwen/Qwen3.6-27B")
     assert arch["ok"] is False and arch["severity"] == "error"
     assert arch["detail"] == (
         "vLLM 0.6.3 cannot load Qwen3_5ForConditionalGeneration (Qwen/Qwen3.6-27B); it is "
-        "supported from vLLM 0.17.0: set vllm_version to 0.17.0 or later")
-    assert driver["ok"] is True
+        "supported from vLLM 0.17.0")
+    assert arch["fix"] == "set vllm_version to 0.17.0 or later (rows: 0.17.0, 0.6.3)"
 
 
-def test_qwen36_on_017_passes_and_needs_r570():
-    arch, driver = check_compat(qwen36(), STACKS["0.17.0"], None, "535.129.03")
-    assert arch["ok"] is True
-    assert driver["ok"] is False and "570.124.06" in driver["detail"]
-    assert check_compat(qwen36(), STACKS["0.17.0"], None, "570.133.20")[1]["ok"] is True
+def test_qwen36_on_017_passes():
+    assert check_architecture(qwen36(), STACKS["0.17.0"], None)["ok"] is True
 
 
 def test_installed_registry_wins_over_the_table():
-    arch = check_compat(qwen36(), STACKS["0.17.0"], ["Qwen2ForCausalLM"], None)[0]
+    arch = check_architecture(qwen36(), STACKS["0.17.0"], ["Qwen2ForCausalLM"])
     assert arch["ok"] is False and "0.17.0" in arch["detail"]
     tiny = {"architectures": ["Qwen2ForCausalLM"]}
-    assert check_compat(tiny, STACKS["0.6.3"], ["Qwen2ForCausalLM", "X"], None)[0]["ok"]
+    assert check_architecture(tiny, STACKS["0.6.3"], ["Qwen2ForCausalLM", "X"])["ok"]
 
 
 def test_unknown_architecture_is_not_judged_without_a_registry():
-    arch = check_compat({"architectures": ["LlamaForCausalLM"]}, STACKS["0.6.3"], None, None)[0]
+    arch = check_architecture({"architectures": ["LlamaForCausalLM"]}, STACKS["0.6.3"], None)
     assert arch["ok"] is None and arch["severity"] == "warning"
 
 
-def test_missing_architectures_and_missing_driver():
-    arch, driver = check_compat({}, STACKS["0.6.3"], None, None)
-    assert arch["ok"] is False and driver["ok"] is None
+def test_missing_architectures():
+    assert check_architecture({}, STACKS["0.6.3"], None)["ok"] is False
 
 
 def test_qwen3_on_063_names_084_and_versions_compare_numerically():
-    arch = check_compat({"architectures": ["Qwen3ForCausalLM"]}, STACKS["0.6.3"], None, None)[0]
+    arch = check_architecture({"architectures": ["Qwen3ForCausalLM"]}, STACKS["0.6.3"], None)
     assert "supported from vLLM 0.8.4" in arch["detail"]
     assert first_supporting("Qwen3NextForCausalLM") == "0.10.2"
     assert version_tuple("0.10.2") > version_tuple("0.8.4") > version_tuple("0.6.3.post1")
