@@ -14,14 +14,22 @@ CACHE=${SANDBOX_CACHE_DIR:-/var/cache/pyinfra-vllm-sandbox}
 INV=.sandbox/inventory.py
 
 totals() { $PY -c 'import json,sys; t=json.load(sys.stdin)["results"]["totals"]; print(t)'; }
-timed() { /usr/bin/time -f "%e" "$@" 2>&1 >/dev/null | tail -1; }
+# Wall seconds of a pyinfra run that must succeed, with its totals.
+timed() {
+    local start end
+    start=$(date +%s.%N)
+    "$@" --json | totals
+    end=$(date +%s.%N)
+    $PY -c "print(round($end - $start, 1))"
+}
 
 case "${1:-}" in
 fresh)
     # 1. Cold: no wheel in the caches, nothing on the host.
-    $PY -m sandbox up --hosts 1 --scenario seed >/dev/null
+    # Emptied before `up`: the hosts bind the cache directories when they boot.
+    $PY -m sandbox down >/dev/null
     rm -rf "$CACHE/uv-cache" "$CACHE/pip-cache"
-    mkdir -p "$CACHE/uv-cache" "$CACHE/pip-cache"
+    $PY -m sandbox up --hosts 1 --scenario seed >/dev/null
     echo "cold caches, whole run: $(timed $PYINFRA -y $INV deploys/full.py) s"
     # 2. Warm: the same fresh host again, every wheel already in the shared cache.
     $PY -m sandbox up --hosts 1 --scenario seed >/dev/null
@@ -39,7 +47,7 @@ noop)
     for _ in 1 2 3; do
         start=$(date +%s.%N)
         $PYINFRA -y --json $INV deploys/full.py | totals
-        echo "no-op, $hosts host(s): $(echo "$(date +%s.%N) - $start" | bc) s"
+        echo "no-op, $hosts host(s): $($PY -c "print(round($(date +%s.%N) - $start, 2))") s"
     done
     echo "remote commands per host: $($PYINFRA -y -vvv $INV deploys/full.py --limit gpu-sbx-1 \
         2>&1 | grep -c '>>>')"

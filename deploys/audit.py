@@ -30,7 +30,7 @@ from deploys.gates import registry_on_host
 ctx = context(host, lock_required=False)
 entry = summarize(host.name, ctx.state, ctx.settings)
 entry.update(host_plan(state, host, ctx.refused))
-registry = registry_on_host(host, ctx.settings) if ctx.lock else None
+registry = registry_on_host(ctx.environments(host), ctx.settings) if ctx.lock else None
 plans = model_plans(ctx.settings, ctx.lock, ctx.state, registry)
 entry.update(
     compatibility=plans["compatibility"],

@@ -14,6 +14,7 @@ from typing import Any
 from deploys.host_state import collect
 from deploys.locks import load_lock
 from deploys.settings import Settings, load_settings
+from facts.python_env import VllmEnvironments
 
 _CONTEXTS: dict[str, HostContext] = {}
 
@@ -27,6 +28,18 @@ class HostContext:
     lock: dict[str, Any] | None = None
     # Reasons an earlier stage refused this host; later stages add nothing for it.
     refused: list[str] = field(default_factory=list)
+
+    # The VllmEnvironments fact, read once for the stages that need it (preflight's
+    # registry, the runtime, the unit): facts are not cached by pyinfra 3.
+    environments_read: dict[str, Any] | None = None
+
+    def environments(self, host: Any) -> dict[str, Any]:
+        """The host's vLLM environments (facts.python_env.VllmEnvironments), read once."""
+        if self.environments_read is None:
+            self.environments_read = host.get_fact(
+                VllmEnvironments, root=self.settings.python_env_root
+            )
+        return self.environments_read
 
     def proceed(self, stage: str) -> bool:
         """Should ``stage`` add its operations for this host?"""

@@ -31,3 +31,5 @@ local.include("deploys/model.py")
 local.include("deploys/vllm_service.py")
 # nginx in front of the engine: API keys, streaming without buffering, /metrics.
 local.include("deploys/gateway.py")
+# The verdicts and the capacity plan, for node_exporter's textfile collector.
+local.include("deploys/metrics.py")

@@ -1,10 +1,9 @@
 """Gates on the model, judged before the server is configured: can the stack's vLLM load
 its architecture, does ``max_model_len`` fit the GPUs, is it within the model's limit.
 
-Functions over the settings, the model lock (which carries config.json), the
+Pure functions over the settings, the model lock (which carries config.json), the
 host's collected state and, when the host already has the stack's environment, the
-model registry read from it (``registry_on_host``, the one function here that reads
-the host). Preflight refuses on them; the audit shows them.
+model registry read from it. Preflight refuses on them; the audit shows them.
 """
 
 from __future__ import annotations
@@ -16,7 +15,6 @@ from deploys.checks import check
 from deploys.compat import check_architecture
 from deploys.locks import safetensors_bytes
 from deploys.settings import Settings
-from facts.python_env import VllmEnvironments
 from operations import python_env
 
 
@@ -79,9 +77,9 @@ def model_gates(
     return {"checks": checks, "capacity": capacity}
 
 
-def registry_on_host(host: Any, settings: Settings) -> list[str] | None:
-    """The registry of the host's environment for these settings (one fact read)."""
-    environments = host.get_fact(VllmEnvironments, root=settings.python_env_root)
+def registry_on_host(environments: dict[str, Any], settings: Settings) -> list[str] | None:
+    """The registry of the environment for these settings among the host's
+    (facts.python_env.VllmEnvironments)."""
     path = python_env.environment_path(
         settings.python_env_root,
         settings.stack,

@@ -10,6 +10,7 @@ file and the command that makes it.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -75,3 +76,17 @@ def safetensors_bytes(lock: dict[str, Any]) -> int | None:
     """Total size of the weights (*.safetensors) the lock lists; None when it has none."""
     sizes = [f["size"] for f in lock["files"] if f["path"].endswith(".safetensors")]
     return sum(sizes) if sizes else None
+
+
+def hf_token(settings: Settings) -> str | None:
+    """The token: hf_token, else the file hf_token_file names, else HF_TOKEN."""
+    if settings.hf_token:
+        return settings.hf_token.get_secret_value()
+    if settings.hf_token_file:
+        path = Path(settings.hf_token_file)
+        try:
+            return path.read_text(encoding="utf-8").strip() or None
+        except OSError as exc:
+            raise LockFileError(f"hf_token_file {path}: cannot be read ({exc.strerror}); "
+                              "point it at a file holding the token") from exc
+    return os.environ.get("HF_TOKEN") or None

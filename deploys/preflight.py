@@ -24,7 +24,7 @@ if ctx.proceed("preflight"):
     settings = ctx.settings
     checks = check_host(ctx.state, settings)
     if ctx.lock is not None:
-        registry = registry_on_host(host, settings)
+        registry = registry_on_host(ctx.environments(host), settings)
         checks += model_gates(settings, ctx.lock, ctx.state, registry)["checks"]
     for check in checks:
         if check["ok"] is False and check["severity"] == "warning":

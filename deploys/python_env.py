@@ -65,6 +65,7 @@ if ctx.proceed("python_env"):
                     name=f"Python env: uv {INSTALLERS['uv']['version']}",
                     root=root,
                     version=INSTALLERS["uv"]["version"],
+                    environments=ctx.environments(host),
                     **downloads,
                 )
 
@@ -76,6 +77,7 @@ if ctx.proceed("python_env"):
             stack=stack,
             manager=manager,
             python=python,
+            environments=ctx.environments(host),
             **downloads,
         )
         files.link(

@@ -55,6 +55,7 @@ STAGES = (
     "model",
     "vllm_service",
     "gateway",
+    "metrics",
 )
 
 # Mount options that disable write barriers: ext4's barrier=0/nobarrier lose data on
@@ -223,7 +224,12 @@ class Settings(BaseModel):
     ``locks/<org>--<name>.json`` under the directory pyinfra runs in.
     """
     hf_token: SecretStr | None = None
-    """Hugging Face token for gated models; never printed. Prefer the HF_TOKEN variable."""
+    """Hugging Face token for gated models; never printed. Prefer hf_token_file or the
+    HF_TOKEN variable, which keep it out of the inventory."""
+    hf_token_file: str | None = None
+    """A file on the operator's machine holding the Hugging Face token (mode 0600); read
+    at deploy time, used when hf_token is not set. Else the HF_TOKEN variable is used.
+    """
 
     # --- gateway ---------------------------------------------------------------------
     gateway_port: int = Field(default=8001, ge=1, le=65535)
@@ -249,6 +255,12 @@ class Settings(BaseModel):
     """
 
     # --- reports ---------------------------------------------------------------------
+    textfile_collector_dir: str = Field(
+        default="/var/lib/prometheus/node-exporter", pattern=r"^/[\w/.-]*$"
+    )
+    """Where the metrics stage writes pyinfra_vllm.prom for node_exporter's textfile
+    collector (the default is Debian's and Ubuntu's prometheus-node-exporter directory).
+    """
     audit_report_dir: str = "reports"
     """Directory, on the operator's machine, where the audit writes its reports."""
 

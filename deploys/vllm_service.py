@@ -11,17 +11,14 @@ once; no change, no restart.
     pyinfra inventory.py deploys/vllm_service.py
 """
 
-from io import StringIO
-
 from pyinfra import host, logger
-from pyinfra.operations import files, server
-from pyinfra.operations.util import any_changed
+from pyinfra.operations import server
 
 from deploys.context import context
 from facts.nvidia import tp_link_verdict
-from facts.python_env import MARKER, VllmEnvironments
+from facts.python_env import MARKER
 from facts.storage import FilesystemSize
-from operations import gate, model, python_env, vllm_service
+from operations import file_set, gate, model, python_env, vllm_service
 
 ctx = context(host)
 
@@ -38,10 +35,7 @@ if ctx.proceed("vllm_service"):
     # The GPUs preflight judged: the NVLink-joined set when there is one.
     verdict = tp_link_verdict(ctx.state.get("topology"), settings.tensor_parallel_size)
     devices = verdict["indices"] or None
-    marker = (
-        host.get_fact(VllmEnvironments, root=settings.python_env_root)["envs"].get(env_path)
-        or {}
-    ).get("marker")
+    marker = (ctx.environments(host)["envs"].get(env_path) or {}).get("marker")
     accepted = set(marker["runtime"]["flags"]) if marker else None
 
     problems = []
@@ -76,10 +70,13 @@ if ctx.proceed("vllm_service"):
             # systemd makes it at start (StateDirectory=, 0700, owned by vllm).
             ensure_home=False,
         )
-        for name, path in (("gpu_guard.py", vllm_service.GUARD_PATH),
-                           ("wait_ready.py", vllm_service.READY_PATH)):
-            files.put(name=f"vLLM service: {name}", src=f"files/{name}", dest=path,
-                      mode="755", create_remote_dir=True)
+        file_set.present(
+            name="vLLM service: GPU guard and readiness wait",
+            files={
+                vllm_service.GUARD_PATH: ("files/gpu_guard.py", "755"),
+                vllm_service.READY_PATH: ("files/wait_ready.py", "755"),
+            },
+        )
         if marker is None:
             # Built in this run: its --help was unknown when the run was planned.
             vllm_service.flags_accepted(
@@ -88,30 +85,26 @@ if ctx.proceed("vllm_service"):
                 marker=f"{env_path}/{MARKER}",
                 flags=flags,
             )
-        # No secret by default: the weights are local (HF_HUB_OFFLINE=1) and the gateway
-        # checks the API keys, so the engine needs neither HF_TOKEN nor VLLM_API_KEY.
-        environment = files.put(
-            name="vLLM service: environment file (0600)",
-            src=StringIO(vllm_service.render_env()),
-            dest=vllm_service.ENV_PATH,
-            mode="600",
-            create_remote_dir=True,
-        )
-        unit = files.put(
-            name="vLLM service: systemd unit",
-            src=StringIO(
-                vllm_service.render_unit(
-                    settings, python=python, model_path=model_path, devices=devices,
-                    accepted=accepted,
-                )
-            ),
-            dest=vllm_service.UNIT_PATH,
-            mode="644",
+        # The environment file holds no secret by default: the weights are local
+        # (HF_HUB_OFFLINE=1) and the gateway checks the API keys, so the engine needs
+        # neither HF_TOKEN nor VLLM_API_KEY. Mode 0600 all the same: it is where they go.
+        unit = file_set.present(
+            name="vLLM service: systemd unit and its environment file",
+            files={
+                vllm_service.UNIT_PATH: (
+                    vllm_service.render_unit(
+                        settings, python=python, model_path=model_path, devices=devices,
+                        accepted=accepted,
+                    ).encode(),
+                    "644",
+                ),
+                vllm_service.ENV_PATH: (vllm_service.render_env().encode(), "600"),
+            },
         )
         vllm_service.restarted(
             name="vLLM service: restarted for its new unit",
             start=settings.vllm_start,
-            _if=any_changed(unit, environment),
+            _if=unit.did_change,
         )
         vllm_service.running(name="vLLM service: enabled and running"
                              if settings.vllm_start else "vLLM service: enabled",

@@ -74,7 +74,8 @@ def download_env(
 
 @operation()
 def uv(root: str, version: str, index_url: str = "https://pypi.org/simple",
-       ca_bundle: str | None = None, proxy: str | None = None):
+       ca_bundle: str | None = None, proxy: str | None = None,
+       environments: dict | None = None):
     """
     Install uv, pinned, into its own small venv under ``root``.
 
@@ -83,11 +84,12 @@ def uv(root: str, version: str, index_url: str = "https://pypi.org/simple",
     + index_url: Python package index
     + ca_bundle: CA bundle file trusted for the index (replaces certifi's)
     + proxy: HTTP(S) proxy
+    + environments: the VllmEnvironments fact when the deploy already read it
 
     The right version already there: no command. uv comes from the package index, as
     vLLM does, so a site with only a PyPI mirror can use it.
     """
-    if host.get_fact(VllmEnvironments, root=root)["uv"] == version:
+    if (environments or host.get_fact(VllmEnvironments, root=root))["uv"] == version:
         host.noop(f"uv {version} is installed in {root}/uv")
         return
     venv = f"{root}/uv"
@@ -170,7 +172,8 @@ def _install_command(root: str, path: str, manager: str, env: list) -> StringCom
 @operation()
 def environment(root: str, stack: dict, manager: str, python: str,
                 index_url: str = "https://pypi.org/simple", ca_bundle: str | None = None,
-                proxy: str | None = None, probe: str = "files/vllm_probe.py"):
+                proxy: str | None = None, probe: str = "files/vllm_probe.py",
+                environments: dict | None = None):
     """
     Build the environment of one stack and prove it works; never touch a working one.
 
@@ -183,6 +186,7 @@ def environment(root: str, stack: dict, manager: str, python: str,
     + ca_bundle: CA bundle file trusted for the index (replaces certifi's)
     + proxy: HTTP(S) proxy
     + probe: local path of the check script (files/vllm_probe.py)
+    + environments: the VllmEnvironments fact when the deploy already read it
 
     An environment whose marker names the same requirements and whose installed vLLM is
     the stack's: no command. Otherwise it is built from scratch at its own path (never
@@ -194,7 +198,7 @@ def environment(root: str, stack: dict, manager: str, python: str,
     path = environment_path(root, stack, manager, python)
     text = requirements_text(stack)
     sha = hashlib.sha256(text.encode()).hexdigest()
-    found = host.get_fact(VllmEnvironments, root=root)["envs"].get(path)
+    found = (environments or host.get_fact(VllmEnvironments, root=root))["envs"].get(path)
     if found:
         marker = found["marker"] or {}
         installed = found["installed"].get("vllm")

@@ -202,7 +202,7 @@ def test_a_file_that_stays_corrupt_stops_the_run_then_heals(sandbox, host, mirro
 
 # --- the vLLM unit (issue #6): installed and enabled, never started by the sandbox's own
 # data (vllm_start=false: no GPU), started on purpose below to see the GPU guard refuse.
-OP_UNIT = "deploys/vllm_service.py | vLLM service: systemd unit"
+OP_UNIT = "deploys/vllm_service.py | vLLM service: systemd unit and its environment file"
 OP_RESTART = "deploys/vllm_service.py | vLLM service: restarted for its new unit"
 
 

@@ -437,3 +437,20 @@ def test_installed_registry():
     assert installed_registry({"envs": {path: {"marker": None}}}, path) is None
     assert installed_registry({"current": None, "envs": {}, "uv": None, "conda": False},
                               path) is None
+
+
+# --- the Hugging Face token ------------------------------------------------------------
+def test_hf_token_from_setting_then_file_then_environment(tmp_path, monkeypatch):
+    from deploys.locks import LockFileError, hf_token
+
+    monkeypatch.setenv("HF_TOKEN", "hf_from_env")
+    assert hf_token(validate({})) == "hf_from_env"
+    secret = tmp_path / "token"
+    secret.write_text("hf_from_file\n")
+    assert hf_token(validate({"hf_token_file": str(secret)})) == "hf_from_file"
+    assert hf_token(validate({"hf_token": "hf_inline", "hf_token_file": str(secret)})) == \
+        "hf_inline"
+    monkeypatch.delenv("HF_TOKEN")
+    assert hf_token(validate({})) is None
+    with pytest.raises(LockFileError, match="hf_token_file .*/missing: cannot be read"):
+        hf_token(validate({"hf_token_file": str(tmp_path / "missing")}))

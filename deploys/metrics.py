@@ -1,0 +1,49 @@
+"""Metrics: this host's verdicts for node_exporter's textfile collector.
+
+The checks preflight ran (OS, driver, GPUs, NVLink, and the model's architecture,
+context length and capacity), the stack, and the capacity plan, as Prometheus gauges in
+``{textfile_collector_dir}/pyinfra_vllm.prom`` (deploys/textfile.py). node_exporter's
+``--collector.textfile.directory`` reads it; Debian's and Ubuntu's
+prometheus-node-exporter package reads /var/lib/prometheus/node-exporter. A host a
+stage refused gets no new file: alert on the file's age or on a missing series.
+
+    pyinfra inventory.py deploys/metrics.py
+"""
+
+from pyinfra import host
+
+from deploys.checks import check_host
+from deploys.context import context
+from deploys.gates import model_gates
+from deploys.textfile import metrics_text
+from operations import file_set
+
+ctx = context(host)
+
+if ctx.proceed("metrics"):
+    settings = ctx.settings
+    checks = check_host(ctx.state, settings)
+    capacity = None
+    if ctx.lock is not None:
+        gates = model_gates(settings, ctx.lock, ctx.state)
+        checks += gates["checks"]
+        capacity = gates["capacity"]
+    driver = (ctx.state.get("driver") or {}).get("driver_version") or (
+        ctx.state.get("kernel_module") or {}
+    ).get("version")
+    info = {
+        "vllm": settings.vllm_version,
+        "cuda_build": settings.stack["cuda"],
+        "driver": driver or "none",
+        "model": settings.model_id,
+        "tensor_parallel_size": settings.tensor_parallel_size,
+    }
+    file_set.present(
+        name="Metrics: verdicts for node_exporter's textfile collector",
+        files={
+            f"{settings.textfile_collector_dir}/pyinfra_vllm.prom": (
+                metrics_text(host.name, checks, info, capacity).encode(),
+                "644",
+            )
+        },
+    )

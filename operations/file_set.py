@@ -1,0 +1,90 @@
+"""Several small files kept in place with one remote read: a set of files, each with its
+content and mode, compared by sha256 in one command and uploaded only where it differs.
+
+pyinfra's ``files.put`` reads two or three facts per file (File, Sha1File, Directory),
+a remote round trip each; a stage that owns several small files (a unit, its
+environment file, two helper scripts) pays that on every run, changed or not. Here the
+whole set costs one command when nothing changed. Contents are never printed, not even
+with ``--diff``, so the set may hold a secret file (mode 0600).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import posixpath
+from io import BytesIO
+from pathlib import Path
+
+from typing_extensions import override
+
+from pyinfra import host
+from pyinfra.api import FactBase, FileUploadCommand, QuoteString, StringCommand, operation
+
+
+class FileDigests(FactBase[dict[str, dict[str, str] | None]]):
+    """
+    Returns each path's sha256 and octal mode, or None for a path that is no file:
+
+    .. code:: python
+
+        {"/etc/vllm/vllm.env": {"sha256": "9f86...", "mode": "600"}, "/x": None}
+    """
+
+    @override
+    def command(self, paths: list[str]) -> StringCommand:
+        return StringCommand(
+            "for p in", *(QuoteString(path) for path in paths), "; do",
+            'if [ -f "$p" ]; then printf "%s %s %s\\n" "$(stat -c %a "$p")"',
+            '"$(sha256sum < "$p" | cut -c1-64)" "$p"; else printf "%s %s %s\\n" - - "$p";',
+            "fi; done",
+        )
+
+    @override
+    def process(self, output: list[str]) -> dict[str, dict[str, str] | None]:
+        found: dict[str, dict[str, str] | None] = {}
+        for line in output:
+            mode, digest, path = line.split(" ", 2)
+            found[path] = None if mode == "-" else {"sha256": digest, "mode": mode}
+        return found
+
+
+def _content(source: str | bytes) -> bytes:
+    """A file's content: bytes as given, or the local file a ``str`` names."""
+    return source if isinstance(source, bytes) else Path(source).read_bytes()
+
+
+@operation()
+def present(files: dict[str, tuple[str | bytes, str]], user: str = "root", group: str = "root"):
+    """
+    Keep a set of files in place: content and mode, owned by ``user``:``group``.
+
+    + files: ``{remote path: (local path or bytes, octal mode)}``
+    + user: owner of every file
+    + group: group of every file
+
+    Every file with the wanted content and mode: no command (one remote read for the
+    set). A file whose content differs is uploaded to a temporary name beside it, given
+    its owner and mode, then renamed over the old one; one whose mode alone differs gets
+    ``chmod``. Parent directories are created (0755). Contents never appear in output.
+    """
+    found = host.get_fact(FileDigests, paths=sorted(files))
+    changed = []
+    for path in sorted(files):
+        source, mode = files[path]
+        data = _content(source)
+        have = found.get(path)
+        if have is not None and have["sha256"] == hashlib.sha256(data).hexdigest():
+            if have["mode"] != mode.lstrip("0"):
+                yield StringCommand("chmod", QuoteString(mode), QuoteString(path))
+                changed.append(path)
+            continue
+        temporary = f"{path}.pyinfra-new"
+        yield StringCommand("mkdir -p", QuoteString(posixpath.dirname(path)), "&& install -m",
+                            QuoteString(mode), "/dev/null", QuoteString(temporary))
+        yield FileUploadCommand(BytesIO(data), temporary)
+        yield StringCommand("chown", QuoteString(f"{user}:{group}"), QuoteString(temporary),
+                            "&& chmod", QuoteString(mode), QuoteString(temporary),
+                            "&& mv -f", QuoteString(temporary), QuoteString(path))
+        changed.append(path)
+    if not changed:
+        host.noop(f"{len(files)} file(s) in place")
