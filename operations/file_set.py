@@ -15,37 +15,10 @@ import posixpath
 from io import BytesIO
 from pathlib import Path
 
-from typing_extensions import override
-
 from pyinfra import host
-from pyinfra.api import FactBase, FileUploadCommand, QuoteString, StringCommand, operation
+from pyinfra.api import FileUploadCommand, QuoteString, StringCommand, operation
 
-
-class FileDigests(FactBase[dict[str, dict[str, str] | None]]):
-    """
-    Returns each path's sha256 and octal mode, or None for a path that is no file:
-
-    .. code:: python
-
-        {"/etc/vllm/vllm.env": {"sha256": "9f86...", "mode": "600"}, "/x": None}
-    """
-
-    @override
-    def command(self, paths: list[str]) -> StringCommand:
-        return StringCommand(
-            "for p in", *(QuoteString(path) for path in paths), "; do",
-            'if [ -f "$p" ]; then printf "%s %s %s\\n" "$(stat -c %a "$p")"',
-            '"$(sha256sum < "$p" | cut -c1-64)" "$p"; else printf "%s %s %s\\n" - - "$p";',
-            "fi; done",
-        )
-
-    @override
-    def process(self, output: list[str]) -> dict[str, dict[str, str] | None]:
-        found: dict[str, dict[str, str] | None] = {}
-        for line in output:
-            mode, digest, path = line.split(" ", 2)
-            found[path] = None if mode == "-" else {"sha256": digest, "mode": mode}
-        return found
+from facts.files import FileDigests
 
 
 def _content(source: str | bytes) -> bytes:
@@ -62,10 +35,10 @@ def present(files: dict[str, tuple[str | bytes, str]], user: str = "root", group
     + user: owner of every file
     + group: group of every file
 
-    Every file with the wanted content and mode: no command (one remote read for the
-    set). A file whose content differs is uploaded to a temporary name beside it, given
-    its owner and mode, then renamed over the old one; one whose mode alone differs gets
-    ``chmod``. Parent directories are created (0755). Contents never appear in output.
+    Every file with the wanted content, owner and mode: no command (one remote read for
+    the set). A file whose content differs is uploaded to a temporary name beside it,
+    given its owner and mode, then renamed over the old one; one whose owner or mode
+    alone differs gets ``chown`` or ``chmod``. Parent directories are created (0755). Contents never appear in output.
     """
     found = host.get_fact(FileDigests, paths=sorted(files))
     changed = []
@@ -74,9 +47,13 @@ def present(files: dict[str, tuple[str | bytes, str]], user: str = "root", group
         data = _content(source)
         have = found.get(path)
         if have is not None and have["sha256"] == hashlib.sha256(data).hexdigest():
-            if have["mode"] != mode.lstrip("0"):
-                yield StringCommand("chmod", QuoteString(mode), QuoteString(path))
+            if have["owner"] != f"{user}:{group}":
+                yield StringCommand("chown", QuoteString(f"{user}:{group}"), QuoteString(path))
                 changed.append(path)
+            if int(have["mode"], 8) != int(mode, 8):
+                yield StringCommand("chmod", QuoteString(mode), QuoteString(path))
+                if path not in changed:
+                    changed.append(path)
             continue
         temporary = f"{path}.pyinfra-new"
         yield StringCommand("mkdir -p", QuoteString(posixpath.dirname(path)), "&& install -m",

@@ -47,7 +47,8 @@ def downloaded(lock: dict, dest: str, base_url: str, token: str | None = None,
     Every file verified before and unchanged since: no command. Otherwise the downloader
     and the lock are uploaded and the downloader runs; it re-hashes only files whose
     size or mtime changed, and fails naming the file and both checksums when a file
-    fails verification twice. ``pyinfra -v`` shows its progress lines.
+    fails verification twice. ``pyinfra -vvv`` shows its progress lines (pyinfra
+    prints command output from verbosity 3).
     """
     pending = unverified(host.get_fact(ModelFiles, path=dest), lock)
     if not pending:

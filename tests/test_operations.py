@@ -11,10 +11,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from pyinfra_testing.operations import make_operation_tests
 from pyinfra_testing.util import FakeFact, FakeHost
 
 BASE = Path(__file__).parent / "operations"
+
+
+@pytest.fixture(autouse=True)
+def _repository_root(monkeypatch):
+    # Fixtures name local files from the repository root (tests/fixtures/file_set/...),
+    # which operations read with Path.read_bytes, not through pyinfra-testing's patches.
+    monkeypatch.chdir(Path(__file__).parents[1])
+
 
 _get_fact = FakeHost.get_fact
 
