@@ -16,10 +16,11 @@ import logging
 import click
 from pyinfra import host
 from pyinfra.facts.deb import DebPackage
-from pyinfra.operations import apt, files, systemd
+from pyinfra.api.util import get_template
+from pyinfra.operations import apt, systemd
 
 from deploys.context import context
-from operations import nginx_site
+from operations import file_set, nginx_site
 
 logger = logging.getLogger("pyinfra")
 
@@ -70,15 +71,12 @@ if ctx.proceed("gateway"):
         enabled=True,
     )
 
-    files.template(
-        name="Gateway: Prometheus scrape job for vLLM",
-        src="templates/prometheus-vllm-scrape.yml.j2",
-        dest="/etc/prometheus/scrape.d/vllm.yml",
-        user="root",
-        group="root",
-        mode="644",
-        create_remote_dir=True,
+    scrape_job = get_template("templates/prometheus-vllm-scrape.yml.j2").render(
         gateway_port=settings.gateway_port,
         metrics_allow=settings.metrics_allow,
         instance=host.name,
+    )
+    file_set.present(
+        name="Gateway: Prometheus scrape job for vLLM",
+        files={"/etc/prometheus/scrape.d/vllm.yml": (scrape_job.encode(), "644")},
     )

@@ -24,4 +24,5 @@ if ctx.proceed("mig"):
         name="MIG: disabled on every GPU",
         service=nvidia_mig.VLLM_UNIT,
         allow_reboot=ctx.settings.allow_reboot,
+        gpus=ctx.state.get("gpus"),
     )

@@ -32,7 +32,11 @@ if ctx.proceed("python_env"):
                  "proxy": settings.http_proxy}
 
     python = python_env.interpreter(manager, stack)
-    if manager == "conda":
+    path = python_env.environment_path(root, stack, manager, python)
+    # What building needs (Miniforge, or python3 in range with venv, and uv) matters only
+    # when there is something to build: a proven environment costs no reads for it.
+    build = not python_env.proven(ctx.environments(host), path, stack)
+    if build and manager == "conda":
         pin = INSTALLERS["miniforge"]
         arch = host.get_fact(Arch)
         python_env.miniforge(
@@ -44,7 +48,7 @@ if ctx.proceed("python_env"):
             ca_bundle=settings.pip_ca_bundle,
             proxy=settings.http_proxy,
         )
-    else:
+    elif build:
         problem = python_env.python_problem(
             host.get_fact(HostPython), stack["python_range"], manager
         )
@@ -83,5 +87,5 @@ if ctx.proceed("python_env"):
         files.link(
             name="Python env: current environment",
             path=f"{root}/current",
-            target=python_env.environment_path(root, stack, manager, python),
+            target=path,
         )

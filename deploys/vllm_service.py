@@ -12,13 +12,12 @@ once; no change, no restart.
 """
 
 from pyinfra import host, logger
-from pyinfra.operations import server
 
 from deploys.context import context
 from facts.nvidia import tp_link_verdict
 from facts.python_env import MARKER
 from facts.storage import FilesystemSize
-from operations import file_set, gate, model, python_env, vllm_service
+from operations import accounts, file_set, gate, model, python_env, vllm_service
 
 ctx = context(host)
 
@@ -57,18 +56,10 @@ if ctx.proceed("vllm_service"):
             host.log_styled(reason, fg="red", log_func=logger.error)
         gate.refuse(name="vLLM service: host refused", reasons=problems)
     else:
-        server.group(name="vLLM service: group vllm", group=vllm_service.SERVICE_USER,
-                     system=True)
-        server.user(
-            name="vLLM service: user vllm (no login)",
-            user=vllm_service.SERVICE_USER,
-            group=vllm_service.SERVICE_USER,
+        accounts.system_account(
+            name="vLLM service: system account vllm (no login)",
+            account=vllm_service.SERVICE_USER,
             home=vllm_service.STATE_DIR,
-            shell="/usr/sbin/nologin",
-            system=True,
-            create_home=False,
-            # systemd makes it at start (StateDirectory=, 0700, owned by vllm).
-            ensure_home=False,
         )
         file_set.present(
             name="vLLM service: GPU guard and readiness wait",

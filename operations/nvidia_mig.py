@@ -121,6 +121,7 @@ def mig_disabled(
     service: str | None = VLLM_UNIT,
     allow_reboot: bool = False,
     reboot_timeout: int = 900,
+    gpus: list[dict] | None = None,
 ):
     """
     Turn MIG mode off on every GPU (current and pending), resetting idle GPUs.
@@ -128,6 +129,7 @@ def mig_disabled(
     + service: our systemd unit using the GPUs, stopped first when it runs (None: none)
     + allow_reboot: reboot when the mode is still pending after the reset
     + reboot_timeout: seconds to wait for the host to come back after a reboot
+    + gpus: the GpuInventory fact when the deploy already read it (saves a round trip)
 
     Already disabled everywhere: no command at all. A process other than ``service``'s
     on a GPU to change: the host is refused with the PIDs and nothing changes.
@@ -138,7 +140,8 @@ def mig_disabled(
 
         nvidia_mig.mig_disabled(name="MIG off", allow_reboot=False)
     """
-    gpus = host.get_fact(GpuInventory)
+    if gpus is None:
+        gpus = host.get_fact(GpuInventory)
     if gpus is None:
         host.noop("no NVIDIA driver answers nvidia-smi; MIG is checked once it does")
         return

@@ -59,6 +59,17 @@ def environment_path(root: str, stack: dict, manager: str, python: str) -> str:
     return f"{root}/envs/vllm-{stack['vllm']}-{digest[:8]}"
 
 
+def proven(environments: dict, path: str, stack: dict) -> bool:
+    """Is the environment at ``path`` built and proven for ``stack``: its marker names
+    the stack's requirements and the installed vLLM is the stack's?"""
+    found = environments["envs"].get(path)
+    if not found:
+        return False
+    sha = hashlib.sha256(requirements_text(stack).encode()).hexdigest()
+    return ((found["marker"] or {}).get("requirements_sha256") == sha
+            and found["installed"].get("vllm") == stack["vllm"])
+
+
 def download_env(
     index_url: str, ca_bundle: str | None, proxy: str | None
 ) -> list[QuoteString | str]:
@@ -198,13 +209,9 @@ def environment(root: str, stack: dict, manager: str, python: str,
     path = environment_path(root, stack, manager, python)
     text = requirements_text(stack)
     sha = hashlib.sha256(text.encode()).hexdigest()
-    found = (environments or host.get_fact(VllmEnvironments, root=root))["envs"].get(path)
-    if found:
-        marker = found["marker"] or {}
-        installed = found["installed"].get("vllm")
-        if marker.get("requirements_sha256") == sha and installed == stack["vllm"]:
-            host.noop(f"{path} works (vLLM {installed}, checked when it was built)")
-            return
+    if proven(environments or host.get_fact(VllmEnvironments, root=root), path, stack):
+        host.noop(f"{path} works (vLLM {stack['vllm']}, checked when it was built)")
+        return
     env = download_env(index_url, ca_bundle, proxy)
     yield StringCommand(
         "rm -rf", QuoteString(path), "&& mkdir -p", QuoteString(f"{root}/envs"),

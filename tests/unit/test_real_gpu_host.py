@@ -147,3 +147,43 @@ def test_second_real_host_with_the_final_audit():
     assert "Preflight: host refused" not in preflight
     bad = (CAPTURE / "full-dry-bad-setting-second-host.txt").read_text()
     assert "block_size = 24: Input should be 8, 16 or 32 (allowed: 8, 16, 32)" in bad
+
+
+# --- the runtime layer's facts, the GPU guard and the drift audit on the same kind of host
+# (device tool, read-only: pyinfra --dry, facts, NVML queries), recorded in runtime/.
+RUNTIME = CAPTURE / "runtime"
+
+
+def _fact_json(log: str, name: str):
+    section = log.split(f"--> Fact data for: {name}", 1)[1]
+    body = section[section.index("{"):]
+    return json.loads(body[: body.index("\n}\n") + 2])["@local"]
+
+
+def test_runtime_facts_return_absent_values_on_a_host_without_the_runtime():
+    log = (RUNTIME / "device-runtime.log").read_text()
+    assert _fact_json(log, "facts.python_env.HostPython") == "3.12.3"
+    assert _fact_json(log, "facts.python_env.VllmEnvironments (root=/opt/vllm)") == {
+        "current": None, "envs": {}, "uv": None, "conda": False}
+    assert _fact_json(log, "facts.services.UnitActivation (unit=vllm.service)") is None
+    assert _fact_json(log, "facts.storage.FilesystemSize (path=/dev/shm)") == 137438953472
+    assert _fact_json(log, "facts.model.ModelFiles (path=/srv/models/Qwen/Qwen3.6-27B)") is None
+
+
+def test_gpu_guard_with_real_nvml():
+    log = (RUNTIME / "device-runtime.log").read_text()
+    # /usr/bin/python3 there has no pynvml: the guard says so in its one line.
+    assert ("gpu-guard: NVML unavailable: pynvml is not installed in /usr/bin/python3's "
+            "environment") in log
+
+
+def test_drift_audit_of_the_real_host():
+    refused = json.loads((RUNTIME / "audit-tp2.json").read_text())["hosts"]["@local"]
+    assert refused["refused"] == [
+        "preflight gpu_count: 1 GPU(s); tensor_parallel_size is 2; set "
+        "tensor_parallel_size to at most 1"]
+    planned = json.loads((RUNTIME / "audit-tp1.json").read_text())["hosts"]["@local"]
+    assert planned["refused"] == [] and len(planned["drift"]) == 19
+    stages = {item["stage"] for item in planned["drift"]}
+    assert stages == {"driver", "persistence", "sysctl", "model_volume", "python_env",
+                      "vllm_service", "gateway", "metrics"}
