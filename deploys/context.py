@@ -29,6 +29,9 @@ class HostContext:
     # Reasons an earlier stage refused this host; later stages add nothing for it.
     refused: list[str] = field(default_factory=list)
 
+    # True when this run reboots into a driver it installs: the state read at the start
+    # no longer describes the host afterwards (the metrics stage then waits a run).
+    stale: bool = False
     # The VllmEnvironments fact, read once for the stages that need it (preflight's
     # registry, the runtime, the unit): facts are not cached by pyinfra 3.
     environments_read: dict[str, Any] | None = None

@@ -5,12 +5,14 @@ context length and capacity), the stack, and the capacity plan, as Prometheus ga
 ``{textfile_collector_dir}/pyinfra_vllm.prom`` (deploys/textfile.py). node_exporter's
 ``--collector.textfile.directory`` reads it; Debian's and Ubuntu's
 prometheus-node-exporter package reads /var/lib/prometheus/node-exporter. A host a
-stage refused gets no new file: alert on the file's age or on a missing series.
+stage refused gets no new file: alert on the file's age or on a missing series. A run
+that reboots into a driver it installed leaves the file to the next run: its verdicts
+were read before the reboot.
 
     pyinfra inventory.py deploys/metrics.py
 """
 
-from pyinfra import host
+from pyinfra import host, logger
 
 from deploys.checks import check_host
 from deploys.context import context
@@ -20,7 +22,11 @@ from operations import file_set
 
 ctx = context(host)
 
-if ctx.proceed("metrics"):
+if ctx.proceed("metrics") and ctx.stale:
+    # The verdicts would describe the host before its reboot into the new driver.
+    host.log_styled("metrics: not written in a run that reboots into a new driver; the "
+                    "next run writes them", fg="yellow", log_func=logger.warning)
+elif ctx.proceed("metrics"):
     settings = ctx.settings
     checks = check_host(ctx.state, settings)
     capacity = None

@@ -25,6 +25,7 @@ OP_HOLD = "deploys/driver.py | Driver: hold the NVIDIA and CUDA packages"
 OP_MIG = "deploys/mig.py | MIG: disabled on every GPU"
 OP_PERSISTENCED = "deploys/persistence.py | Persistence: nvidia-persistenced enabled and running"
 OP_VOLUME = "deploys/model_volume.py | Model volume: XFS mounted at the model directory"
+OP_METRICS = "deploys/metrics.py | Metrics: verdicts for node_exporter's textfile collector"
 
 
 class Run:
@@ -159,9 +160,14 @@ def test_bare_host_with_allow_reboot_reboots_and_converges(fleet):
     module = sandbox.ssh(bare, "cat /proc/driver/nvidia/version").stdout
     assert "Kernel Module  535.129.03" in module
     assert smi(sandbox, BARE, "persistence_mode").splitlines() == ["Enabled", "Enabled"]
+    assert run.says(BARE, "metrics: not written in a run that reboots into a new driver")
+    # The next run records the verdicts read with the driver loaded, and nothing else;
+    # the one after changes nothing.
     again = full_run(sandbox, "--limit", BARE)
-    assert (again.results["totals"]["success"], again.results["totals"]["error"]) == (0, 0), (
-        again.changed(BARE)
+    assert again.changed(BARE) == {OP_METRICS}, again.changed(BARE)
+    third = full_run(sandbox, "--limit", BARE)
+    assert (third.results["totals"]["success"], third.results["totals"]["error"]) == (0, 0), (
+        third.changed(BARE)
     )
 
 
