@@ -16,11 +16,11 @@ import logging
 import click
 from pyinfra import host
 from pyinfra.facts.deb import DebPackage
-from pyinfra.api.util import get_template
 from pyinfra.operations import apt, systemd
 
 from deploys.context import context
 from operations import file_set, nginx_site
+from operations.templating import render
 
 logger = logging.getLogger("pyinfra")
 
@@ -71,7 +71,8 @@ if ctx.proceed("gateway"):
         enabled=True,
     )
 
-    scrape_job = get_template("templates/prometheus-vllm-scrape.yml.j2").render(
+    scrape_job = render(
+        "prometheus-vllm-scrape.yml.j2",
         gateway_port=settings.gateway_port,
         metrics_allow=settings.metrics_allow,
         instance=host.name,

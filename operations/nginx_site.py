@@ -19,15 +19,14 @@ import math
 import re
 import shlex
 from io import StringIO
-from pathlib import Path
 
-from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from pyinfra import host
 from pyinfra.api import FileUploadCommand, OperationValueError, QuoteString, StringCommand
 from pyinfra.api import operation
 from pyinfra.facts.files import File, Sha1File
 
-TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
+from operations.templating import render
+
 SITE_TEMPLATE = "nginx-vllm.conf.j2"
 KEYS_TEMPLATE = "nginx-vllm-api-keys.conf.j2"
 
@@ -61,15 +60,6 @@ def sha1(text: str) -> str:
     return hashlib.sha1(text.encode()).hexdigest()
 
 
-def _env() -> Environment:
-    return Environment(
-        loader=FileSystemLoader(str(TEMPLATES)),
-        undefined=StrictUndefined,
-        keep_trailing_newline=True,
-        autoescape=False,
-    )
-
-
 def render_keys_map(keys: list[str]) -> str:
     """The map from the Authorization header to ``$vllm_key_ok``; no keys: every request ok.
 
@@ -80,7 +70,7 @@ def render_keys_map(keys: list[str]) -> str:
             raise OperationValueError(
                 f"api_keys[{index}] has characters other than letters, digits and ._~+/=:-"
             )
-    return _env().get_template(KEYS_TEMPLATE).render(keys=list(keys))
+    return render(KEYS_TEMPLATE, keys=list(keys))
 
 
 def metrics_networks(cidrs: list[str]) -> list[str]:
@@ -106,7 +96,8 @@ def render_site(
     keys_path: str = KEYS_PATH,
 ) -> str:
     """The site file (``conf.d/vllm.conf``): upstream, server, locations."""
-    return _env().get_template(SITE_TEMPLATE).render(
+    return render(
+        SITE_TEMPLATE,
         vllm_host=vllm_host,
         vllm_port=vllm_port,
         gateway_port=gateway_port,

@@ -23,16 +23,14 @@ from __future__ import annotations
 import ipaddress
 import re
 from collections.abc import Iterable, Sequence
-from pathlib import Path
 from typing import Any
 
-from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, OperationValueError, QuoteString, StringCommand, operation
 
 from facts.services import UnitActivation
+from operations.templating import render
 
-TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
 UNIT_TEMPLATE = "vllm.service.j2"
 ENV_TEMPLATE = "vllm.env.j2"
 
@@ -218,15 +216,6 @@ def _plain(text: str, *, path: bool = True) -> str:
     return text.replace("%", "%%")
 
 
-def _env() -> Environment:
-    return Environment(
-        loader=FileSystemLoader(str(TEMPLATES)),
-        undefined=StrictUndefined,
-        keep_trailing_newline=True,
-        autoescape=False,
-    )
-
-
 def render_unit(
     settings: Any,
     *,
@@ -265,7 +254,8 @@ def render_unit(
              "--warmups", str(settings.vllm_warmup_requests),
              "--request-timeout", str(settings.vllm_warmup_timeout_s)]
     start = [python, "-m", SERVER_MODULE, *server_flags(settings, model_path, accepted)]
-    return _env().get_template(UNIT_TEMPLATE).render(
+    return render(
+        UNIT_TEMPLATE,
         model_name=_plain(settings.model_name, path=False),
         tp=tp,
         model_path=_plain(model_path),
@@ -305,7 +295,7 @@ def render_env(hf_token: str | None = None, api_key: str | None = None) -> str:
                 f"{name} is empty or has a quote, backslash or control character"
             )
         secrets.append((name, value))
-    return _env().get_template(ENV_TEMPLATE).render(secrets=secrets)
+    return render(ENV_TEMPLATE, secrets=secrets)
 
 
 def shm_problem(shm_bytes: int | None, min_mib: int) -> str | None:
