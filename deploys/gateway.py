@@ -40,14 +40,15 @@ if ctx.proceed("gateway"):
             ),
         )
 
-    # Refresh the package lists only when nginx is missing (read before the run: it
-    # decides whether this run installs it), so a converged host runs no apt-get update.
-    apt.packages(
-        name="Gateway: nginx installed",
-        packages=["nginx"],
-        update=not host.get_fact(DebPackage, package="nginx"),
-        no_recommends=True,
-    )
+    # Read once: a host with nginx needs no apt operation at all (no apt-get update, no
+    # package list read), one without gets it installed after a refresh.
+    if not host.get_fact(DebPackage, package="nginx"):
+        apt.packages(
+            name="Gateway: nginx installed",
+            packages=["nginx"],
+            update=True,
+            no_recommends=True,
+        )
 
     nginx_site.site(
         name="Gateway: nginx site and API keys (nginx -t before going live)",

@@ -11,23 +11,24 @@ disabled, the mode off on every GPU.
 """
 
 from pyinfra import host
-from pyinfra.operations import files, systemd
+from pyinfra.operations import systemd
 
 from deploys.context import context
-from operations import nvidia_persistence
+from operations import file_set, nvidia_persistence
 
 ctx = context(host)
 
 if ctx.proceed("persistence"):
     unit = nvidia_persistence.PERSISTENCED_UNIT
     if ctx.settings.persistence_mode:
-        override = files.put(
+        override = file_set.present(
             name="Persistence: nvidia-persistenced with persistence mode on",
-            src="templates/nvidia-persistenced-override.conf",
-            dest=nvidia_persistence.PERSISTENCED_DROP_IN,
-            user="root",
-            group="root",
-            mode="644",
+            files={
+                nvidia_persistence.PERSISTENCED_DROP_IN: (
+                    "templates/nvidia-persistenced-override.conf",
+                    "644",
+                )
+            },
         )
         systemd.daemon_reload(
             name="Persistence: reload systemd units", _if=override.did_change

@@ -9,13 +9,12 @@ blacklist drop-in that also covers packages installed later.
 
 from __future__ import annotations
 
-from io import StringIO
-
 from pyinfra import host
 from pyinfra.api import OperationValueError, QuoteString, StringCommand, operation
-from pyinfra.operations import apt, files
+from pyinfra.operations import apt
 
 from facts.nvidia import DriverPackages, HeldPackages
+from operations import file_set
 
 # Package name prefixes of the driver and CUDA: what is held and blacklisted.
 DRIVER_PACKAGE_PREFIXES = ("nvidia-", "libnvidia-", "cuda-")
@@ -120,6 +119,9 @@ def upgrade_blacklist(path: str = BLACKLIST_FILE, prefixes: list[str] | None = N
     + prefixes: package name prefixes (regular expressions matched from the start of
       the name) to blacklist (default: nvidia-, libnvidia-, cuda-)
 
+    Written through ``file_set.present`` (root:root 0644): one remote read when the
+    drop-in is in place.
+
     **Example:**
 
     .. code:: python
@@ -127,9 +129,8 @@ def upgrade_blacklist(path: str = BLACKLIST_FILE, prefixes: list[str] | None = N
         nvidia_driver.upgrade_blacklist(name="Blacklist the driver in unattended-upgrades")
     """
     content = render_blacklist(tuple(prefixes) if prefixes is not None else DRIVER_PACKAGE_PREFIXES)
-    yield from files.put._inner(
-        src=StringIO(content), dest=path, user="root", group="root", mode="644"
-    )
+    # One FileDigests read instead of files.put's File, Directory and Sha1File facts.
+    yield from file_set.present._inner(files={path: (content.encode(), "644")})
 
 
 def cuda_repo_distro(distro_name: str | None, major: int | None, minor: int | None = None) -> str:

@@ -10,19 +10,21 @@ reported, never claimed as applied, and never counted as a change.
 from __future__ import annotations
 
 import logging
+import posixpath
 from typing import Any
 
 import click
 
 from pyinfra import host
 from pyinfra.api import OperationValueError, QuoteString, StringCommand, operation
-from pyinfra.operations import files
 
 from facts.sysctl import KernelParam, normalize
+from operations import file_set
+from operations.templating import render
 
 logger = logging.getLogger("pyinfra")
 
-TEMPLATE = "templates/sysctl-vllm.conf.j2"
+TEMPLATE = "sysctl-vllm.conf.j2"  # in the suite's templates/
 
 # (host name, key, reason) already warned about in this process: the prepare and the
 # execute phase both run the operation, and the operator needs to read it once.
@@ -74,7 +76,9 @@ def drop_in(params: dict[str, Any], path: str, template: str = TEMPLATE):
 
     + params: ``{key: value}``, e.g. ``{"vm.swappiness": 1}``
     + path: the drop-in, e.g. ``/etc/sysctl.d/60-vllm.conf``
-    + template: jinja2 template of the drop-in (gets ``params`` as (key, value) pairs)
+    + template: jinja2 template of the drop-in in the suite's ``templates/`` directory
+      (gets ``params`` as (key, value) pairs); a path such as
+      ``templates/sysctl-vllm.conf.j2`` names the file by its basename there
 
     The file is rewritten when it differs (a hand edit is undone). Each key whose running
     value differs is set with ``sysctl -w``; a key the host cannot write (read-only
@@ -95,14 +99,13 @@ def drop_in(params: dict[str, Any], path: str, template: str = TEMPLATE):
         if not key or "/" in key or any(char.isspace() for char in key) or "\n" in str(value):
             raise OperationValueError(f"{key!r} = {value!r} is not a sysctl setting")
 
-    yield from files.template._inner(
-        src=template,
-        dest=path,
-        user="root",
-        group="root",
-        mode="644",
+    # Rendered here and kept by file_set.present (root:root 0644): one FileDigests read
+    # instead of files.template's File, Directory and Sha1File facts.
+    content = render(
+        posixpath.basename(template),
         params=[(key, normalize(value)) for key, value in params.items()],
     )
+    yield from file_set.present._inner(files={path: (content.encode(), "644")})
 
     current = {key: host.get_fact(KernelParam, key=key) for key in params}
     to_write, not_applied = plan_sysctl(params, current)

@@ -7,15 +7,16 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from jinja2 import Environment, FileSystemLoader, StrictUndefined
+from jinja2 import Environment, StrictUndefined
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
 
 
 @cache
 def _environment() -> Environment:
+    # No loader: templates are read with pathlib below (none includes another), which
+    # also works while pyinfra-testing patches os.path for an operation's test.
     return Environment(
-        loader=FileSystemLoader(str(TEMPLATES)),
         undefined=StrictUndefined,
         keep_trailing_newline=True,
         autoescape=False,
@@ -24,4 +25,5 @@ def _environment() -> Environment:
 
 def render(template: str, **values: Any) -> str:
     """``templates/<template>`` rendered with ``values``."""
-    return _environment().get_template(template).render(**values)
+    text = (TEMPLATES / template).read_text(encoding="utf-8")
+    return _environment().from_string(text).render(**values)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 
 import pytest
-from jinja2 import Environment
 from pyinfra.api import OperationValueError
 
 from deploys.settings import SettingsError, validate
@@ -20,7 +19,8 @@ from operations.nvidia_driver import (
     unheld_packages,
 )
 from operations.nvidia_mig import busy_gpus, busy_reason, mig_disabled_on, plan_mig
-from operations.sysctl import drop_in_path, plan_sysctl
+from operations.sysctl import TEMPLATE, drop_in_path, plan_sysctl
+from operations.templating import render
 from operations.xfs_volume import (
     describe_signature,
     fstab_options,
@@ -194,10 +194,8 @@ def test_sysctl_paths_and_values():
 
 
 def test_sysctl_template_renders_one_line_per_key():
-    # The environment pyinfra's files.template uses (keep_trailing_newline).
-    with open("templates/sysctl-vllm.conf.j2") as handle:
-        template = Environment(keep_trailing_newline=True).from_string(handle.read())
-    text = template.render(params=[("vm.swappiness", "1"), ("net.core.somaxconn", "65535")])
+    # The renderer operations/sysctl.py drop_in uses (strict, keep_trailing_newline).
+    text = render(TEMPLATE, params=[("vm.swappiness", "1"), ("net.core.somaxconn", "65535")])
     body = [line for line in text.splitlines() if not line.startswith("#")]
     assert body == ["vm.swappiness = 1", "net.core.somaxconn = 65535"]
     assert text.endswith("65535\n")
