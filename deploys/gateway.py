@@ -16,10 +16,10 @@ import logging
 import click
 from pyinfra import host
 from pyinfra.facts.deb import DebPackage
-from pyinfra.operations import apt, systemd
+from pyinfra.operations import apt
 
 from deploys.context import context
-from operations import file_set, nginx_site
+from operations import file_set, nginx_site, units
 from operations.templating import render
 
 logger = logging.getLogger("pyinfra")
@@ -65,12 +65,7 @@ if ctx.proceed("gateway"):
         keys_content=nginx_site.render_keys_map(keys),
     )
 
-    systemd.service(
-        name="Gateway: nginx enabled and running",
-        service="nginx",
-        running=True,
-        enabled=True,
-    )
+    units.enabled_and_running(name="Gateway: nginx enabled and running", unit="nginx.service")
 
     scrape_job = render(
         "prometheus-vllm-scrape.yml.j2",

@@ -14,7 +14,7 @@ from pyinfra import host
 from pyinfra.operations import systemd
 
 from deploys.context import context
-from operations import file_set, nvidia_persistence
+from operations import file_set, nvidia_persistence, units
 
 ctx = context(host)
 
@@ -42,11 +42,9 @@ if ctx.proceed("persistence"):
             restarted=True,
             _if=override.did_change,
         )
-        systemd.service(
+        units.enabled_and_running(
             name="Persistence: nvidia-persistenced enabled and running",
-            service=unit,
-            running=True,
-            enabled=True,
+            unit=unit,
         )
     else:
         systemd.service(
