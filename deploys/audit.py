@@ -23,14 +23,16 @@ from pyinfra import host, state
 
 from deploys.audit_report import host_plan, model_plans, record, summarize
 from deploys.context import context
-from deploys.gates import registry_on_host
+from deploys.gates import installed_registry
 
 # The audit reads a host without a model lock too (it then says so); deploys/full.py,
 # when it runs first in the same process, has already required one.
 ctx = context(host, lock_required=False)
 entry = summarize(host.name, ctx.state, ctx.settings)
 entry.update(host_plan(state, host, ctx.refused))
-registry = registry_on_host(ctx.environments(host), ctx.settings) if ctx.lock else None
+registry = (
+    installed_registry(ctx.environments(host), ctx.environment_path) if ctx.lock else None
+)
 plans = model_plans(ctx.settings, ctx.lock, ctx.state, registry)
 entry.update(
     compatibility=plans["compatibility"],

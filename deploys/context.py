@@ -15,6 +15,7 @@ from deploys.host_state import collect
 from deploys.locks import load_lock
 from deploys.settings import Settings, load_settings
 from facts.python_env import VllmEnvironments
+from operations import python_env
 
 _CONTEXTS: dict[str, HostContext] = {}
 
@@ -43,6 +44,17 @@ class HostContext:
                 VllmEnvironments, root=self.settings.python_env_root
             )
         return self.environments_read
+
+    @property
+    def environment_path(self) -> str:
+        """Where this host's environment for the settings' stack and manager lives."""
+        settings = self.settings
+        return python_env.environment_path(
+            settings.python_env_root,
+            settings.stack,
+            settings.python_env_manager,
+            python_env.interpreter(settings.python_env_manager, settings.stack),
+        )
 
     def proceed(self, stage: str) -> bool:
         """Should ``stage`` add its operations for this host?"""

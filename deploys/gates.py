@@ -15,7 +15,6 @@ from deploys.checks import check
 from deploys.compat import check_architecture
 from deploys.locks import safetensors_bytes
 from deploys.settings import Settings
-from operations import python_env
 
 
 def gpu_memory_mib(state: dict[str, Any], settings: Settings) -> int:
@@ -75,18 +74,6 @@ def model_gates(
         capacity_check,
     ]
     return {"checks": checks, "capacity": capacity}
-
-
-def registry_on_host(environments: dict[str, Any], settings: Settings) -> list[str] | None:
-    """The registry of the environment for these settings among the host's
-    (facts.python_env.VllmEnvironments)."""
-    path = python_env.environment_path(
-        settings.python_env_root,
-        settings.stack,
-        settings.python_env_manager,
-        python_env.interpreter(settings.python_env_manager, settings.stack),
-    )
-    return installed_registry(environments, path)
 
 
 def installed_registry(environments: dict[str, Any], path: str) -> list[str] | None:

@@ -14,7 +14,7 @@ were read before the reboot.
 
 from pyinfra import host, logger
 
-from deploys.checks import check_host
+from deploys.audit_report import summarize
 from deploys.context import context
 from deploys.gates import model_gates
 from deploys.textfile import metrics_text
@@ -28,15 +28,15 @@ if ctx.proceed("metrics") and ctx.stale:
                     "next run writes them", fg="yellow", log_func=logger.warning)
 elif ctx.proceed("metrics"):
     settings = ctx.settings
-    checks = check_host(ctx.state, settings)
+    # The audit's own reading of the host: the same checks and versions it reports.
+    summary = summarize(host.name, ctx.state, settings)
+    checks = summary["checks"]
     capacity = None
     if ctx.lock is not None:
         gates = model_gates(settings, ctx.lock, ctx.state)
         checks += gates["checks"]
         capacity = gates["capacity"]
-    driver = (ctx.state.get("driver") or {}).get("driver_version") or (
-        ctx.state.get("kernel_module") or {}
-    ).get("version")
+    driver = summary["summary"]["driver_version"]
     info = {
         "vllm": settings.vllm_version,
         "cuda_build": settings.stack["cuda"],

@@ -15,7 +15,7 @@ from pyinfra import host, logger
 
 from deploys.checks import blocking, check_host
 from deploys.context import context
-from deploys.gates import model_gates, registry_on_host
+from deploys.gates import installed_registry, model_gates
 from operations import gate
 
 ctx = context(host)
@@ -24,7 +24,7 @@ if ctx.proceed("preflight"):
     settings = ctx.settings
     checks = check_host(ctx.state, settings)
     if ctx.lock is not None:
-        registry = registry_on_host(ctx.environments(host), settings)
+        registry = installed_registry(ctx.environments(host), ctx.environment_path)
         checks += model_gates(settings, ctx.lock, ctx.state, registry)["checks"]
     for check in checks:
         if check["ok"] is False and check["severity"] == "warning":

@@ -32,7 +32,7 @@ if ctx.proceed("python_env"):
                  "proxy": settings.http_proxy}
 
     python = python_env.interpreter(manager, stack)
-    path = python_env.environment_path(root, stack, manager, python)
+    path = ctx.environment_path
     # What building needs (Miniforge, or python3 in range with venv, and uv) matters only
     # when there is something to build: a proven environment costs no reads for it.
     build = not python_env.proven(ctx.environments(host), path, stack)

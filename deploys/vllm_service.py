@@ -17,18 +17,13 @@ from deploys.context import context
 from facts.nvidia import tp_link_verdict
 from facts.python_env import MARKER
 from facts.storage import FilesystemSize
-from operations import accounts, file_set, gate, model, python_env, vllm_service
+from operations import accounts, file_set, gate, model, vllm_service
 
 ctx = context(host)
 
 if ctx.proceed("vllm_service"):
     settings = ctx.settings
-    env_path = python_env.environment_path(
-        settings.python_env_root,
-        settings.stack,
-        settings.python_env_manager,
-        python_env.interpreter(settings.python_env_manager, settings.stack),
-    )
+    env_path = ctx.environment_path
     python = f"{env_path}/bin/python"
     model_path = model.model_path(settings.model_dir, settings.model_id)
     # The GPUs preflight judged: the NVLink-joined set when there is one.

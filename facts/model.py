@@ -11,8 +11,9 @@ from typing_extensions import override
 
 from pyinfra.api import FactBase, QuoteString, StringCommand
 
-VERIFIED_NAME = ".verified.json"  # files/fetch_model.py VERIFIED_NAME
-INCOMING = ".incoming"  # files/fetch_model.py INCOMING
+# The downloader's own names for its record and its download area.
+from files.fetch_model import INCOMING, VERIFIED_NAME
+
 
 
 def mtime_ns(text: str) -> int:

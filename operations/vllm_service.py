@@ -29,6 +29,7 @@ from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, OperationValueError, QuoteString, StringCommand, operation
 
 from facts.services import UnitActivation
+from files.vllm_probe import server_flags as server_flags_in_help
 from operations.templating import render
 
 UNIT_TEMPLATE = "vllm.service.j2"
@@ -60,7 +61,6 @@ RESTART_STEPS_SINCE = 254
 # Characters systemd would read as something else inside a quoted word: \ and " are
 # escaped; % starts a specifier (%%); $ starts a variable in Exec*= lines ($$).
 _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
-_OPTION_RE = re.compile(r"(?<![\w-])--[A-Za-z0-9][\w-]*")
 _PATH_UNSAFE_RE = re.compile(r"[\s\"'\\]")
 
 
@@ -152,8 +152,9 @@ def server_flags(settings: Any, model_path: str, accepted: set[str] | None = Non
 
 
 def help_flags(help_text: str) -> set[str]:
-    """Every ``--option`` named in a server's ``--help`` output (newer vLLM: ``--help=all``)."""
-    return set(_OPTION_RE.findall(help_text))
+    """Every ``--option`` named in a server's ``--help`` output (newer vLLM: ``--help=all``):
+    the parser the probe records the installed server's flags with."""
+    return set(server_flags_in_help(help_text))
 
 
 def unknown_flags(flags: Iterable[str], accepted: set[str]) -> list[str]:
