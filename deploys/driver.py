@@ -1,86 +1,10 @@
 """Driver: install the pinned branch on a host without one, and keep it from drifting.
 
-A host without a driver (no kernel module loaded, no driver package installed) gets
-``nvidia-headless-<branch>`` and ``nvidia-utils-<branch>`` from the distribution (or
-from the ``nvidia_apt_repo`` source). The kernel module of a new driver loads only
-after a reboot: with ``allow_reboot`` the host is rebooted and the run goes on,
-otherwise the host stops with "reboot required". A host whose driver packages are
-installed but whose module is not loaded (installed by an earlier run, not rebooted
-yet) gets the same verdict without a second install.
-
-Every host with a driver gets its NVIDIA and CUDA packages held (``apt-mark hold``) and
-an unattended-upgrades blacklist drop-in, so an upgrade never swaps the userspace under
-the loaded module ("Driver/library version mismatch"). The CUDA toolkit, from NVIDIA's
-repository, only with ``install_cuda_toolkit``.
-
     pyinfra inventory.py deploys/driver.py
+
+The stage itself: pyinfra_vllm/stages/driver.py.
 """
 
-from pyinfra import host
-from pyinfra.operations import apt, server
+from pyinfra_vllm.stages.driver import driver
 
-from deploys.context import context
-from operations import gate, nvidia_driver
-
-ctx = context(host)
-
-if ctx.proceed("driver"):
-    settings = ctx.settings
-    branch = settings.nvidia_driver_branch
-    module_loaded = ctx.state.get("kernel_module") is not None
-    installed = bool(ctx.state.get("driver_packages"))
-    reboot_reason = (
-        f"driver {branch} installed; reboot required to load its kernel module; re-run "
-        "after rebooting or set allow_reboot=true"
-    )
-
-    install = None
-    if not module_loaded and not installed:
-        if settings.nvidia_apt_repo is not None:
-            apt.repo(
-                name="Driver: apt source for the NVIDIA packages",
-                src=nvidia_driver.apt_source_line(settings.nvidia_apt_repo),
-                filename="pyinfra-vllm-nvidia",
-            )
-        install = apt.packages(
-            name=f"Driver: install nvidia-headless-{branch}",
-            packages=nvidia_driver.driver_packages(branch),
-            update=True,
-            no_recommends=True,
-        )
-
-    if settings.install_cuda_toolkit:
-        distro = ctx.state.get("os") or {}
-        nvidia_driver.cuda_toolkit(
-            name=f"Driver: CUDA toolkit {settings.stack['cuda']}",
-            cuda_version=settings.stack["cuda"],
-            repo_distro=nvidia_driver.cuda_repo_distro(
-                distro.get("name"), distro.get("major"), distro.get("minor")
-            ),
-        )
-
-    nvidia_driver.upgrade_blacklist(name="Driver: keep unattended-upgrades off the driver")
-    nvidia_driver.packages_held(name="Driver: hold the NVIDIA and CUDA packages")
-
-    if not module_loaded and (install is not None or installed):
-        if settings.allow_reboot:
-            # A fresh install reboots only if apt really installed something; packages
-            # installed by an earlier run (module still not loaded) reboot at once.
-            reboot_if = {"_if": install.did_change} if install is not None else {}
-            ctx.stale = True
-            server.reboot(
-                name="Driver: reboot to load the new kernel module",
-                reboot_timeout=900,
-                **reboot_if,
-            )
-        else:
-            if install is None:
-                reboot_reason = (
-                    "driver packages are installed but no NVIDIA kernel module is loaded; "
-                    "reboot required; re-run after rebooting or set allow_reboot=true"
-                )
-            # Later stages add nothing for this host; the reason is printed when the
-            # refusal runs, after the install.
-            ctx.refused = [reboot_reason]
-            gate.refuse(name="Driver: reboot required", reasons=ctx.refused)
-
+driver()

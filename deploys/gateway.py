@@ -1,79 +1,10 @@
 """Gateway: nginx in front of the engine, with API keys, streaming and a safe reload.
 
-nginx from the distribution; the site (``/etc/nginx/conf.d/vllm.conf``) and the key map
-(``/etc/nginx/vllm-api-keys.conf``, 0600) go live only after ``nginx -t`` passes, and
-nginx is reloaded only when one of them changed (operations/nginx_site.py). The keys are
-never printed: no diff, no command line, no log line carries them. A Prometheus scrape
-job for the engine's metrics is written to ``/etc/prometheus/scrape.d/vllm.yml``.
-
     pyinfra inventory.py deploys/gateway.py
+
+The stage itself: pyinfra_vllm/stages/gateway.py.
 """
 
-from __future__ import annotations
+from pyinfra_vllm.stages.gateway import gateway
 
-import logging
-
-import click
-from pyinfra import host
-from pyinfra.facts.deb import DebPackage
-from pyinfra.operations import apt
-
-from deploys.context import context
-from operations import file_set, nginx_site, units
-from operations.templating import render
-
-logger = logging.getLogger("pyinfra")
-
-ctx = context(host)
-
-if ctx.proceed("gateway"):
-    settings = ctx.settings
-    keys = [key.get_secret_value() for key in settings.api_keys]
-    if not keys:
-        logger.warning(
-            "%s%s",
-            host.print_prefix,
-            click.style(
-                "warning: api_keys is empty: the gateway's API key check is OFF, "
-                f"anyone who reaches port {settings.gateway_port} can use /v1/",
-                fg="yellow",
-            ),
-        )
-
-    # Read once: a host with nginx needs no apt operation at all (no apt-get update, no
-    # package list read), one without gets it installed after a refresh.
-    if not host.get_fact(DebPackage, package="nginx"):
-        apt.packages(
-            name="Gateway: nginx installed",
-            packages=["nginx"],
-            update=True,
-            no_recommends=True,
-        )
-
-    nginx_site.site(
-        name="Gateway: nginx site and API keys (nginx -t before going live)",
-        site_content=nginx_site.render_site(
-            vllm_host=settings.vllm_host,
-            vllm_port=settings.vllm_port,
-            gateway_port=settings.gateway_port,
-            metrics_allow=settings.metrics_allow,
-            body_mib=settings.gateway_max_body_mib
-            or nginx_site.body_limit_mib(settings.max_model_len),
-            proxy_timeout_s=settings.gateway_proxy_timeout_s,
-            extra_directives=settings.gateway_extra_directives,
-        ),
-        keys_content=nginx_site.render_keys_map(keys),
-    )
-
-    units.enabled_and_running(name="Gateway: nginx enabled and running", unit="nginx.service")
-
-    scrape_job = render(
-        "prometheus-vllm-scrape.yml.j2",
-        gateway_port=settings.gateway_port,
-        metrics_allow=settings.metrics_allow,
-        instance=host.name,
-    )
-    file_set.present(
-        name="Gateway: Prometheus scrape job for vLLM",
-        files={"/etc/prometheus/scrape.d/vllm.yml": (scrape_job.encode(), "644")},
-    )
+gateway()

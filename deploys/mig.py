@@ -1,28 +1,10 @@
 """MIG: off on every GPU, so vLLM's tensor parallelism gets whole GPUs.
 
-Follows mig-parted: read the current and pending mode; GPUs already disabled get no
-command; otherwise our vLLM service is stopped (when it exists and runs), a GPU used by
-any other process stops the host with the PIDs before anything changes, and idle GPUs
-get ``nvidia-smi -i N -mig 0`` and ``nvidia-smi -i N -r``, then a check that the mode
-took effect. Still pending after the reset: reboot (``allow_reboot``) or stop the host
-with "reboot required". The operation reads the GPUs when it runs, so it also works
-after the driver stage rebooted a fresh host.
-
     pyinfra inventory.py deploys/mig.py
+
+The stage itself: pyinfra_vllm/stages/mig.py.
 """
 
-from pyinfra import host
+from pyinfra_vllm.stages.mig import mig
 
-from deploys.context import context
-from operations import nvidia_mig
-
-ctx = context(host)
-
-if ctx.proceed("mig"):
-    # mig_mode allows only "disabled" (vLLM tensor parallelism needs whole GPUs).
-    nvidia_mig.mig_disabled(
-        name="MIG: disabled on every GPU",
-        service=nvidia_mig.VLLM_UNIT,
-        allow_reboot=ctx.settings.allow_reboot,
-        gpus=ctx.state.get("gpus"),
-    )
+mig()

@@ -1,31 +1,10 @@
 """Model volume: XFS for the weights, mounted with noatime at model_dir, in fstab by UUID.
 
-With ``model_volume_device`` set: a device carrying nothing is formatted only with
-``model_volume_mkfs``; a device carrying anything but XFS stops the host, untouched.
-The fstab line (``UUID=... <model_dir> xfs noatime,nofail 0 0``) is verified with
-``findmnt --verify`` before it replaces /etc/fstab. Without a device, ``model_dir`` is
-just a directory on the root file system.
-
     pyinfra inventory.py deploys/model_volume.py
+
+The stage itself: pyinfra_vllm/stages/model_volume.py.
 """
 
-from pyinfra import host
-from pyinfra.operations import files
+from pyinfra_vllm.stages.model_volume import model_volume
 
-from deploys.context import context
-from operations import xfs_volume
-
-ctx = context(host)
-
-if ctx.proceed("model_volume"):
-    settings = ctx.settings
-    if settings.model_volume_device is None:
-        files.directory(name="Model volume: model directory", path=settings.model_dir)
-    else:
-        xfs_volume.mounted(
-            name="Model volume: XFS mounted at the model directory",
-            device=settings.model_volume_device,
-            path=settings.model_dir,
-            options=list(settings.model_volume_mount_options),
-            mkfs=settings.model_volume_mkfs,
-        )
+model_volume()

@@ -1,59 +1,10 @@
 """Persistence: the nvidia-persistenced daemon keeps every GPU initialised.
 
-With ``persistence_mode`` (default true) the daemon is started with persistence mode on
-(a drop-in replaces Ubuntu's ``--no-persistence-mode``), enabled for boot and running;
-then every GPU is checked, and a GPU still showing Disabled gets ``nvidia-smi -pm 1``
-(through the daemon) and a verification that fails the host with a readable message.
-A converged host: no change. ``persistence_mode`` false: the daemon stopped and
-disabled, the mode off on every GPU.
-
     pyinfra inventory.py deploys/persistence.py
+
+The stage itself: pyinfra_vllm/stages/persistence.py.
 """
 
-from pyinfra import host
-from pyinfra.operations import systemd
+from pyinfra_vllm.stages.persistence import persistence
 
-from deploys.context import context
-from operations import file_set, nvidia_persistence, units
-
-ctx = context(host)
-
-if ctx.proceed("persistence"):
-    unit = nvidia_persistence.PERSISTENCED_UNIT
-    if ctx.settings.persistence_mode:
-        override = file_set.present(
-            name="Persistence: nvidia-persistenced with persistence mode on",
-            files={
-                nvidia_persistence.PERSISTENCED_DROP_IN: (
-                    "templates/nvidia-persistenced-override.conf",
-                    "644",
-                )
-            },
-        )
-        systemd.daemon_reload(
-            name="Persistence: reload systemd units", _if=override.did_change
-        )
-        # A new command line takes effect on a restart (which also starts a stopped
-        # daemon); placed first, a fresh host's daemon is started once, not twice.
-        systemd.service(
-            name="Persistence: restart nvidia-persistenced with its new command line",
-            service=unit,
-            running=True,
-            restarted=True,
-            _if=override.did_change,
-        )
-        units.enabled_and_running(
-            name="Persistence: nvidia-persistenced enabled and running",
-            unit=unit,
-        )
-    else:
-        systemd.service(
-            name="Persistence: nvidia-persistenced stopped and disabled",
-            service=unit,
-            running=False,
-            enabled=False,
-        )
-    nvidia_persistence.persistence_mode(
-        name=f"Persistence: mode {'on' if ctx.settings.persistence_mode else 'off'} on every GPU",
-        enabled=ctx.settings.persistence_mode,
-    )
+persistence()

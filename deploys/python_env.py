@@ -1,91 +1,10 @@
 """Python environment: vLLM and torch, pinned by the stack, in an environment of their own.
 
-The manager (python_env_manager) provides Python: conda installs the stack's Python
-version from conda-forge (Miniforge, pinned by version and sha256, under
-python_env_root); uv and venv use the host's python3, which must be inside the stack's
-python_range. pip (or uv) then installs the stack's exact pins. A new stack is built
-beside the old one and ``current`` moves to it only after vLLM imported and its OpenAI
-server answered ``--help``; the old environment stays for rollback.
-
     pyinfra inventory.py deploys/python_env.py
+
+The stage itself: pyinfra_vllm/stages/python_env.py.
 """
 
-from pyinfra import host, logger
-from pyinfra.facts.deb import DebPackage
-from pyinfra.facts.server import Arch
-from pyinfra.operations import apt, files
+from pyinfra_vllm.stages.python_env import python_env
 
-from deploys.context import context
-from deploys.stacks import INSTALLERS
-from facts.python_env import HostPython
-from operations import gate, python_env
-
-ctx = context(host)
-
-
-if ctx.proceed("python_env"):
-    settings = ctx.settings
-    stack = settings.stack
-    root = settings.python_env_root
-    manager = settings.python_env_manager
-    downloads = {"index_url": settings.pip_index_url, "ca_bundle": settings.pip_ca_bundle,
-                 "proxy": settings.http_proxy}
-
-    python = python_env.interpreter(manager, stack)
-    path = ctx.environment_path
-    # What building needs (Miniforge, or python3 in range with venv, and uv) matters only
-    # when there is something to build: a proven environment costs no reads for it.
-    build = not python_env.proven(ctx.environments(host), path, stack)
-    if build and manager == "conda":
-        pin = INSTALLERS["miniforge"]
-        arch = host.get_fact(Arch)
-        python_env.miniforge(
-            name=f"Python env: Miniforge {pin['version']} (sha256-checked)",
-            root=root,
-            version=pin["version"],
-            sha256=pin["sha256"].get(arch, ""),
-            url=pin["url"].format(version=pin["version"], arch=arch),
-            ca_bundle=settings.pip_ca_bundle,
-            proxy=settings.http_proxy,
-        )
-    elif build:
-        problem = python_env.python_problem(
-            host.get_fact(HostPython), stack["python_range"], manager
-        )
-        if problem:
-            ctx.refused.append(f"python_env: {problem}")
-            host.log_styled(ctx.refused[-1], fg="red", log_func=logger.error)
-            gate.refuse(name="Python env: host refused", reasons=ctx.refused)
-        else:
-            # python3 -m venv needs ensurepip, which Debian and Ubuntu ship apart.
-            apt.packages(
-                name="Python env: python3-venv installed",
-                packages=["python3-venv"],
-                update=not host.get_fact(DebPackage, package="python3-venv"),
-                no_recommends=True,
-            )
-            if manager == "uv":
-                python_env.uv(
-                    name=f"Python env: uv {INSTALLERS['uv']['version']}",
-                    root=root,
-                    version=INSTALLERS["uv"]["version"],
-                    environments=ctx.environments(host),
-                    **downloads,
-                )
-
-    if not ctx.refused:
-        python_env.environment(
-            name=f"Python env: vLLM {stack['vllm']} (torch {stack['torch']}, CUDA "
-            f"{stack['cuda']}) built and proven",
-            root=root,
-            stack=stack,
-            manager=manager,
-            python=python,
-            environments=ctx.environments(host),
-            **downloads,
-        )
-        files.link(
-            name="Python env: current environment",
-            path=f"{root}/current",
-            target=path,
-        )
+python_env()

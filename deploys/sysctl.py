@@ -1,23 +1,10 @@
 """Sysctl: kernel parameters for a long-context server, persisted and applied.
 
-The ``sysctl`` setting is written to ``/etc/sysctl.d/<sysctl_file_priority>-vllm.conf``
-(a drop-in, not /etc/sysctl.conf) and each key whose running value drifted is set back
-with ``sysctl -w``. A key this host cannot write (a container's read-only /proc/sys) is
-persisted and reported as NOT applied, with its name, and counts as no change.
-
     pyinfra inventory.py deploys/sysctl.py
+
+The stage itself: pyinfra_vllm/stages/sysctl.py.
 """
 
-from pyinfra import host
+from pyinfra_vllm.stages.sysctl import sysctl
 
-from deploys.context import context
-from operations import sysctl
-
-ctx = context(host)
-
-if ctx.proceed("sysctl"):
-    sysctl.drop_in(
-        name="Sysctl: kernel parameters persisted and applied",
-        params=dict(ctx.settings.sysctl),
-        path=sysctl.drop_in_path(ctx.settings.sysctl_file_priority),
-    )
+sysctl()

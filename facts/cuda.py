@@ -5,9 +5,8 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-from typing_extensions import override
-
 from pyinfra.api import FactBase
+from typing_extensions import override
 
 # Where NVIDIA's packages and runfile put the toolkit; its bin/ is often not on PATH
 # for non-login shells (which is how pyinfra runs commands).

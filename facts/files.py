@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from typing_extensions import override
-
 from pyinfra.api import FactBase, QuoteString, StringCommand
+from typing_extensions import override
 
 
 class FileDigests(FactBase[dict[str, dict[str, str] | None]]):

@@ -3,7 +3,7 @@
 Each fact in ``facts.nvidia`` and ``facts.cuda`` is one round trip; read one by one,
 the ten of them cost ten. ``GpuHostState`` runs their commands in one shell, each
 output behind a section marker, and hands each section to that fact's own parser, so
-the values are the same as the single facts give (tests/unit/test_gpu_host_state.py
+the values are the same as the single facts give (tests/unit/test_gpu_host.py
 checks this on the real H200 capture).
 """
 
@@ -11,28 +11,19 @@ from __future__ import annotations
 
 from typing import Any
 
+from pyinfra.api import FactBase
 from typing_extensions import override
 
-from pyinfra.api import FactBase
-
 from facts.cuda import CudaToolkit
-from facts.nvidia import (
-    DriverInfo,
-    DriverPackages,
-    GpuInventory,
-    GpuProcesses,
-    GpuTopology,
-    KernelModule,
-    NvlinkStatus,
-    NvmlError,
-    parse_held_dpkg,
-)
+from facts.driver import DriverInfo, DriverPackages, KernelModule, NvmlError, parse_held_dpkg
+from facts.gpus import GpuInventory, GpuProcesses
+from facts.topology import GpuTopology, NvlinkStatus
 
 SECTION_MARKER = "##SECTION "
 END_MARKER = "##END"
 
 # Section name: (fact, binary the fact needs or None). The section names are the keys
-# of the returned dict, and of deploys.host_state.collect's.
+# of the returned dict, and of pyinfra_vllm.context.collect's.
 SECTIONS: dict[str, tuple[type[FactBase], str | None]] = {
     "kernel_module": (KernelModule, None),
     "driver_packages": (DriverPackages, "dpkg-query"),

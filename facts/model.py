@@ -7,13 +7,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from pyinfra.api import FactBase, QuoteString, StringCommand
 from typing_extensions import override
 
-from pyinfra.api import FactBase, QuoteString, StringCommand
-
 # The downloader's own names for its record and its download area.
-from files.fetch_model import INCOMING, VERIFIED_NAME
-
+from pyinfra_vllm.model_files import INCOMING, VERIFIED_NAME
 
 
 def mtime_ns(text: str) -> int:

@@ -14,9 +14,8 @@ import json
 import re
 from typing import Any
 
-from typing_extensions import override
-
 from pyinfra.api import FactBase, QuoteString, StringCommand
+from typing_extensions import override
 
 MARKER = "pyinfra-vllm-env.json"
 _DIST = re.compile(r"/site-packages/(?P<name>[A-Za-z0-9_.]+)-(?P<version>[^/-]+)\.dist-info$")

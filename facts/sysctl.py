@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from typing_extensions import override
-
 from pyinfra.api import FactBase, QuoteString, StringCommand
+from typing_extensions import override
 
 
 def proc_sys_path(key: str) -> str:

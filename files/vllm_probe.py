@@ -44,7 +44,6 @@ def probe() -> dict:
 
     import torch  # noqa: F401 - importing it is part of the proof
     import vllm  # noqa: F401
-
     from vllm.model_executor.models import ModelRegistry
 
     # The server's --help imports the whole OpenAI front end, as the unit will.

@@ -1,11 +1,11 @@
 """Fleet-wide settings: the values every host gets unless its group or itself says else.
 
-Only what differs from the defaults in deploys/settings.py belongs here; each key is
+Only what differs from the defaults in pyinfra_vllm/settings.py belongs here; each key is
 validated there before any operation runs (README.md, section Settings).
 """
 
 # The seed's engine recipe (two A100 80GB, TP=2, BF16, 128K context) is the default in
-# deploys/settings.py, so nothing is repeated here. Typical site overrides:
+# pyinfra_vllm/settings.py, so nothing is repeated here. Typical site overrides:
 #
 # pip_index_url = "https://pypi.mirror.example.internal/simple"
 # pip_ca_bundle = "/usr/local/share/ca-certificates/corp-root.crt"

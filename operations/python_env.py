@@ -12,7 +12,7 @@ An environment's name carries a hash of its requirements, manager and interprete
 a change to any of them builds a new one beside the old, which stays for rollback
 (switching back is a change of the ``current`` link only). vLLM and torch always come
 from pip (never conda's torch, which links NCCL statically: vllm #8420), exactly as
-pinned by the stack row (deploys/stacks.py).
+pinned by the stack row (pyinfra_vllm/stacks.py).
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ import hashlib
 from pyinfra import host
 from pyinfra.api import FileUploadCommand, QuoteString, StringCommand, operation
 
-from facts.nvidia import version_tuple
 from facts.python_env import MARKER, VllmEnvironments
+from pyinfra_vllm.versions import version_tuple
 
 
 def python_problem(found: str | None, python_range: list[str], manager: str) -> str | None:
@@ -189,7 +189,7 @@ def environment(root: str, stack: dict, manager: str, python: str,
     Build the environment of one stack and prove it works; never touch a working one.
 
     + root: python_env_root
-    + stack: the stack row (deploys/stacks.py): vllm version and pins
+    + stack: the stack row (pyinfra_vllm/stacks.py): vllm version and pins
     + manager: ``conda``, ``uv`` or ``venv``
     + python: conda: the Python version to install (``3.10``); uv/venv: the interpreter
       (``python3``, already checked against the stack's python_range)

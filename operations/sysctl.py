@@ -14,13 +14,12 @@ import posixpath
 from typing import Any
 
 import click
-
 from pyinfra import host
 from pyinfra.api import OperationValueError, QuoteString, StringCommand, operation
 
 from facts.sysctl import KernelParam, normalize
 from operations import file_set
-from operations.templating import render
+from pyinfra_vllm.templating import render
 
 logger = logging.getLogger("pyinfra")
 

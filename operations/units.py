@@ -1,7 +1,7 @@
 """A systemd unit enabled at boot and running, read with one fact.
 
 pyinfra's ``systemd.service`` reads two facts (SystemdStatus, SystemdEnabled), a remote
-round trip each, on every run; facts.services.UnitActivation reads both states in one
+round trip each, on every run; facts.units.UnitActivation reads both states in one
 ``systemctl show``.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, operation
 
-from facts.services import UnitActivation
+from facts.units import UnitActivation
 
 
 @operation()

@@ -28,9 +28,8 @@ from typing import Any
 from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, OperationValueError, QuoteString, StringCommand, operation
 
-from facts.services import UnitActivation
-from files.vllm_probe import server_flags as server_flags_in_help
-from operations.templating import render
+from facts.units import UnitActivation
+from pyinfra_vllm.templating import render
 
 UNIT_TEMPLATE = "vllm.service.j2"
 ENV_TEMPLATE = "vllm.env.j2"
@@ -91,7 +90,7 @@ def exec_command(argv: Sequence[str], *, continued: bool = False) -> str:
     if not continued:
         return " ".join(words)
     groups: list[list[str]] = [[]]
-    for arg, word in zip(argv, words):
+    for arg, word in zip(argv, words, strict=True):
         if arg.startswith("--") and groups[-1]:
             groups.append([])
         groups[-1].append(word)
@@ -116,10 +115,10 @@ def _bool_flag(name: str, value: bool, accepted: set[str] | None, explicit_false
 def server_flags(settings: Any, model_path: str, accepted: set[str] | None = None) -> list[str]:
     """The arguments of ``python -m vllm.entrypoints.openai.api_server`` for ``settings``.
 
-    + settings: a validated ``deploys.settings.Settings``
+    + settings: a validated ``pyinfra_vllm.settings.Settings``
     + model_path: directory of the downloaded model on the host (``--model``)
-    + accepted: the installed server's options (``help_flags``), to pick a spelling where
-      vLLM releases differ; None renders for vLLM 0.6.3
+    + accepted: the installed server's options (the flags files/vllm_probe.py
+      records), to pick a spelling where vLLM releases differ; None renders for 0.6.3
 
     Chunked prefill is always explicit: 0.6.3 turns it on by itself above 32K tokens, so
     "off" must be said (``--enable-chunked-prefill=false``). Request logging is off where
@@ -149,12 +148,6 @@ def server_flags(settings: Any, model_path: str, accepted: set[str] | None = Non
     if accepted is None or "--disable-log-requests" in accepted:
         flags.append("--disable-log-requests")
     return flags
-
-
-def help_flags(help_text: str) -> set[str]:
-    """Every ``--option`` named in a server's ``--help`` output (newer vLLM: ``--help=all``):
-    the parser the probe records the installed server's flags with."""
-    return set(server_flags_in_help(help_text))
 
 
 def unknown_flags(flags: Iterable[str], accepted: set[str]) -> list[str]:
@@ -231,11 +224,12 @@ def render_unit(
 ) -> str:
     """The unit file ``vllm.service``.
 
-    + settings: a validated ``deploys.settings.Settings``
+    + settings: a validated ``pyinfra_vllm.settings.Settings``
     + python: the stack environment's interpreter, e.g. ``/opt/vllm/<env>/bin/python``
     + model_path: directory of the downloaded model (``--model``; ``RequiresMountsFor=``)
     + devices: NVML/CUDA indexes of the GPUs to use; default the first tensor_parallel_size
-    + accepted: the installed server's options (``help_flags``), see ``server_flags``
+    + accepted: the installed server's options (the flags files/vllm_probe.py
+      records), see ``server_flags``
     + guard_path, ready_path: where the deploy put files/gpu_guard.py and files/wait_ready.py
     + env_path: the secret EnvironmentFile
     + systemd_version: the host's systemd; RestartSteps= only from 254 on

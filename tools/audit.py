@@ -9,7 +9,7 @@ Runs, from the repository root, one read-only pyinfra run:
 pyinfra prepares every stage of deploys/full.py for every host (facts are read, nothing
 is executed: ``--dry``), then deploys/audit.py reads, per host, which of those
 operations would change and which stage refused the host, and writes the JSON and
-Markdown reports (deploys/audit_report.py). The options after INVENTORY go to pyinfra
+Markdown reports (pyinfra_vllm/report.py). The options after INVENTORY go to pyinfra
 as they are (``--data KEY=VALUE``, ``--limit HOST``, ``--ssh-user``...); ``-y`` is
 refused, since it turns pyinfra's change detection off.
 
@@ -44,7 +44,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 AUDIT_FILE = "deploys/audit.py"
 DEFAULT_DEPLOY = "deploys/full.py"
-INDEX_ENV = "PYINFRA_VLLM_AUDIT_INDEX"  # deploys/audit_report.py writes the report paths there
+INDEX_ENV = "PYINFRA_VLLM_AUDIT_INDEX"  # pyinfra_vllm/report.py writes the report paths there
 USAGE = "usage: python -m tools.audit INVENTORY [--deploy FILE] [PYINFRA OPTION ...]"
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
@@ -93,7 +93,7 @@ def plan_hosts(plan: Any) -> set[str]:
 
 def verdict(report: dict[str, Any], plan: Any) -> tuple[int, list[str]]:
     """Exit status (0 or 1, or 2 when the audit cannot be trusted) and the stderr lines."""
-    from deploys.audit_report import host_problems
+    from pyinfra_vllm.report import host_problems
 
     lines: list[str] = []
     hosts = report.get("hosts") or {}

@@ -36,10 +36,10 @@ capture apt-mark-showhold apt-mark showhold
 capture systemd-detect-virt systemd-detect-virt
 
 facts=(
-    facts.nvidia.GpuTopology facts.nvidia.NvlinkStatus facts.nvidia.KernelModule
-    facts.cuda.CudaToolkit facts.nvidia.GpuInventory facts.nvidia.DriverInfo
-    facts.nvidia.GpuProcesses facts.nvidia.DriverPackages facts.nvidia.HeldPackages
-    facts.nvidia.NvmlError facts.nvidia.P2pRead
+    facts.topology.GpuTopology facts.topology.NvlinkStatus facts.driver.KernelModule
+    facts.cuda.CudaToolkit facts.gpus.GpuInventory facts.driver.DriverInfo
+    facts.gpus.GpuProcesses facts.driver.DriverPackages facts.driver.HeldPackages
+    facts.driver.NvmlError facts.topology.P2pRead
 )
 $pyinfra @local fact "${facts[@]}" --json >"$out/facts.json" 2>"$out/facts.log"
 echo "facts $?" >>"$out/raw/exit-codes.txt"

@@ -44,7 +44,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-LOCK_VERSION = 1
+from pyinfra_vllm.locks import LOCK_VERSION, default_out
+
 _HEX40 = re.compile(r"^[0-9a-f]{40}$")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
@@ -158,10 +159,6 @@ def fetch_config(lock: dict[str, Any], token: str | None = None,
         return json.loads(data)
     except ValueError as exc:
         raise LockError(f"GET {url}: not JSON: {exc}") from exc
-
-
-def default_out(model_id: str) -> Path:
-    return Path("locks") / (model_id.replace("/", "--") + ".json")
 
 
 def write_lock(lock: dict[str, Any], out: Path) -> None:

@@ -61,10 +61,10 @@ def test_audit_of_a_machine_without_driver(tmp_path):
 
 
 def test_fact_from_the_command_line_is_absent_without_driver():
-    run = pyinfra("@local", "fact", "facts.nvidia.GpuTopology", "facts.nvidia.NvlinkStatus",
-                  "facts.nvidia.KernelModule", "--json")
+    run = pyinfra("@local", "fact", "facts.topology.GpuTopology", "facts.topology.NvlinkStatus",
+                  "facts.driver.KernelModule", "--json")
     assert run.returncode == 0, run.stderr
     facts = json.loads(run.stdout)
-    assert facts["facts.nvidia.GpuTopology"]["@local"] is None
-    assert facts["facts.nvidia.NvlinkStatus"]["@local"] is None
-    assert facts["facts.nvidia.KernelModule"]["@local"] is None
+    assert facts["facts.topology.GpuTopology"]["@local"] is None
+    assert facts["facts.topology.NvlinkStatus"]["@local"] is None
+    assert facts["facts.driver.KernelModule"]["@local"] is None

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from operations.nginx_site import SITE_PATH, body_limit_mib
+from operations.gateway import SITE_PATH, body_limit_mib
 from tests.e2e.conftest import booted
 
 pytestmark = pytest.mark.e2e

@@ -18,7 +18,7 @@ SCENARIOS = ["seed", "pcie", "mig", "mismatch", "bare", "seed", "pcie", "seed"]
 def test_eight_hosts_boot_and_answer():
     with booted(SCENARIOS) as sandbox:
         proc = sandbox.pyinfra(
-            "fact", "server.Hostname", "facts.nvidia.GpuTopology", "--json", timeout=120
+            "fact", "server.Hostname", "facts.topology.GpuTopology", "--json", timeout=120
         )
         assert proc.returncode == 0, proc.stderr
         facts = json.loads(proc.stdout)
@@ -26,7 +26,7 @@ def test_eight_hosts_boot_and_answer():
         assert facts["server.Hostname"] == {name: name for name in names}
         links = {
             name: (topology or {}).get("links", {}).get("GPU0", {}).get("GPU1")
-            for name, topology in facts["facts.nvidia.GpuTopology"].items()
+            for name, topology in facts["facts.topology.GpuTopology"].items()
         }
         assert links == {
             "gpu-sbx-1": "NV12", "gpu-sbx-2": "PHB", "gpu-sbx-3": "NV12",

@@ -409,25 +409,27 @@ def test_mismatch_and_proc_formats_follow_the_fixtures(env, tmp_path):
 
 
 def test_parsers_read_the_simulator_output(env, tmp_path):
-    """facts/nvidia.py (another engineer's parsers) on the simulator's seed output."""
-    nvidia = pytest.importorskip("facts.nvidia")
+    """The product's nvidia-smi parsers (facts/topology.py, facts/driver.py) on the
+    simulator's seed output."""
+    topology_facts = pytest.importorskip("facts.topology")
+    driver_facts = pytest.importorskip("facts.driver")
     ctl(env, "init", "--scenario", "seed")
-    topology = nvidia.parse_topology(smi(env, "topo", "-m").stdout.splitlines())
+    topology = topology_facts.parse_topology(smi(env, "topo", "-m").stdout.splitlines())
     assert topology["links"]["GPU0"]["GPU1"] == "NV12"
-    assert nvidia.tp_link_verdict(topology, 2)["nvlink"] is True
-    links = nvidia.parse_nvlink_status(smi(env, "nvlink", "--status").stdout.splitlines())
+    assert topology_facts.tp_link_verdict(topology, 2)["nvlink"] is True
+    links = topology_facts.parse_nvlink_status(smi(env, "nvlink", "--status").stdout.splitlines())
     for gpu in (0, 1):
         assert len(links[gpu]) == 12
         assert all(link["active"] and link["speed_gbps"] == 25.0 for link in links[gpu])
     ctl(env, "init", "--scenario", "mismatch")
     ctl(env, "boot", "--proc-root", str(tmp_path), "--no-udev")
-    error = nvidia.parse_nvml_error(smi(env, "-L").stdout.splitlines())
-    module = nvidia.parse_kernel_module(
+    error = driver_facts.parse_nvml_error(smi(env, "-L").stdout.splitlines())
+    module = driver_facts.parse_kernel_module(
         (tmp_path / "nvidia" / "version").read_text().splitlines())
     assert module == {"version": "535.104.05", "open": False}
     assert error["nvml_library_version"] == "535.129"
     packages = {"nvidia-utils-535-server": "535.129.03-0ubuntu0.22.04.1"}
-    assert "reboot required" in nvidia.module_mismatch(module, packages, error)
+    assert "reboot required" in driver_facts.module_mismatch(module, packages, error)
 
 
 # ------------------------------------------------------------------------------ packages

@@ -1,13 +1,13 @@
-"""deploys.compat: the architecture gate (the driver minimum is deploys.checks's)."""
+"""pyinfra_vllm.compat: the architecture gate (the driver minimum is pyinfra_vllm.checks's)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from deploys.compat import check_architecture, first_supporting
-from facts.nvidia import version_tuple
-from deploys.stacks import STACKS
+from pyinfra_vllm.compat import check_architecture, first_supporting
+from pyinfra_vllm.stacks import STACKS
+from pyinfra_vllm.versions import version_tuple
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures/hf/qwen3.6-27b/config.json"
 

@@ -73,7 +73,8 @@ def test_mirror_shaped_answer_matches_generator_manifest(tmp_path):
     lock = build_lock(load("tiny-qwen2.mirror.json"), model_id="sandbox/tiny-qwen2",
                       revision="main", base_url="b")
     assert lock["commit"] == manifest["sha"]
-    for entry, f in zip(lock["files"], sorted(manifest["files"], key=lambda f: f["path"])):
+    for entry, f in zip(lock["files"], sorted(manifest["files"], key=lambda f: f["path"]),
+                        strict=True):
         assert entry["digest"] == (f["sha256"] if f["lfs"] else f["git_sha1"])
 
 

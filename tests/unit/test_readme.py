@@ -1,10 +1,10 @@
-"""The README's settings reference is the one deploys/settings.py generates."""
+"""The README's settings reference is the one pyinfra_vllm/settings.py generates."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from deploys.settings import Settings, reference_markdown
+from pyinfra_vllm.settings import Settings, reference_markdown
 
 
 def test_settings_table_matches_the_model():
@@ -12,7 +12,7 @@ def test_settings_table_matches_the_model():
     start = readme.index("<!-- settings:start -->\n") + len("<!-- settings:start -->\n")
     end = readme.index("<!-- settings:end -->")
     assert readme[start:end].strip() == reference_markdown().strip(), (
-        "README settings table is stale: run `python -m deploys.settings` and paste it"
+        "README settings table is stale: run `python -m pyinfra_vllm.settings` and paste it"
     )
 
 

@@ -14,20 +14,18 @@ from pathlib import Path
 import pytest
 
 from facts.cuda import parse_nvcc_version
-from facts.nvidia import (
-    parse_driver_info,
+from facts.driver import (
     parse_dpkg_packages,
-    parse_gpu_inventory,
-    parse_gpu_processes,
+    parse_driver_info,
     parse_held_dpkg,
     parse_kernel_module,
-    parse_nvlink_status,
     parse_nvml_error,
-    parse_p2p,
-    parse_query_csv,
-    parse_topology,
 )
+from facts.gpus import parse_gpu_inventory, parse_gpu_processes, parse_query_csv
+from facts.topology import parse_nvlink_status, parse_p2p, parse_topology
 
+# The capture names facts as they were named when it was recorded (facts.nvidia.*,
+# facts.services.*); the module that reads each now is in the import above.
 CAPTURE = Path(__file__).parent.parent / "fixtures" / "nvidia" / "h200-device-20261129"
 FACTS = json.loads((CAPTURE / "pyinfra-facts.json").read_text())
 
@@ -149,7 +147,7 @@ def test_second_real_host_with_the_final_audit():
     assert "block_size = 24: Input should be 8, 16 or 32 (allowed: 8, 16, 32)" in bad
 
 
-# --- the runtime layer's facts, the GPU guard and the drift audit on the same kind of host
+# --- the engine stages' facts, the GPU guard and the drift audit on the same kind of host
 # (device tool, read-only: pyinfra --dry, facts, NVML queries), recorded in runtime/.
 RUNTIME = CAPTURE / "runtime"
 

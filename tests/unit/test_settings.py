@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from pydantic import ValidationError
 
-from deploys.settings import STACKS, STAGES, Settings, SettingsError, allowed, validate
+from pyinfra_vllm.settings import STACKS, STAGES, Settings, SettingsError, allowed, validate
 
 
 def test_defaults_are_the_seed_recipe():
@@ -88,7 +89,7 @@ def test_connector_and_foreign_data_are_ignored():
 
 
 def test_settings_are_frozen():
-    with pytest.raises(Exception):
+    with pytest.raises(ValidationError):
         validate({}).block_size = 16  # type: ignore[misc]
 
 

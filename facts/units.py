@@ -1,0 +1,83 @@
+"""Facts about systemd services beyond pyinfra's SystemdStatus: the processes of a unit."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pyinfra.api import FactBase, QuoteString, StringCommand
+from typing_extensions import override
+
+
+class UnitPids(FactBase[list[int]]):
+    """
+    Returns the PIDs in a systemd unit's control group (cgroup v2), ``[]`` when the unit
+    does not exist, is not running, or systemd is absent:
+
+    .. code:: python
+
+        [4242, 4250, 4251]
+    """
+
+    @override
+    def requires_command(self, unit: str) -> str:
+        return "systemctl"
+
+    @override
+    def command(self, unit: str) -> StringCommand:
+        # ControlGroup is empty for a unit that is not running; /sys/fs/cgroup is the
+        # unified hierarchy on Ubuntu 22.04+ and Debian 12.
+        return StringCommand(
+            "cg=$(systemctl show --property=ControlGroup --value --",
+            QuoteString(unit),
+            "2>/dev/null);",
+            '! test -n "$cg" -a -r "/sys/fs/cgroup$cg/cgroup.procs"',
+            '|| cat "/sys/fs/cgroup$cg/cgroup.procs"',
+        )
+
+    @override
+    @staticmethod
+    def default() -> list[int]:
+        return []
+
+    @override
+    def process(self, output: list[str]) -> list[int]:
+        return sorted(int(line) for line in (line.strip() for line in output) if line.isdigit())
+
+
+class UnitActivation(FactBase[dict[str, Any] | None]):
+    """
+    Returns a systemd unit's state and how long its last start took to become active,
+    or None when systemd does not know the unit:
+
+    .. code:: python
+
+        {"active": "active", "enabled": "enabled", "start_to_active_s": 412.7}
+
+    ``start_to_active_s`` is None until the unit has become active after a start.
+    """
+
+    @override
+    def requires_command(self, unit: str) -> str:
+        return "systemctl"
+
+    @override
+    def command(self, unit: str) -> StringCommand:
+        return StringCommand(
+            "systemctl show --property=LoadState,ActiveState,UnitFileState,"
+            "InactiveExitTimestampMonotonic,ActiveEnterTimestampMonotonic --",
+            QuoteString(unit),
+        )
+
+    @override
+    def process(self, output: list[str]) -> dict[str, Any] | None:
+        values = dict(line.strip().partition("=")[::2] for line in output if "=" in line)
+        if values.get("LoadState") in (None, "not-found"):
+            return None
+        started = int(values.get("InactiveExitTimestampMonotonic") or 0)
+        active = int(values.get("ActiveEnterTimestampMonotonic") or 0)
+        return {
+            "active": values.get("ActiveState"),
+            "enabled": values.get("UnitFileState"),
+            "start_to_active_s": round((active - started) / 1e6, 1)
+            if started and active >= started else None,
+        }

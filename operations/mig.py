@@ -1,0 +1,181 @@
+"""Turn MIG off on every GPU, the way NVIDIA's mig-parted does it.
+
+mig-parted's state machine (notes/anchors.md, lessons 3 and 4): read the current and
+the pending mode of each GPU; a GPU already disabled in both is left alone (no command
+at all); otherwise set the pending mode (``nvidia-smi -i N -mig 0``), reset the GPU so
+the mode takes effect (``nvidia-smi -i N -r``, which needs a GPU nobody uses), and check
+the current mode afterwards. Our own vLLM service is stopped first (the vllm_service
+stage starts it again); any other process on such a GPU stops the host with its PIDs,
+before anything is changed. A mode still pending after the reset needs a reboot.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from pyinfra import host
+from pyinfra.api import FunctionCommand, QuoteString, StringCommand, operation
+from pyinfra.facts.systemd import SystemdStatus
+from pyinfra.operations import server
+
+from facts.gpus import GpuInventory, GpuProcesses
+from facts.units import UnitPids
+from operations import gate
+
+logger = logging.getLogger("pyinfra")
+
+VLLM_UNIT = "vllm.service"
+
+
+def mig_disabled_on(gpu: dict[str, Any]) -> bool:
+    """Is MIG off on this GPU, now and after the next reset? (None: no MIG support.)"""
+    return gpu.get("mig_current") != "Enabled" and gpu.get("mig_pending") != "Enabled"
+
+
+def plan_mig(gpus: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The steps that turn MIG off: ``[{"index", "uuid", "set_pending", "reset"}]``.
+
+    ``set_pending``: the pending mode is not Disabled (``-mig 0`` is needed);
+    ``reset``: the current mode is Enabled (only a reset, or a reboot, applies it).
+    """
+    steps = []
+    for gpu in sorted(gpus, key=lambda g: g["index"]):
+        if mig_disabled_on(gpu):
+            continue
+        steps.append(
+            {
+                "index": gpu["index"],
+                "uuid": gpu.get("uuid"),
+                "set_pending": gpu.get("mig_pending") != "Disabled",
+                "reset": gpu.get("mig_current") == "Enabled",
+            }
+        )
+    return steps
+
+
+def busy_gpus(
+    steps: list[dict[str, Any]],
+    processes: list[dict[str, Any]] | None,
+    ignore_pids: list[int] | None = None,
+) -> dict[int, list[int]]:
+    """``{gpu index: [pids]}`` of processes, other than ``ignore_pids``, on planned GPUs."""
+    ignored = set(ignore_pids or [])
+    busy: dict[int, list[int]] = {}
+    for step in steps:
+        pids = sorted(
+            proc["pid"]
+            for proc in processes or []
+            if proc.get("gpu_uuid") == step["uuid"] and proc["pid"] not in ignored
+        )
+        if pids:
+            busy[step["index"]] = pids
+    return busy
+
+
+def busy_reason(busy: dict[int, list[int]], processes: list[dict[str, Any]] | None) -> str:
+    names = {proc["pid"]: proc.get("process_name") or "?" for proc in processes or []}
+    parts = [
+        f"GPU {index}: " + ", ".join(f"pid {pid} ({names.get(pid, '?')})" for pid in pids)
+        for index, pids in sorted(busy.items())
+    ]
+    return (
+        "MIG is enabled and the GPU is in use by processes that are not ours ("
+        + "; ".join(parts)
+        + "); nothing was changed: stop them and re-run (a GPU in use is never reset)"
+    )
+
+
+def _still_enabled(indices: list[int]) -> list[int]:
+    gpus = {gpu["index"]: gpu for gpu in host.get_fact(GpuInventory) or []}
+    return [index for index in indices if index not in gpus or not mig_disabled_on(gpus[index])]
+
+
+def _verify_mig_disabled(state, host, indices: list[int], rebooted: bool) -> bool:
+    gpus = {gpu["index"]: gpu for gpu in host.get_fact(GpuInventory) or []}
+    failed = False
+    for index in indices:
+        gpu = gpus.get(index)
+        if gpu is not None and mig_disabled_on(gpu):
+            continue
+        failed = True
+        if gpu is None:
+            message = f"GPU {index} no longer answers nvidia-smi after the MIG change"
+        elif rebooted:
+            message = (
+                f"MIG still enabled on GPU {index} after reset and reboot (current "
+                f"{gpu.get('mig_current')}, pending {gpu.get('mig_pending')}): check for a "
+                "loaded nvidia_drm module or GPU passthrough (mig-parted#9, #181)"
+            )
+        else:
+            message = (
+                f"MIG still pending after reset on GPU {index}: reboot required; re-run "
+                "after rebooting or set allow_reboot=true"
+            )
+        host.log_styled(message, fg="red", log_func=logger.error)
+    return not failed
+
+
+@operation()
+def mig_disabled(
+    service: str | None = VLLM_UNIT,
+    allow_reboot: bool = False,
+    reboot_timeout: int = 900,
+    gpus: list[dict] | None = None,
+):
+    """
+    Turn MIG mode off on every GPU (current and pending), resetting idle GPUs.
+
+    + service: our systemd unit using the GPUs, stopped first when it runs (None: none)
+    + allow_reboot: reboot when the mode is still pending after the reset
+    + reboot_timeout: seconds to wait for the host to come back after a reboot
+    + gpus: the GpuInventory fact when the deploy already read it (saves a round trip)
+
+    Already disabled everywhere: no command at all. A process other than ``service``'s
+    on a GPU to change: the host is refused with the PIDs and nothing changes.
+
+    **Example:**
+
+    .. code:: python
+
+        nvidia_mig.mig_disabled(name="MIG off", allow_reboot=False)
+    """
+    if gpus is None:
+        gpus = host.get_fact(GpuInventory)
+    if gpus is None:
+        host.noop("no NVIDIA driver answers nvidia-smi; MIG is checked once it does")
+        return
+    steps = plan_mig(gpus)
+    if not steps:
+        host.noop("MIG is disabled on every GPU")
+        return
+
+    processes = host.get_fact(GpuProcesses)
+    service_running = False
+    service_pids: list[int] = []
+    if service is not None:
+        service_running = bool(host.get_fact(SystemdStatus, services=[service]).get(service))
+        if service_running:
+            service_pids = host.get_fact(UnitPids, unit=service)
+    busy = busy_gpus(steps, processes, service_pids)
+    if busy:
+        yield from gate.refuse._inner(reasons=[busy_reason(busy, processes)])
+        return
+
+    if service_running:
+        yield StringCommand("systemctl", "stop", QuoteString(service))
+    for step in steps:
+        index = QuoteString(str(step["index"]))
+        if step["set_pending"]:
+            yield StringCommand("nvidia-smi", "-i", index, "-mig", "0")
+        if step["reset"]:
+            yield StringCommand("nvidia-smi", "-i", index, "-r")
+
+    indices = [step["index"] for step in steps]
+    rebooted = False
+    # Read when the commands above have run (pyinfra runs an operation's commands as
+    # they are yielded); at prepare time the generator never gets here.
+    if allow_reboot and _still_enabled(indices):
+        yield from server.reboot._inner(reboot_timeout=reboot_timeout)
+        rebooted = True
+    yield FunctionCommand(_verify_mig_disabled, (indices, rebooted), {})

@@ -1,0 +1,200 @@
+"""Verdicts on a host's collected state: what preflight refuses and what the audit shows.
+
+Pure functions over the dict ``pyinfra_vllm.context.collect`` returns and the validated
+settings; no host access here, so every branch is unit-tested. Each check is
+``{"name", "ok", "severity", "detail", "fix"}``: ``ok`` is True, False, or None when
+the check cannot be judged yet (no driver), ``severity`` is "error" (preflight stops
+the host) or "warning" (reported, not fatal).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from facts.driver import module_mismatch, userspace_driver
+from facts.topology import tp_link_verdict
+from pyinfra_vllm.versions import version_tuple
+
+# Operating systems the suite provisions: Ubuntu 22.04 is the target, 24.04 and
+# Debian 12 are supported (and the sandbox hosts are Debian 12).
+SUPPORTED_OS = {("Ubuntu", 22), ("Ubuntu", 24), ("Debian", 12)}
+SUPPORTED_OS_WORDS = "Ubuntu 22.04, Ubuntu 24.04 or Debian 12"
+
+
+def check(name: str, ok: bool | None, detail: str, fix: str = "", severity: str = "error"):
+    """One verdict, in the shape every check of the suite shares."""
+    return {"name": name, "ok": ok, "severity": severity, "detail": detail, "fix": fix}
+
+
+def check_os(state: dict[str, Any]) -> dict[str, Any]:
+    distro = state.get("os") or {}
+    name, major = distro.get("name"), distro.get("major")
+    pretty = (distro.get("release_meta") or {}).get("PRETTY_NAME") or f"{name} {major}"
+    if (name, major) in SUPPORTED_OS:
+        return check("os", True, pretty)
+    return check(
+        "os",
+        False,
+        f"{pretty} is not supported",
+        f"use {SUPPORTED_OS_WORDS}",
+    )
+
+
+def check_driver(state: dict[str, Any], settings: Any) -> list[dict[str, Any]]:
+    """Driver presence, module/userspace match, and the stack's minimum version."""
+    checks = []
+    module = state.get("kernel_module")
+    driver = state.get("driver")
+    nvml_error = state.get("nvml_error")
+    packages = state.get("driver_packages")
+    mismatch = module_mismatch(module, packages, nvml_error)
+    if mismatch is not None:
+        checks.append(
+            check(
+                "driver_module_match",
+                False,
+                mismatch,
+                "reboot the host so the installed driver's kernel module is loaded",
+            )
+        )
+        return checks
+    if module is None and userspace_driver(packages) is not None:
+        # Installed (by an earlier run, or by hand) but not loaded yet: not a preflight
+        # failure, the driver stage reboots (allow_reboot) or stops with this reason.
+        name, version = userspace_driver(packages)
+        checks.append(
+            check(
+                "driver_loaded",
+                None,
+                f"{name} {version} is installed but no NVIDIA kernel module is loaded: "
+                "reboot required",
+                "the driver stage reboots the host with allow_reboot=true; otherwise reboot it",
+            )
+        )
+        return checks
+    if nvml_error is not None:
+        checks.append(
+            check(
+                "driver_responds",
+                False,
+                f"nvidia-smi fails: {nvml_error['error']}",
+                "check `dmesg | grep -i nvrm` and the driver installation; a reboot "
+                "often completes a driver install",
+            )
+        )
+        return checks
+    if module is None and driver is None:
+        checks.append(
+            check(
+                "driver_present",
+                None,
+                "no NVIDIA driver",
+                f"the driver stage installs nvidia-headless-{settings.nvidia_driver_branch}",
+            )
+        )
+        return checks
+    version = (driver or {}).get("driver_version") or (module or {}).get("version")
+    minimum = settings.stack["min_driver"]
+    ok = version_tuple(version) >= version_tuple(minimum)
+    checks.append(
+        check(
+            "driver_version",
+            ok,
+            f"driver {version}; the vLLM {settings.vllm_version} stack (CUDA "
+            f"{settings.stack['cuda']}) needs >= {minimum}",
+            "" if ok else f"install a driver branch >= {minimum.split('.')[0]}",
+        )
+    )
+    cuda = (driver or {}).get("cuda_version")
+    if cuda is not None:
+        ok = version_tuple(cuda) >= version_tuple(settings.stack["cuda"])
+        checks.append(
+            check(
+                "driver_cuda",
+                ok,
+                f"the driver supports CUDA {cuda}; the stack is built for CUDA "
+                f"{settings.stack['cuda']}",
+                "" if ok else "install a newer driver branch",
+            )
+        )
+    return checks
+
+
+def check_gpus(state: dict[str, Any], settings: Any) -> list[dict[str, Any]]:
+    gpus = state.get("gpus")
+    if gpus is None:
+        return []
+    checks = []
+    count = len(gpus)
+    tp = settings.tensor_parallel_size
+    checks.append(
+        check(
+            "gpu_count",
+            count >= tp,
+            f"{count} GPU(s); tensor_parallel_size is {tp}",
+            "" if count >= tp else f"set tensor_parallel_size to at most {count}",
+        )
+    )
+    small = [
+        gpu
+        for gpu in gpus
+        if gpu.get("memory_total_mib") is not None
+        and gpu["memory_total_mib"] < settings.min_gpu_memory_mib
+    ]
+    names = sorted({gpu.get("name") or "?" for gpu in gpus})
+    checks.append(
+        check(
+            "gpu_memory",
+            not small,
+            f"{', '.join(names)}; smallest "
+            f"{min((g.get('memory_total_mib') or 0) for g in gpus) if gpus else 0} MiB, "
+            f"min_gpu_memory_mib is {settings.min_gpu_memory_mib}",
+            "" if not small else "use 80 GB GPUs or lower min_gpu_memory_mib knowingly",
+        )
+    )
+    return checks
+
+
+def check_tp_link(state: dict[str, Any], settings: Any) -> dict[str, Any] | None:
+    topology = state.get("topology")
+    tp = settings.tensor_parallel_size
+    if topology is None or tp < 2:
+        return None
+    verdict = tp_link_verdict(topology, tp)
+    codes = ", ".join(f"{pair} {code}" for pair, code in (verdict.get("codes") or {}).items())
+    if verdict.get("nvlink"):
+        return check(
+            "tp_nvlink", True, f"{' and '.join(verdict['gpus'])} joined by NVLink ({codes})"
+        )
+    if not verdict.get("gpus"):
+        return check(
+            "tp_nvlink",
+            False,
+            f"fewer than {tp} GPUs in the topology",
+            f"set tensor_parallel_size to at most {len(topology.get('gpus') or [])}",
+        )
+    severity = "warning" if settings.allow_pcie_tensor_parallel else "error"
+    return check(
+        "tp_nvlink",
+        False,
+        f"no {tp} GPUs are joined by NVLink: best {' and '.join(verdict['gpus'])} "
+        f"link {codes or 'unknown'} (PCIe)",
+        "fit or reseat the NVLink bridge, or set allow_pcie_tensor_parallel=true to "
+        "accept PCIe tensor parallelism",
+        severity=severity,
+    )
+
+
+def check_host(state: dict[str, Any], settings: Any) -> list[dict[str, Any]]:
+    """Every preflight check for one host, in the order an operator reads them."""
+    checks = [check_os(state), *check_driver(state, settings), *check_gpus(state, settings)]
+    too_few = any(c["name"] == "gpu_count" and c["ok"] is False for c in checks)
+    link = None if too_few else check_tp_link(state, settings)
+    if link is not None:
+        checks.append(link)
+    return checks
+
+
+def blocking(checks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The checks that stop a host: failed and of severity error."""
+    return [c for c in checks if c["ok"] is False and c["severity"] == "error"]

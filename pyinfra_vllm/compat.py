@@ -1,0 +1,108 @@
+"""Compatibility gate: can the chosen vLLM stack load this model?
+
+Pure functions over the model's ``config.json`` (a dict), a row of
+``pyinfra_vllm.stacks.STACKS``, the model registry of the vLLM installed on the host (when
+the host has one; ``None`` before the runtime stage ran) and the driver version. They
+return check dicts ``{"name", "ok", "severity", "detail", "fix"}`` like
+pyinfra_vllm/checks.py, so preflight can refuse before anything on the host changes.
+
+Why a gate: the seed post runs Qwen3.6-27B (``Qwen3_5ForConditionalGeneration``) on
+vLLM 0.6.3, whose registry has no such class; vLLM then fails at start-up after the
+whole environment and 55 GB of weights were installed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pyinfra_vllm.checks import check
+from pyinfra_vllm.stacks import FIRST_SUPPORTED, STACKS
+from pyinfra_vllm.versions import version_tuple
+
+
+def architectures(config: dict[str, Any]) -> list[str]:
+    """The ``architectures`` list of a config.json (empty when absent)."""
+    value = config.get("architectures") or []
+    return [str(a) for a in value] if isinstance(value, list) else [str(value)]
+
+
+def first_supporting(arch: str) -> str | None:
+    """The first vLLM release known to load ``arch``: FIRST_SUPPORTED, else the oldest
+    STACKS row whose built-in table lists it."""
+    if arch in FIRST_SUPPORTED:
+        return FIRST_SUPPORTED[arch]
+    rows = [v for v, row in STACKS.items() if arch in row.get("architectures", [])]
+    return min(rows, key=version_tuple) if rows else None
+
+
+def _model_words(config: dict[str, Any], model_id: str | None) -> str:
+    name = model_id or config.get("_name_or_path") or config.get("model_type") or "the model"
+    return str(name)
+
+
+def check_architecture(
+    config: dict[str, Any],
+    stack: dict[str, Any],
+    registry: list[str] | None,
+    model_id: str | None = None,
+) -> dict[str, Any]:
+    """Is one of the config's architectures loadable by the stack's vLLM?
+
+    The installed registry (``ModelRegistry.get_supported_archs()`` read on the host)
+    wins when known; otherwise the stack row's built-in table and FIRST_SUPPORTED decide.
+    An architecture neither knows is not judged (ok None, a warning): the built-in
+    table lists the Qwen family only.
+    """
+    version = stack["vllm"]
+    archs = architectures(config)
+    model = _model_words(config, model_id)
+    if not archs:
+        return check(
+            "model_architecture",
+            False,
+            f"{model}: config.json has no 'architectures' list",
+            "check that model_id names a transformers model repository",
+        )
+    known = set(registry) if registry is not None else set(stack.get("architectures", []))
+    loadable = [a for a in archs if a in known]
+    if registry is None:
+        # A release at or after the first that registered it loads it too.
+        loadable += [
+            a
+            for a in archs
+            if a not in loadable
+            and a in FIRST_SUPPORTED
+            and version_tuple(version) >= version_tuple(FIRST_SUPPORTED[a])
+        ]
+    source = "its installed registry" if registry is not None else "the built-in table"
+    if loadable:
+        return check(
+            "model_architecture",
+            True,
+            f"vLLM {version} loads {loadable[0]} ({model}) per {source}",
+        )
+    arch = archs[0]
+    first = first_supporting(arch)
+    if first is not None and version_tuple(first) > version_tuple(version):
+        return check(
+            "model_architecture",
+            False,
+            f"vLLM {version} cannot load {arch} ({model}); it is supported from "
+            f"vLLM {first}",
+            f"set vllm_version to {first} or later (rows: {', '.join(sorted(STACKS))})",
+        )
+    if registry is not None:
+        return check(
+            "model_architecture",
+            False,
+            f"vLLM {version} cannot load {arch} ({model}): not in its installed registry",
+            "choose a model vLLM supports or a vLLM release that registers it",
+        )
+    return check(
+        "model_architecture",
+        None,
+        f"{arch} ({model}) is not in the built-in table of vLLM {version}; the installed "
+        "registry decides once the runtime stage has run",
+        "",
+        severity="warning",
+    )

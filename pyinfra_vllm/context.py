@@ -1,0 +1,93 @@
+"""What the stages of one run share per host: validated settings, the model lock, the
+state read at the start, and whether an earlier stage refused the host.
+
+Each stage is a ``@deploy`` function that pyinfra calls once per host; the context is
+kept per host object, so the settings are validated and the host's state is read once
+per host and run, not once per stage (every fact is a remote round trip).
+
+The state (``collect``) is everything the preflight and the audit judge. Every fact in
+it returns an absent value (None) rather than failing when the thing it reads is missing
+(no driver, no NVLink, no nvcc), so a bare host is collected too. The NVIDIA, CUDA and
+package state comes from one remote command (GpuHostState), not ten.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+from weakref import WeakKeyDictionary
+
+from pyinfra.facts.server import KernelVersion, LinuxDistribution
+
+from facts.gpu_host import GpuHostState
+from facts.python_env import VllmEnvironments
+from operations import python_env
+from pyinfra_vllm.locks import load_lock
+from pyinfra_vllm.settings import Settings, load_settings
+
+# Keyed by pyinfra's Host object: a second run in the same process (pyinfra's API, a
+# test) gets new Host objects and so a new context.
+_CONTEXTS: WeakKeyDictionary[Any, HostContext] = WeakKeyDictionary()
+
+
+def collect(host: Any) -> dict[str, Any]:
+    """The host's OS, driver, GPUs, topology and NVLink state, as plain data."""
+    return {
+        "os": host.get_fact(LinuxDistribution),
+        "kernel": host.get_fact(KernelVersion),
+        **host.get_fact(GpuHostState),
+    }
+
+
+@dataclass
+class HostContext:
+    settings: Settings
+    state: dict[str, Any]
+    # The model lock (tools.model_lock), read before any operation; None only when the
+    # model stage is skipped and there is no lock.
+    lock: dict[str, Any] | None = None
+    # Reasons an earlier stage refused this host; later stages add nothing for it.
+    refused: list[str] = field(default_factory=list)
+
+    # True when this run reboots into a driver it installs: the state read at the start
+    # no longer describes the host afterwards (the metrics stage then waits a run).
+    stale: bool = False
+    # The VllmEnvironments fact, read once for the stages that need it (preflight's
+    # registry, the runtime, the unit): facts are not cached by pyinfra 3.
+    environments_read: dict[str, Any] | None = None
+
+    def environments(self, host: Any) -> dict[str, Any]:
+        """The host's vLLM environments (facts.python_env.VllmEnvironments), read once."""
+        if self.environments_read is None:
+            self.environments_read = host.get_fact(
+                VllmEnvironments, root=self.settings.python_env_root
+            )
+        return self.environments_read
+
+    @property
+    def environment_path(self) -> str:
+        """Where this host's environment for the settings' stack and manager lives."""
+        settings = self.settings
+        return python_env.environment_path(
+            settings.python_env_root,
+            settings.stack,
+            settings.python_env_manager,
+            python_env.interpreter(settings.python_env_manager, settings.stack),
+        )
+
+    def proceed(self, stage: str) -> bool:
+        """Should ``stage`` add its operations for this host?"""
+        return not self.refused and stage not in self.settings.skip_stages
+
+
+def context(host: Any, lock_required: bool = True) -> HostContext:
+    """The run's context for ``host``, made on first use. The model lock is required
+    unless ``lock_required`` is False or the model stage is skipped."""
+    found = _CONTEXTS.get(host)
+    if found is None:
+        settings = load_settings(host)
+        required = lock_required and "model" not in settings.skip_stages
+        lock = load_lock(settings, required=required)
+        found = HostContext(settings=settings, state=collect(host), lock=lock)
+        _CONTEXTS[host] = found
+    return found

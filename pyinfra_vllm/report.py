@@ -1,0 +1,480 @@
+"""The audit's reports: one JSON file for machines, one Markdown file for people, and a
+short table on the terminal.
+
+pyinfra runs a deploy file once per host, in parallel greenlets; this module outlives
+those runs, so it gathers every host's entry and rewrites both files after each one
+(a run cut short still leaves what it read). The terminal table is printed once, when
+the process exits, after pyinfra's own output.
+
+Drift: when deploys/audit.py runs after deploys/full.py in the same ``--dry`` run
+(``python -m tools.audit`` does that), ``host_plan`` reads, from pyinfra's own state,
+which of the host's operations would change: the same flag pyinfra's "Detected
+changes" table and ``--dry --json`` plan are built from (``OperationMeta._maybe_is_change``
+set at prepare time, pyinfra 3.10 ``api/operation.py``; ``pyinfra_cli/prints.py``
+``build_plan_json``).
+"""
+
+from __future__ import annotations
+
+import atexit
+import inspect
+import json
+import os
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from facts.topology import tp_link_verdict
+from operations import gate
+from pyinfra_vllm.checks import blocking, check_host
+from pyinfra_vllm.gates import gpu_memory_mib, model_gates
+
+_RUN: dict[str, Any] = {"hosts": {}, "paths": None, "registered": False}
+
+# When set (python -m tools.audit sets it), the paths of the reports are written to
+# this file as JSON, so the wrapper reads the report this run wrote.
+INDEX_ENV = "PYINFRA_VLLM_AUDIT_INDEX"
+
+
+def summarize(name: str, state: dict[str, Any], settings: Any) -> dict[str, Any]:
+    """One host's entry in the report: the raw state, the checks, and a digest."""
+    checks = check_host(state, settings)
+    gpus = state.get("gpus")
+    driver = state.get("driver") or {}
+    module = state.get("kernel_module") or {}
+    topology = state.get("topology")
+    link = None
+    if topology is not None and settings.tensor_parallel_size >= 2:
+        link = tp_link_verdict(topology, settings.tensor_parallel_size)
+    nvlink = state.get("nvlink")
+    distro = state.get("os") or {}
+    digest = {
+        "os": (distro.get("release_meta") or {}).get("PRETTY_NAME") or distro.get("name"),
+        "driver_present": bool(module) or bool(driver),
+        "driver_version": driver.get("driver_version") or module.get("version"),
+        "cuda_version": driver.get("cuda_version"),
+        "kernel_module": module or None,
+        "gpu_count": len(gpus) if gpus is not None else 0,
+        "gpu_names": sorted({g.get("name") for g in gpus or []}),
+        "mig": [
+            {"index": g["index"], "current": g.get("mig_current"), "pending": g.get("mig_pending")}
+            for g in gpus or []
+        ],
+        "persistence": [
+            {"index": g["index"], "mode": g.get("persistence_mode")} for g in gpus or []
+        ],
+        "tensor_parallel_size": settings.tensor_parallel_size,
+        "tp_link": link,
+        "nvlink_active_links": (
+            None
+            if nvlink is None
+            else {str(gpu): sum(1 for link in links if link["active"]) for gpu, links in nvlink.items()}
+        ),
+        "module_mismatch": next(
+            (c["detail"] for c in checks if c["name"] == "driver_module_match"), None
+        ),
+        "verdict": _verdict(checks),
+    }
+    return {"summary": digest, "checks": checks, "state": state}
+
+
+def _verdict(checks: list[dict[str, Any]]) -> str:
+    failed = blocking(checks)
+    if failed:
+        return "; ".join(c["detail"] for c in failed)
+    unknown = [c["detail"] for c in checks if c["ok"] is None]
+    warnings = [c["detail"] for c in checks if c["ok"] is False]
+    return "; ".join(unknown + [f"warning: {w}" for w in warnings]) or "ok"
+
+
+def split_op_name(name: str) -> tuple[str | None, str]:
+    """(stage, operation) from one pyinfra operation name.
+
+    ``local.include`` runs a stage file inside ``host.deploy(<relative path>)``, so the
+    operations deploys/full.py adds are named ``"deploys/sysctl.py | Sysctl: ..."``
+    (pyinfra 3.10 ``local.py`` include, ``api/operation.py`` generate_operation_name).
+    A stage run on its own has no prefix: the stage is then read from the suite's
+    ``"Stage: what"`` naming, e.g. ``"Model volume: ..."`` is ``model_volume``.
+    """
+    deploy, sep, operation = name.rpartition(" | ")
+    if sep:
+        return Path(deploy.rpartition(" | ")[2]).stem, operation
+    head, sep, _ = name.partition(": ")
+    return (head.strip().lower().replace(" ", "_") if sep else None), name
+
+
+def _op_function(op_data: Any) -> Any:
+    """The operation function behind one host's operation. pyinfra keeps it only in the
+    closure of the operation's command generator (``func`` in pyinfra 3.10
+    ``api/operation.py`` _wrap_operation); None when that ever changes."""
+    try:
+        return inspect.getclosurevars(op_data.command_generator).nonlocals.get("func")
+    except (TypeError, ValueError, AttributeError):
+        return None
+
+
+def _operation_words(meta: Any) -> str:
+    """One operation's name as pyinfra prints it, without the stage file prefix. Names are
+    shared by every host that reached the same line (``StateOperationMeta.names``)."""
+    names = sorted({split_op_name(name)[1] for name in meta.names})
+    words = " / ".join(names)
+    if meta.args:
+        words += f" ({', '.join(str(arg) for arg in meta.args)})"
+    return words
+
+
+def host_plan(state: Any, host: Any, refused: list[str]) -> dict[str, Any]:
+    """What the deploy files loaded before deploys/audit.py in this run would change on
+    ``host``, read from pyinfra's prepared state.
+
+    ``drift``: the operations that would change, in the host's order, each
+    ``{"operation", "stage"}`` ([] is converged). ``conditional``: operations that
+    change only when their ``_if`` holds (pyinfra's "Conditional Change" column; in this
+    suite a reload or restart after another operation of the same stage changed), not
+    counted as drift. ``refused``: why a stage stopped the host (pyinfra_vllm/context.py
+    HostContext.refused); the refusing operation itself (operations/gate.py) is not
+    drift. All three are None, with ``drift_note`` saying why, when nothing was planned
+    before the audit in this run or pyinfra ran with ``-y`` (no change detection).
+    """
+    note = None
+    if not state.should_check_for_changes():
+        note = "not checked: pyinfra ran with -y, which skips change detection"
+    elif not getattr(state, "current_op_file_number", 0):
+        note = (
+            "not checked: deploys/audit.py ran alone; python -m tools.audit INVENTORY "
+            "plans deploys/full.py first"
+        )
+    if note is not None:
+        return {"drift": None, "conditional": None, "refused": None, "drift_note": note}
+    drift: list[dict[str, Any]] = []
+    conditional: list[dict[str, Any]] = []
+    unknown = []
+    host_ops = state.ops.get(host, {})
+    for op_hash in host.op_hash_order:
+        op_data = host_ops.get(op_hash)
+        if op_data is None:
+            continue
+        change = op_data.operation_meta._maybe_is_change
+        if change is False:
+            continue
+        if _op_function(op_data) is gate.refuse._inner:
+            continue
+        meta = state.op_meta[op_hash]
+        stage = split_op_name(sorted(meta.names)[0])[0] if meta.names else None
+        item = {"operation": _operation_words(meta), "stage": stage}
+        if change is None:
+            unknown.append(item["operation"])
+        (conditional if op_data.global_arguments.get("_if") else drift).append(item)
+    return {
+        "drift": drift,
+        "conditional": conditional,
+        "refused": list(refused),
+        "drift_note": (
+            f"change unknown for {', '.join(unknown)} (counted as drift)" if unknown else None
+        ),
+    }
+
+
+def host_problems(entry: dict[str, Any]) -> tuple[list[dict[str, Any]], list[str]]:
+    """(operations that would change, refusal reasons) of one report entry."""
+    return list(entry.get("drift") or []), list(entry.get("refused") or [])
+
+
+def model_plans(
+    settings: Any,
+    lock: dict[str, Any] | None,
+    state: dict[str, Any],
+    registry: list[str] | None = None,
+) -> dict:
+    """The model's checks and memory plan, exactly as preflight judges them
+    (pyinfra_vllm/gates.py), or why there are none.
+
+    Returns ``{"compatibility": [checks], "capacity": plan, "why": None}``, or
+    ``{"compatibility": None, "capacity": None, "why": ...}`` without a model lock.
+    """
+    if not lock:
+        return {
+            "compatibility": None,
+            "capacity": None,
+            "why": "no model lock: python -m tools.model_lock writes one (setting model_lock)",
+        }
+    gates = model_gates(settings, lock, state, registry)
+    source = "host" if state.get("gpus") else "min_gpu_memory_mib (no GPU read on the host)"
+    capacity = dict(gates["capacity"], gpu_memory_mib=gpu_memory_mib(state, settings),
+                    gpu_memory_source=source)
+    return {"compatibility": gates["checks"], "capacity": capacity, "why": None}
+
+
+def _drift_words(entry: dict[str, Any]) -> str:
+    if entry.get("drift") is None:
+        return "-"
+    drift, refused = host_problems(entry)
+    words = [f"{len(drift)} change(s)"] if drift else []
+    if refused:
+        words.append("refused")
+    return ", ".join(words) or "converged"
+
+
+def _mig_words(summary: dict[str, Any]) -> str:
+    if not summary["mig"]:
+        return "-"
+    states = {(m["current"], m["pending"]) for m in summary["mig"]}
+    if states == {("Disabled", "Disabled")}:
+        return "disabled"
+    return ", ".join(f"GPU{m['index']} {m['current']}/{m['pending']}" for m in summary["mig"])
+
+
+def _persistence_words(summary: dict[str, Any]) -> str:
+    modes = {p["mode"] for p in summary["persistence"]}
+    if not modes:
+        return "-"
+    if len(modes) == 1:
+        return {"Enabled": "enabled", "Disabled": "disabled"}.get(next(iter(modes)), str(modes))
+    return ", ".join(f"GPU{p['index']} {p['mode']}" for p in summary["persistence"])
+
+
+def _link_words(summary: dict[str, Any], state: dict[str, Any]) -> str:
+    link = summary["tp_link"]
+    if state.get("topology") is None:
+        return "-"
+    if link is None:
+        return "n/a (TP=1)"
+    if not link.get("gpus"):
+        return f"fewer than {summary['tensor_parallel_size']} GPUs"
+    codes = ", ".join(f"{pair} {code}" for pair, code in (link.get("codes") or {}).items())
+    if link.get("nvlink"):
+        return f"NVLink ({codes})"
+    return f"no NVLink ({codes})" if codes else "no NVLink"
+
+
+def _nvlink_words(state: dict[str, Any]) -> str:
+    nvlink = state.get("nvlink")
+    if nvlink is None:
+        return "-"
+    if not nvlink:
+        return "no NVLink exposed"
+    counts = {gpu: sum(1 for link in links if link["active"]) for gpu, links in nvlink.items()}
+    if not any(counts.values()):
+        return "all links inactive"
+    if len(set(counts.values())) == 1:
+        return f"{next(iter(counts.values()))} links up per GPU"
+    return ", ".join(f"GPU{gpu} {count} up" for gpu, count in sorted(counts.items()))
+
+
+def _gpu_words(summary: dict[str, Any]) -> str:
+    if not summary["driver_present"]:
+        return "no NVIDIA driver"
+    if summary["gpu_count"] == 0:
+        return "0"
+    return f"{summary['gpu_count']}x {', '.join(summary['gpu_names'])}"
+
+
+def render_markdown(report: dict[str, Any]) -> str:
+    lines = [
+        "# GPU fleet audit",
+        "",
+        f"Generated {report['generated_at']} by `deploys/audit.py` for "
+        f"{len(report['hosts'])} host(s).",
+        "",
+    ]
+    if any(entry.get("drift") is not None for entry in report["hosts"].values()):
+        lines += [
+            "## Drift",
+            "",
+            "What `deploys/full.py` would change now (a `--dry` plan), and the hosts a "
+            "stage refused.",
+            "",
+            "| host | drift | would change | refused |",
+            "|---|---|---|---|",
+        ]
+        for name, entry in sorted(report["hosts"].items()):
+            drift, refused = host_problems(entry)
+            changes = "<br>".join(_md(f"{d['operation']} [{d['stage']}]") for d in drift)
+            lines.append(
+                f"| {name} | {_drift_words(entry)} | {changes or '-'} | "
+                f"{'<br>'.join(_md(r) for r in refused) or '-'} |"
+            )
+        lines.append("")
+    for name, entry in sorted(report["hosts"].items()):
+        s, state = entry["summary"], entry["state"]
+        lines += [f"## {name}", ""]
+        lines += [
+            f"- OS: {s['os']} (kernel {state.get('kernel')})",
+            f"- GPUs: {_gpu_words(s)}",
+            f"- Driver: {s['driver_version'] or 'none'}; CUDA (driver): {s['cuda_version'] or '-'}",
+        ]
+        module = s["kernel_module"]
+        if module:
+            flavour = "open" if module.get("open") else "proprietary"
+            lines.append(f"- Kernel module: {module.get('version')} ({flavour})")
+        toolkit = state.get("cuda_toolkit")
+        lines.append(f"- CUDA toolkit (nvcc): {toolkit['version'] if toolkit else 'not installed'}")
+        lines.append(f"- MIG (current/pending): {_mig_words(s)}")
+        lines.append(f"- Persistence mode: {_persistence_words(s)}")
+        lines.append(f"- Module/package mismatch: {s['module_mismatch'] or 'none'}")
+        lines.append(f"- Tensor-parallel GPUs: {_link_words(s, state)}")
+        nvlink = state.get("nvlink")
+        lines.append(f"- NVLink: {_nvlink_words(state)}")
+        if nvlink:
+            for gpu, links in sorted(nvlink.items(), key=lambda item: int(item[0])):
+                active = [link for link in links if link["active"]]
+                speeds = sorted({link["speed_gbps"] for link in active if link["speed_gbps"]})
+                lines.append(
+                    f"- NVLink GPU{gpu}: {len(active)}/{len(links)} links active"
+                    + (f" at {', '.join(f'{v:g}' for v in speeds)} GB/s" if speeds else "")
+                )
+        topology = state.get("topology")
+        if topology is not None and topology.get("gpus"):
+            labels = topology["gpus"]
+            lines += ["", "| | " + " | ".join(labels) + " |", "|---" * (len(labels) + 1) + "|"]
+            for row in labels:
+                cells = ["X" if row == col else topology["links"][row].get(col, "?") for col in labels]
+                lines.append(f"| {row} | " + " | ".join(cells) + " |")
+        lines += ["", "| check | ok | detail | fix |", "|---|---|---|---|"]
+        for check in entry["checks"]:
+            ok = {True: "yes", False: "NO", None: "-"}[check["ok"]]
+            if check["ok"] is False and check["severity"] == "warning":
+                ok = "warn"
+            lines.append(f"| {check['name']} | {ok} | {check['detail']} | {check['fix']} |")
+        lines += ["", f"Verdict: {s['verdict']}", ""]
+        lines += _markdown_drift(entry) + _markdown_model(entry)
+    return "\n".join(lines)
+
+
+def _md(text: str) -> str:
+    """Text safe inside a Markdown table cell."""
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def _markdown_drift(entry: dict[str, Any]) -> list[str]:
+    lines = ["### Drift", ""]
+    if entry.get("drift") is None:
+        return lines + [f"{entry.get('drift_note') or 'not checked'}", ""]
+    drift, refused = host_problems(entry)
+    if drift:
+        lines += [
+            f"{len(drift)} operation(s) of `deploys/full.py` would change:",
+            "",
+            "| stage | operation |",
+            "|---|---|",
+        ]
+        lines += [f"| {d['stage'] or '-'} | {_md(d['operation'])} |" for d in drift]
+        lines.append("")
+    elif not refused:
+        lines += ["Converged: `deploys/full.py` would change nothing.", ""]
+    if entry.get("conditional"):
+        words = ", ".join(f"{d['operation']} [{d['stage']}]" for d in entry["conditional"])
+        lines += [f"Only if an operation before them changes: {words}.", ""]
+    for reason in refused:
+        lines.append(f"- Refused: {reason}")
+    if entry.get("drift_note"):
+        lines.append(f"- Note: {entry['drift_note']}")
+    return lines + ([""] if refused or entry.get("drift_note") else [])
+
+
+def _markdown_model(entry: dict[str, Any]) -> list[str]:
+    if "compatibility" not in entry and "capacity" not in entry:
+        return []
+    lines = ["### Model", ""]
+    if entry.get("compatibility") is None and entry.get("capacity") is None:
+        return lines + [f"Not planned: {entry.get('model_note') or 'no model lock'}", ""]
+    lines += ["| check | ok | detail | fix |", "|---|---|---|---|"]
+    for check in entry.get("compatibility") or []:
+        ok = {True: "yes", False: "NO", None: "-"}[check["ok"]]
+        lines.append(
+            f"| {check['name']} | {ok} | {_md(check['detail'])} | {_md(check['fix'])} |"
+        )
+    capacity = entry.get("capacity") or {}
+    check = capacity.get("check")
+    if check:
+        ok = {True: "yes", False: "NO", None: "-"}[check["ok"]]
+        lines.append(
+            f"| {check['name']} | {ok} | {_md(check['detail'])} | {_md(check['fix'])} |"
+        )
+    lines.append("")
+    if "error" in capacity:
+        lines.append(f"- Capacity: {capacity['error']}")
+    elif capacity:
+        lines += [
+            f"- Capacity at {capacity['gpu_memory_mib']} MiB per GPU "
+            f"({capacity['gpu_memory_source']}): {capacity['sequences']} sequence(s) of "
+            f"{capacity['max_model_len']} tokens at once; KV cache "
+            f"{capacity['kv_bytes_per_token']} bytes per token; the longest "
+            f"max_model_len that fits: {capacity['max_model_len_that_fits']}",
+        ]
+    return lines + [""]
+
+
+def summary_table(report: dict[str, Any]) -> str:
+    header = (
+        "host", "OS", "GPUs", "driver", "CUDA", "MIG", "persistence", "NVLink", "TP GPUs",
+        "verdict", "drift",
+    )
+    rows = [header]
+    for name, entry in sorted(report["hosts"].items()):
+        s = entry["summary"]
+        rows.append(
+            (
+                name,
+                s["os"] or "-",
+                _gpu_words(s),
+                s["driver_version"] or "-",
+                s["cuda_version"] or "-",
+                _mig_words(s),
+                _persistence_words(s),
+                _nvlink_words(entry["state"]),
+                _link_words(s, entry["state"]),
+                s["verdict"],
+                _drift_words(entry),
+            )
+        )
+    widths = [max(len(str(row[i])) for row in rows) for i in range(len(header))]
+    return "\n".join(
+        "  ".join(str(cell).ljust(widths[i]) for i, cell in enumerate(row)).rstrip()
+        for row in rows
+    )
+
+
+def _paths(report_dir: str) -> tuple[Path, Path]:
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    directory = Path(report_dir)
+    return directory / f"audit-{stamp}.json", directory / f"audit-{stamp}.md"
+
+
+def _write(report: dict[str, Any]) -> None:
+    json_path, md_path = _RUN["paths"]
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    json_path.write_text(json.dumps(report, indent=2, sort_keys=True, default=str) + "\n")
+    md_path.write_text(render_markdown(report) + "\n")
+    index = os.environ.get(INDEX_ENV)
+    if index:
+        paths = {"json": str(json_path.resolve()), "markdown": str(md_path.resolve())}
+        Path(index).write_text(json.dumps(paths) + "\n")
+
+
+def _report() -> dict[str, Any]:
+    return {
+        "generated_at": _RUN["generated_at"],
+        "hosts": _RUN["hosts"],
+    }
+
+
+def _print_summary() -> None:
+    if not _RUN["hosts"]:
+        return
+    json_path, md_path = _RUN["paths"]
+    print("\n" + summary_table(_report()), file=sys.stderr)
+    print(f"\nAudit reports written to {json_path} and {md_path}", file=sys.stderr)
+
+
+def record(name: str, entry: dict[str, Any], report_dir: str) -> None:
+    """Add one host's entry and rewrite the run's reports."""
+    if _RUN["paths"] is None:
+        _RUN["paths"] = _paths(report_dir)
+        _RUN["generated_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    if not _RUN["registered"]:
+        atexit.register(_print_summary)
+        _RUN["registered"] = True
+    _RUN["hosts"][name] = entry
+    _write(_report())

@@ -1,0 +1,50 @@
+"""Audit: read every host's OS, driver, GPUs, MIG, persistence, topology and NVLink
+state, judge it against the settings, and write a JSON and a Markdown report.
+
+Changes nothing on any host: it adds no operation, it only reads facts.
+
+    pyinfra inventory.py deploys/audit.py                  # state and verdicts
+    python -m tools.audit inventory.py                     # ... plus drift; exit 1 on drift
+
+Drift: loaded after deploys/full.py in one ``--dry`` run (what ``python -m tools.audit``
+runs: ``pyinfra --dry inventory.py deploys/full.py deploys/audit.py``), it also records,
+per host, the operations deploys/full.py would change and the reasons a stage refused
+the host. pyinfra prepares each file for every host before the next file
+(pyinfra_cli/cli.py ``_prepare_deploy_operations``), so when this file runs for a host,
+all of deploys/full.py's operations for it are in pyinfra's state with their change
+flag, and the stages' refusals are in the run context they share.
+
+With the model lock (tools.model_lock; the run context reads it, or the ``model_lock``
+setting names it), the report also carries the compatibility checks and the capacity
+plan of the model on each host.
+"""
+
+from __future__ import annotations
+
+from pyinfra import host, state
+from pyinfra.api import deploy
+
+from pyinfra_vllm.context import context
+from pyinfra_vllm.gates import installed_registry
+from pyinfra_vllm.report import host_plan, model_plans, record, summarize
+
+# The audit reads a host without a model lock too (it then says so); deploys/full.py,
+# when it runs first in the same process, has already required one.
+
+
+@deploy("audit")
+def audit() -> None:
+    """Audit: read every host's OS, driver, GPUs, MIG, persistence, topology and NVLink"""
+    ctx = context(host, lock_required=False)
+    entry = summarize(host.name, ctx.state, ctx.settings)
+    entry.update(host_plan(state, host, ctx.refused))
+    registry = (
+        installed_registry(ctx.environments(host), ctx.environment_path) if ctx.lock else None
+    )
+    plans = model_plans(ctx.settings, ctx.lock, ctx.state, registry)
+    entry.update(
+        compatibility=plans["compatibility"],
+        capacity=plans["capacity"],
+        model_note=plans["why"],
+    )
+    record(host.name, entry, report_dir=ctx.settings.audit_report_dir)

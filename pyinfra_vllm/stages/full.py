@@ -1,0 +1,50 @@
+"""The whole run: every stage, in the order of the runbook.
+
+Settings are validated first: a bad value stops the whole run before any host is
+touched. A host whose state fails a check stops with its reason; the others go on.
+Each stage is also a deploy of its own (deploys/<stage>.py), and any can be skipped
+with the skip_stages setting.
+"""
+
+from __future__ import annotations
+
+from pyinfra.api import deploy
+
+from pyinfra_vllm.stages.driver import driver
+from pyinfra_vllm.stages.gateway import gateway
+from pyinfra_vllm.stages.metrics import metrics
+from pyinfra_vllm.stages.mig import mig
+from pyinfra_vllm.stages.model import model
+from pyinfra_vllm.stages.model_volume import model_volume
+from pyinfra_vllm.stages.persistence import persistence
+from pyinfra_vllm.stages.preflight import preflight
+from pyinfra_vllm.stages.python_env import python_env
+from pyinfra_vllm.stages.sysctl import sysctl
+from pyinfra_vllm.stages.vllm_service import vllm_service
+
+
+@deploy("full")
+def full() -> None:
+    """Bootstrap or repair a GPU server, stage by stage."""
+    # Check, change nothing: OS, driver, GPUs, NVLink between the tensor-parallel GPUs.
+    preflight()
+    # The pinned driver on a bare host (then reboot), packages held against upgrades.
+    driver()
+    # MIG off, the mig-parted way: never reset a GPU in use.
+    mig()
+    # Persistence mode through nvidia-persistenced.
+    persistence()
+    # Kernel parameters in a sysctl.d drop-in, applied now.
+    sysctl()
+    # XFS with noatime for the weights, in fstab by UUID.
+    model_volume()
+    # vLLM and torch, pinned by the stack, in an environment proven before it is used.
+    python_env()
+    # The locked model files, downloaded and verified into the model volume.
+    model()
+    # The engine under systemd: GPU guard before each start, ready only once it serves.
+    vllm_service()
+    # nginx in front of the engine: API keys, streaming without buffering, /metrics.
+    gateway()
+    # The verdicts and the capacity plan, for node_exporter's textfile collector.
+    metrics()

@@ -1,0 +1,35 @@
+"""MIG: off on every GPU, so vLLM's tensor parallelism gets whole GPUs.
+
+Follows mig-parted: read the current and pending mode; GPUs already disabled get no
+command; otherwise our vLLM service is stopped (when it exists and runs), a GPU used by
+any other process stops the host with the PIDs before anything changes, and idle GPUs
+get ``nvidia-smi -i N -mig 0`` and ``nvidia-smi -i N -r``, then a check that the mode
+took effect. Still pending after the reset: reboot (``allow_reboot``) or stop the host
+with "reboot required". The operation reads the GPUs when it runs, so it also works
+after the driver stage rebooted a fresh host.
+
+    pyinfra inventory.py deploys/mig.py
+"""
+
+from __future__ import annotations
+
+from pyinfra import host
+from pyinfra.api import deploy
+
+from operations import mig as mig_ops
+from pyinfra_vllm.context import context
+
+
+@deploy("mig")
+def mig() -> None:
+    """MIG: off on every GPU, so vLLM's tensor parallelism gets whole GPUs."""
+    ctx = context(host)
+
+    if ctx.proceed("mig"):
+        # mig_mode allows only "disabled" (vLLM tensor parallelism needs whole GPUs).
+        mig_ops.mig_disabled(
+            name="MIG: disabled on every GPU",
+            service=mig_ops.VLLM_UNIT,
+            allow_reboot=ctx.settings.allow_reboot,
+            gpus=ctx.state.get("gpus"),
+        )

@@ -1,0 +1,38 @@
+"""Model volume: XFS for the weights, mounted with noatime at model_dir, in fstab by UUID.
+
+With ``model_volume_device`` set: a device carrying nothing is formatted only with
+``model_volume_mkfs``; a device carrying anything but XFS stops the host, untouched.
+The fstab line (``UUID=... <model_dir> xfs noatime,nofail 0 0``) is verified with
+``findmnt --verify`` before it replaces /etc/fstab. Without a device, ``model_dir`` is
+just a directory on the root file system.
+
+    pyinfra inventory.py deploys/model_volume.py
+"""
+
+from __future__ import annotations
+
+from pyinfra import host
+from pyinfra.api import deploy
+from pyinfra.operations import files
+
+from operations import model_volume as model_volume_ops
+from pyinfra_vllm.context import context
+
+
+@deploy("model_volume")
+def model_volume() -> None:
+    """Model volume: XFS for the weights, mounted with noatime at model_dir, in fstab by UUID."""
+    ctx = context(host)
+
+    if ctx.proceed("model_volume"):
+        settings = ctx.settings
+        if settings.model_volume_device is None:
+            files.directory(name="Model volume: model directory", path=settings.model_dir)
+        else:
+            model_volume_ops.mounted(
+                name="Model volume: XFS mounted at the model directory",
+                device=settings.model_volume_device,
+                path=settings.model_dir,
+                options=list(settings.model_volume_mount_options),
+                mkfs=settings.model_volume_mkfs,
+            )

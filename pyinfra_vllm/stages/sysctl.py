@@ -1,0 +1,30 @@
+"""Sysctl: kernel parameters for a long-context server, persisted and applied.
+
+The ``sysctl`` setting is written to ``/etc/sysctl.d/<sysctl_file_priority>-vllm.conf``
+(a drop-in, not /etc/sysctl.conf) and each key whose running value drifted is set back
+with ``sysctl -w``. A key this host cannot write (a container's read-only /proc/sys) is
+persisted and reported as NOT applied, with its name, and counts as no change.
+
+    pyinfra inventory.py deploys/sysctl.py
+"""
+
+from __future__ import annotations
+
+from pyinfra import host
+from pyinfra.api import deploy
+
+from operations import sysctl as sysctl_ops
+from pyinfra_vllm.context import context
+
+
+@deploy("sysctl")
+def sysctl() -> None:
+    """Sysctl: kernel parameters for a long-context server, persisted and applied."""
+    ctx = context(host)
+
+    if ctx.proceed("sysctl"):
+        sysctl_ops.drop_in(
+            name="Sysctl: kernel parameters persisted and applied",
+            params=dict(ctx.settings.sysctl),
+            path=sysctl_ops.drop_in_path(ctx.settings.sysctl_file_priority),
+        )

@@ -1,0 +1,105 @@
+"""vLLM service: the OpenAI server under systemd, tensor parallel on the NVLink-joined GPUs.
+
+A dedicated ``vllm`` user runs ``python -m vllm.entrypoints.openai.api_server`` from the
+stack's environment on 127.0.0.1, behind the gateway. Every flag comes from settings and
+is checked against the installed server's ``--help`` before the unit is written. Before
+each start the GPU guard checks GPU count, MIG, foreign processes and NVLink (one line in
+the journal when it refuses); after it, the unit stays "activating" until /health, a
+one-token completion and the warm-ups answered. A change to the unit restarts the engine
+once; no change, no restart.
+
+    pyinfra inventory.py deploys/vllm_service.py
+"""
+
+from __future__ import annotations
+
+from pyinfra import host, logger
+from pyinfra.api import deploy
+
+from facts.python_env import MARKER
+from facts.storage import FilesystemSize
+from facts.topology import tp_link_verdict
+from operations import accounts, file_set, gate, model
+from operations import vllm_service as vllm_service_ops
+from pyinfra_vllm.context import context
+
+
+@deploy("vllm_service")
+def vllm_service() -> None:
+    """vLLM service: the OpenAI server under systemd, tensor parallel on the NVLink-joined GPUs."""
+    ctx = context(host)
+
+    if ctx.proceed("vllm_service"):
+        settings = ctx.settings
+        env_path = ctx.environment_path
+        python = f"{env_path}/bin/python"
+        model_path = model.model_path(settings.model_dir, settings.model_id)
+        # The GPUs preflight judged: the NVLink-joined set when there is one.
+        verdict = tp_link_verdict(ctx.state.get("topology"), settings.tensor_parallel_size)
+        devices = verdict["indices"] or None
+        marker = (ctx.environments(host)["envs"].get(env_path) or {}).get("marker")
+        accepted = set(marker["runtime"]["flags"]) if marker else None
+
+        problems = []
+        flags = vllm_service_ops.server_flags(settings, model_path, accepted)
+        unknown = vllm_service_ops.unknown_flags(flags, accepted) if accepted else []
+        if unknown:
+            problems.append(
+                f"vllm_service: the installed vLLM {settings.vllm_version} server does not accept "
+                f"{', '.join(unknown)}: change the setting that adds it, or vllm_version"
+            )
+        shm = vllm_service_ops.shm_problem(host.get_fact(FilesystemSize, path="/dev/shm"),
+                                       settings.vllm_min_shm_mib)
+        if shm:
+            problems.append(f"vllm_service: {shm}; raise it (fstab: tmpfs /dev/shm size=...) "
+                            "or lower vllm_min_shm_mib")
+        if problems:
+            ctx.refused.extend(problems)
+            for reason in problems:
+                host.log_styled(reason, fg="red", log_func=logger.error)
+            gate.refuse(name="vLLM service: host refused", reasons=problems)
+        else:
+            accounts.system_account(
+                name="vLLM service: system account vllm (no login)",
+                account=vllm_service_ops.SERVICE_USER,
+                home=vllm_service_ops.STATE_DIR,
+            )
+            file_set.present(
+                name="vLLM service: GPU guard and readiness wait",
+                files={
+                    vllm_service_ops.GUARD_PATH: ("files/gpu_guard.py", "755"),
+                    vllm_service_ops.READY_PATH: ("files/wait_ready.py", "755"),
+                },
+            )
+            if marker is None:
+                # Built in this run: its --help was unknown when the run was planned.
+                vllm_service_ops.flags_accepted(
+                    name="vLLM service: flags accepted by the new environment's server",
+                    python=python,
+                    marker=f"{env_path}/{MARKER}",
+                    flags=flags,
+                )
+            # The environment file holds no secret by default: the weights are local
+            # (HF_HUB_OFFLINE=1) and the gateway checks the API keys, so the engine needs
+            # neither HF_TOKEN nor VLLM_API_KEY. Mode 0600 all the same: it is where they go.
+            unit = file_set.present(
+                name="vLLM service: systemd unit and its environment file",
+                files={
+                    vllm_service_ops.UNIT_PATH: (
+                        vllm_service_ops.render_unit(
+                            settings, python=python, model_path=model_path, devices=devices,
+                            accepted=accepted,
+                        ).encode(),
+                        "644",
+                    ),
+                    vllm_service_ops.ENV_PATH: (vllm_service_ops.render_env().encode(), "600"),
+                },
+            )
+            vllm_service_ops.restarted(
+                name="vLLM service: restarted for its new unit",
+                start=settings.vllm_start,
+                _if=unit.did_change,
+            )
+            vllm_service_ops.running(name="vLLM service: enabled and running"
+                                 if settings.vllm_start else "vLLM service: enabled",
+                                 start=settings.vllm_start)

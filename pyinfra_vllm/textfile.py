@@ -1,0 +1,54 @@
+"""The host's verdicts for node_exporter's textfile collector, in Prometheus text format.
+
+The same checks preflight and the audit judge (pyinfra_vllm/checks.py, pyinfra_vllm/gates.py),
+and the capacity plan, as gauges; written by the metrics stage to
+``{textfile_collector_dir}/pyinfra_vllm.prom``, where node_exporter's textfile collector
+picks them up. Only values the deploy itself does not change go in (no MIG or
+persistence state, no timestamp), so a converged host's file stays byte for byte the
+same and a re-run changes nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# 1 passed, 0 failed, -1 not judged (no driver yet, a warning the settings allow).
+_CHECK_VALUE = {True: 1, False: 0, None: -1}
+
+
+def _label(value: Any) -> str:
+    text = str(value)
+    return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def metrics_text(host: str, checks: list[dict[str, Any]], info: dict[str, Any],
+                 capacity: dict[str, Any] | None) -> str:
+    """The .prom file: check gauges, an info gauge, and the capacity plan's numbers."""
+    lines = [
+        "# Written by pyinfra-vllm (deploys/metrics.py); replaced on every run.",
+        "# HELP pyinfra_vllm_check_ok Deploy checks: 1 passed, 0 failed, -1 not judged.",
+        "# TYPE pyinfra_vllm_check_ok gauge",
+    ]
+    for check in checks:
+        lines.append(f'pyinfra_vllm_check_ok{{check="{_label(check["name"])}",'
+                     f'severity="{_label(check["severity"])}"}} {_CHECK_VALUE[check["ok"]]}')
+    labels = ",".join(f'{key}="{_label(value)}"' for key, value in sorted(info.items()))
+    lines += [
+        "# HELP pyinfra_vllm_info The stack this host is deployed with.",
+        "# TYPE pyinfra_vllm_info gauge",
+        f"pyinfra_vllm_info{{host=\"{_label(host)}\",{labels}}} 1",
+    ]
+    if capacity and "error" not in capacity:
+        for name, key, words in (
+            ("sequences", "sequences", "max_model_len sequences that fit at once"),
+            ("kv_bytes_per_token", "kv_bytes_per_token", "KV cache bytes per token"),
+            ("weights_bytes_per_gpu", "weights_bytes_per_gpu", "model weights per GPU"),
+            ("kv_budget_bytes_per_gpu", "kv_budget_bytes_per_gpu",
+             "memory left for the KV cache per GPU"),
+        ):
+            lines += [
+                f"# HELP pyinfra_vllm_capacity_{name} Capacity plan: {words}.",
+                f"# TYPE pyinfra_vllm_capacity_{name} gauge",
+                f"pyinfra_vllm_capacity_{name} {int(capacity[key])}",
+            ]
+    return "\n".join(lines) + "\n"

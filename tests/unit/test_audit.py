@@ -1,0 +1,246 @@
+"""The audit's drift: what a --dry plan would change per host, read from a real pyinfra
+State prepared as the CLI prepares it (no connection: the operations below read no
+facts), the verdict of python -m tools.audit, and the reports' rendering."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyinfra
+import pytest
+from pyinfra.api import Config, Inventory, State, operation
+from pyinfra.api.state import StateStage
+from pyinfra.context import ctx_host, ctx_state
+
+from operations import gate
+from pyinfra_vllm.report import (
+    host_plan,
+    model_plans,
+    render_markdown,
+    split_op_name,
+    summary_table,
+)
+from pyinfra_vllm.settings import validate
+from tools.audit import UsageError, parse_args, plan_hosts, pyinfra_command, verdict
+
+CONFIG = Path(__file__).resolve().parents[1] / "fixtures/hf/qwen3.6-27b/config.json"
+
+
+@operation()
+def demo(change: bool):
+    """
+    Yield one command when ``change``, none otherwise.
+
+    + change: whether the host differs from what the operation wants
+    """
+    if change:
+        yield "true"
+
+
+@pytest.fixture(autouse=True)
+def cli_mode(monkeypatch):
+    # As under the pyinfra CLI: an operation's hash comes from the lines of its call
+    # stack, so one line gives one operation on every host that reaches it.
+    monkeypatch.setattr(pyinfra, "is_cli", True)
+
+
+def fleet(check_for_changes: bool = True) -> tuple[State, dict]:
+    inventory = Inventory((["gpu-1", "gpu-2", "gpu-3"], {}))
+    state = State(inventory, Config(), check_for_changes=check_for_changes)
+    state.set_stage(StateStage.Prepare)
+    return state, {h.name: h for h in inventory}
+
+
+def stage_op(state, host, stage: str, op, **kwargs):
+    """Prepare ``op`` for one host, named the way deploys/full.py's local.include names it."""
+    with ctx_state.use(state), ctx_host.use(host):
+        with host.deploy(f"deploys/{stage}.py", None, None, in_deploy=False):
+            op(**kwargs)
+
+
+def planned_fleet(check_for_changes: bool = True) -> tuple[State, dict]:
+    """gpu-1 converged, gpu-2 drifted in sysctl and gateway, gpu-3 refused by the driver
+    stage after an install it would make."""
+    state, hosts = fleet(check_for_changes)
+    state.current_op_file_number = 1  # deploys/audit.py is the second file of the run
+    for name, changes in {"gpu-1": (False, False), "gpu-2": (True, True)}.items():
+        host = hosts[name]
+        stage_op(state, host, "driver", demo, name="Driver: hold the NVIDIA and CUDA packages",
+                 change=False)
+        stage_op(state, host, "sysctl", demo, name="Sysctl: kernel parameters persisted and "
+                 "applied", change=changes[0])
+        stage_op(state, host, "persistence", demo, name="Persistence: reload systemd units",
+                 change=True, _if=lambda: False)
+        stage_op(state, host, "gateway", demo, name="Gateway: nginx enabled and running",
+                 change=changes[1])
+    bare = hosts["gpu-3"]
+    stage_op(state, bare, "driver", demo, name="Driver: install nvidia-headless-535-server",
+             change=True)
+    stage_op(state, bare, "driver", gate.refuse, name="Driver: reboot required",
+             reasons=["driver 535-server installed; reboot required"])
+    return state, hosts
+
+
+def test_split_op_name():
+    assert split_op_name("deploys/sysctl.py | Sysctl: kernel parameters") == (
+        "sysctl", "Sysctl: kernel parameters")
+    assert split_op_name("deploys/full.py | deploys/model_volume.py | Model volume: XFS") == (
+        "model_volume", "Model volume: XFS")
+    assert split_op_name("Model volume: XFS mounted") == ("model_volume", "Model volume: XFS mounted")
+    assert split_op_name("apt.packages") == (None, "apt.packages")
+
+
+def test_drift_per_host_from_pyinfra_state():
+    state, hosts = planned_fleet()
+    assert host_plan(state, hosts["gpu-1"], []) == {
+        "drift": [],
+        "conditional": [{"operation": "Persistence: reload systemd units",
+                         "stage": "persistence"}],
+        "refused": [],
+        "drift_note": None,
+    }
+    assert host_plan(state, hosts["gpu-2"], [])["drift"] == [
+        {"operation": "Sysctl: kernel parameters persisted and applied", "stage": "sysctl"},
+        {"operation": "Gateway: nginx enabled and running", "stage": "gateway"},
+    ]
+    refused = host_plan(state, hosts["gpu-3"], ["driver 535-server installed; reboot required"])
+    # The refusal (operations/gate.py) is pyinfra's "change", not drift.
+    assert refused["drift"] == [
+        {"operation": "Driver: install nvidia-headless-535-server", "stage": "driver"}
+    ]
+    assert refused["refused"] == ["driver 535-server installed; reboot required"]
+
+
+def test_drift_is_not_claimed_without_a_plan():
+    state, hosts = planned_fleet(check_for_changes=False)  # pyinfra -y
+    plan = host_plan(state, hosts["gpu-2"], [])
+    assert (plan["drift"], plan["refused"]) == (None, None)
+    assert "-y" in plan["drift_note"]
+    state, hosts = planned_fleet()
+    state.current_op_file_number = 0  # deploys/audit.py alone
+    assert "ran alone" in host_plan(state, hosts["gpu-2"], [])["drift_note"]
+
+
+def entry(drift, refused, conditional=()):
+    return {
+        "summary": {"os": "Ubuntu 22.04.4 LTS", "driver_present": True, "driver_version":
+                    "535.129.03", "cuda_version": "12.2", "kernel_module": None, "gpu_count": 2,
+                    "gpu_names": ["NVIDIA A100 80GB PCIe"], "mig": [], "persistence": [],
+                    "tensor_parallel_size": 2, "tp_link": None, "module_mismatch": None,
+                    "verdict": "ok"},
+        "checks": [],
+        "state": {"topology": None, "nvlink": None},
+        "drift": drift, "conditional": list(conditional), "refused": refused,
+        "drift_note": None,
+    }
+
+
+SYSCTL = {"operation": "Sysctl: kernel parameters persisted and applied", "stage": "sysctl"}
+REPORT = {
+    "generated_at": "2026-11-29T10:00:00+00:00",
+    "hosts": {
+        "gpu-1": entry([], []),
+        "gpu-2": entry([SYSCTL], []),
+        "gpu-3": entry([], ["preflight tp_nvlink: no 2 GPUs are joined by NVLink"]),
+    },
+}
+
+
+def test_terminal_table_has_a_drift_column():
+    table = summary_table(REPORT).splitlines()
+    assert table[0].endswith("verdict  drift")
+    assert table[1].startswith("gpu-1") and table[1].endswith("ok       converged")
+    assert table[2].endswith("ok       1 change(s)")
+    assert table[3].endswith("ok       refused")
+
+
+def test_markdown_drift_sections():
+    md = render_markdown(REPORT)
+    assert "| gpu-2 | 1 change(s) | Sysctl: kernel parameters persisted and applied [sysctl] | - |" in md
+    assert "| gpu-3 | refused | - | preflight tp_nvlink: no 2 GPUs are joined by NVLink |" in md
+    assert "Converged: `deploys/full.py` would change nothing." in md
+    assert "| sysctl | Sysctl: kernel parameters persisted and applied |" in md
+    assert "- Refused: preflight tp_nvlink: no 2 GPUs are joined by NVLink" in md
+
+
+def test_verdict_exit_codes_and_lines():
+    plan = {"plan": [{"name": "x", "hosts_with_change": ["gpu-2", "gpu-3"],
+                      "hosts_with_conditional_change": ["gpu-1"]}], "results": None}
+    code, lines = verdict(REPORT, plan)
+    assert code == 1
+    assert lines == [
+        "drift: host gpu-2: 1 operation(s) would change: "
+        "Sysctl: kernel parameters persisted and applied [sysctl]",
+        "drift: host gpu-3: refused: preflight tp_nvlink: no 2 GPUs are joined by NVLink",
+        "audit: 2 of 3 host(s) drifted or refused",
+    ]
+    converged = {"generated_at": "t", "hosts": {"gpu-1": entry([], [])}}
+    assert verdict(converged, {"plan": []}) == (0, ["audit: 1 host(s) converged, none refused"])
+    # pyinfra says gpu-1 would change but the audit found nothing: never "converged".
+    code, lines = verdict(converged, {"plan": [{"hosts_with_change": ["gpu-1"]}]})
+    assert code == 2 and "disagree" in lines[-1]
+    assert verdict(converged, None)[0] == 2
+    unchecked = {"hosts": {"gpu-1": {**entry(None, None), "drift_note": "not checked: -y"}}}
+    assert verdict(unchecked, {"plan": []}) == (2, ["audit: host gpu-1: not checked: -y"])
+
+
+def test_plan_hosts_ignores_conditional_changes():
+    assert plan_hosts({"plan": [{"hosts_with_change": ["a"],
+                                 "hosts_with_conditional_change": ["b"]}]}) == {"a"}
+    with pytest.raises(ValueError):
+        plan_hosts({"results": None})
+
+
+def test_wrapper_arguments():
+    assert parse_args(["inventory.py", "--data", "x=1", "--deploy", "deploys/sysctl.py"]) == (
+        "inventory.py", "deploys/sysctl.py", ["--data", "x=1"])
+    assert parse_args(["@local"])[1] == "deploys/full.py"
+    for bad in ([], ["--limit", "h", "inv.py"], ["inv.py", "-y"], ["inv.py", "--deploy"]):
+        with pytest.raises(UsageError):
+            parse_args(bad)
+    command = pyinfra_command("@local", "deploys/full.py", ["--limit", "h"])
+    assert command[1:] == ["-m", "pyinfra", "--dry", "--json", "--limit", "h", "@local",
+                           "deploys/full.py", "deploys/audit.py"]
+
+
+def test_model_plans_without_a_lock():
+    settings = validate({})
+    assert model_plans(settings, None, {}) == {
+        "compatibility": None,
+        "capacity": None,
+        "why": "no model lock: python -m tools.model_lock writes one (setting model_lock)",
+    }
+
+
+def test_model_plans_qwen36_on_two_a100():
+    config = json.loads(CONFIG.read_text())
+    lock = {"model_id": "Qwen/Qwen3.6-27B", "config": config,
+            "files": [{"path": "model-00001-of-00002.safetensors", "size": 30_000_000_000},
+                      {"path": "model-00002-of-00002.safetensors", "size": 25_600_000_000},
+                      {"path": "config.json", "size": 1234}]}
+    state = {"driver": {"driver_version": "535.129.03"},
+             "gpus": [{"index": 0, "memory_total_mib": 81920},
+                      {"index": 1, "memory_total_mib": 81920}]}
+    plans = model_plans(validate({}), lock, state)  # the seed's vLLM 0.6.3
+    arch, context_length, fits = plans["compatibility"]
+    assert (arch["name"], arch["ok"]) == ("model_architecture", False)
+    assert "0.17.0" in arch["detail"]
+    assert (context_length["name"], context_length["ok"]) == ("context_length", True)
+    assert (fits["name"], fits["ok"]) == ("capacity", True)
+    capacity = plans["capacity"]
+    assert (capacity["weights_bytes"], capacity["weights_source"]) == (55_600_000_000, "lock")
+    assert (capacity["gpu_memory_mib"], capacity["gpu_memory_source"]) == (81920, "host")
+    # 16 full-attention layers x 4 KV heads x head_dim 256 x 2 (K, V) x 2 bytes.
+    assert capacity["kv_bytes_per_token"] == 65536
+    assert capacity["check"]["ok"] is True and capacity["sequences"] >= 1
+    md = render_markdown({"generated_at": "t", "hosts": {"gpu-1": {
+        **entry([], []), **plans, "model_note": None}}})
+    assert "| model_architecture | NO |" in md
+    assert "- Capacity at 81920 MiB per GPU (host):" in md
+
+
+def test_model_plans_report_a_config_they_cannot_plan():
+    plans = model_plans(validate({}), {"config": {"architectures": ["X"]}, "files": []}, {})
+    assert plans["capacity"]["error"].startswith("config.json cannot be planned: KeyError")
+    assert plans["capacity"]["gpu_memory_source"].startswith("min_gpu_memory_mib")

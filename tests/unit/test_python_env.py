@@ -1,0 +1,125 @@
+"""The python_env stage's helpers: requirements, interpreter, environment path, download environment, the host's Python, and the probe's flag parser."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pyinfra.api import StringCommand
+
+from files.vllm_probe import server_flags
+from operations.python_env import (
+    download_env,
+    environment_path,
+    interpreter,
+    python_problem,
+    requirements_text,
+)
+from pyinfra_vllm.stacks import STACKS
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+
+
+HELP_063 = FIXTURES / "vllm/vllm-0.6.3-api-server-help.txt"
+
+
+# --- requirements and environment paths -----------------------------------------------
+def test_requirements_text_of_the_063_stack():
+    assert requirements_text(STACKS["0.6.3"]) == (
+        "vllm==0.6.3\n"
+        "numpy==1.26.4\n"
+        "setuptools==75.1.0\n"
+        "tokenizers==0.20.1\n"
+        "torch==2.4.0\n"
+        "torchvision==0.19.0\n"
+        "transformers==4.45.2\n"
+        "xformers==0.0.27.post2\n"
+    )
+
+
+def test_requirements_text_puts_vllm_first_then_sorted_pins():
+    lines = requirements_text(STACKS["0.17.0"]).splitlines()
+    assert lines[0] == "vllm==0.17.0"
+    assert lines[1:] == sorted(lines[1:])
+    assert "torch==2.10.0" in lines and "transformers==4.57.6" in lines
+
+
+def test_interpreter_conda_installs_the_stack_python_others_use_python3():
+    assert interpreter("conda", STACKS["0.6.3"]) == "3.10"
+    assert interpreter("conda", STACKS["0.17.0"]) == "3.12"
+    assert interpreter("uv", STACKS["0.6.3"]) == "python3"
+    assert interpreter("venv", STACKS["0.17.0"]) == "python3"
+
+
+def test_environment_path_is_stable_and_depends_on_stack_manager_and_python():
+    stack = STACKS["0.6.3"]
+    path = environment_path("/opt/vllm", stack, "uv", "python3")
+    # Pinned: a change here moves every host to a new environment on its next run.
+    assert path == "/opt/vllm/envs/vllm-0.6.3-fe3b02e1"
+    assert environment_path("/opt/vllm", dict(stack), "uv", "python3") == path
+    others = {
+        environment_path("/opt/vllm", stack, "venv", "python3"),
+        environment_path("/opt/vllm", stack, "conda", "3.10"),
+        environment_path("/opt/vllm", stack, "conda", "3.11"),
+        environment_path("/opt/vllm", STACKS["0.17.0"], "uv", "python3"),
+    }
+    assert len(others) == 4 and path not in others
+    changed_pin = dict(stack, pins=dict(stack["pins"], transformers="4.45.1"))
+    assert environment_path("/opt/vllm", changed_pin, "uv", "python3") != path
+    assert environment_path("/srv/vllm", stack, "uv", "python3").startswith("/srv/vllm/envs/")
+
+
+def test_download_env_adds_ca_and_proxy_only_when_set():
+    plain = StringCommand(*download_env("https://pypi.org/simple", None, None)).get_raw_value()
+    plain = plain.split()
+    assert plain[0] == "env" and "PIP_INDEX_URL=https://pypi.org/simple" in plain
+    assert not any("PROXY" in part.upper() or "CERT" in part for part in plain)
+    full = StringCommand(*download_env("https://m/simple", "/ca.pem", "http://p:3128"))
+    full = full.get_raw_value().split()
+    for wanted in ("PIP_CERT=/ca.pem", "SSL_CERT_FILE=/ca.pem", "CURL_CA_BUNDLE=/ca.pem",
+                   "HTTPS_PROXY=http://p:3128", "https_proxy=http://p:3128",
+                   "UV_DEFAULT_INDEX=https://m/simple"):
+        assert wanted in full
+
+
+# --- the probe's flags ----------------------------------------------------------------
+def test_server_flags_on_the_recorded_063_help():
+    flags = server_flags(HELP_063.read_text())
+    # 115 = 114 options vLLM 0.6.3's api_server defines + "--tool-call-parserto" (vLLM's
+    # own help text runs that option into the next word). The pieces of options argparse
+    # wraps after a hyphen ("--max-seq-len-to-" / "capture") are not counted;
+    # tests/e2e/test_engine_stages.py pins the same 115.
+    assert len(flags) == 115
+    assert flags == sorted(set(flags))
+    for flag in ("--tensor-parallel-size", "--enable-chunked-prefill",
+                 "--disable-custom-all-reduce", "--served-model-name", "--max-model-len",
+                 "--block-size", "--help", "--max-seq-len-to-capture"):
+        assert flag in flags
+    assert [flag for flag in flags if flag.endswith("-")] == []
+    assert "--" not in flags and all(len(flag) > 3 for flag in flags)
+
+
+def test_server_flags_ignores_single_dash_and_embedded_dashes():
+    text = "usage: [-h] [--port PORT] a--b --x=1 (see --seed.) --Upper ---triple -- end"
+    assert server_flags(text) == ["--port", "--seed", "--x"]
+
+
+# --- the host's python3 -----------------------------------------------------------------
+def test_python_problem_without_python3():
+    problem = python_problem(None, ["3.8", "3.12"], "uv")
+    assert problem is not None
+    assert "python_env_manager=uv" in problem and "there is none" in problem
+    assert "python_env_manager=conda" in problem
+
+
+def test_python_problem_inside_the_range():
+    assert python_problem("3.11.2", STACKS["0.6.3"]["python_range"], "uv") is None
+    assert python_problem("3.12.9", STACKS["0.6.3"]["python_range"], "venv") is None
+    assert python_problem("3.8.0", STACKS["0.6.3"]["python_range"], "venv") is None
+
+
+def test_python_problem_outside_the_range():
+    problem = python_problem("3.13.1", STACKS["0.6.3"]["python_range"], "venv")
+    assert problem is not None
+    assert "3.13.1" in problem and "3.8..3.12" in problem
+    assert "python_env_manager=conda" in problem
+    assert python_problem("3.9.2", STACKS["0.17.0"]["python_range"], "uv") is not None

@@ -1,0 +1,297 @@
+"""Pure helpers of the vLLM service: flags, systemd quoting, the unit and its env file."""
+
+from __future__ import annotations
+
+import configparser
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+from pyinfra.api import OperationValueError
+
+from files.vllm_probe import server_flags as help_server_flags
+from operations.vllm_service import (
+    render_env,
+    render_unit,
+    server_flags,
+    shm_problem,
+    systemd_quote,
+    unknown_flags,
+)
+from pyinfra_vllm.settings import Settings, validate
+
+PYTHON = "/opt/vllm/envs/vllm-0.6.3/bin/python"
+MODEL = "/srv/models/Qwen/Qwen3.6-27B"
+# `systemd-analyze security --offline=true` on the default unit, systemd 252 (Debian 12).
+EXPOSURE = "1.9"
+
+DEFAULT_EXEC_START = (
+    f'"{PYTHON}" "-m" "vllm.entrypoints.openai.api_server" '
+    f'"--model" "{MODEL}" "--served-model-name" "Qwen/Qwen3.6-27B" '
+    '"--host" "127.0.0.1" "--port" "8000" "--tensor-parallel-size" "2" "--dtype" "bfloat16" '
+    '"--max-model-len" "131072" "--gpu-memory-utilization" "0.92" "--block-size" "32" '
+    '"--max-num-seqs" "256" "--max-num-batched-tokens" "4096" "--enable-chunked-prefill" '
+    '"--enforce-eager" "--seed" "42" "--disable-log-requests"'
+)
+
+# Options of vLLM 0.6.3's OpenAI server that the defaults use (its --help names them).
+HELP_063 = """
+usage: api_server.py [-h] [--host HOST] [--port PORT] [--model MODEL]
+  --served-model-name SERVED_MODEL_NAME [SERVED_MODEL_NAME ...]
+  --tensor-parallel-size TENSOR_PARALLEL_SIZE, -tp TENSOR_PARALLEL_SIZE
+  --dtype {auto,half,float16,bfloat16,float,float32}
+  --max-model-len MAX_MODEL_LEN  --gpu-memory-utilization GPU_MEMORY_UTILIZATION
+  --block-size {8,16,32}  --max-num-seqs MAX_NUM_SEQS
+  --max-num-batched-tokens MAX_NUM_BATCHED_TOKENS
+  --enable-chunked-prefill [ENABLE_CHUNKED_PREFILL]  --enforce-eager
+  --enable-prefix-caching  --seed SEED  --disable-custom-all-reduce
+  --disable-log-requests  --api-key API_KEY
+"""
+
+
+def unit(settings: Settings | None = None, **kwargs) -> str:
+    return render_unit(settings or Settings(), python=kwargs.pop("python", PYTHON),
+                       model_path=kwargs.pop("model_path", MODEL), **kwargs)
+
+
+def directives(text: str) -> list[tuple[str, str]]:
+    """(key, value) of every directive, continuation lines joined as systemd does."""
+    logical, pending = [], ""
+    for line in text.splitlines():
+        if not pending and (not line.strip() or line.lstrip().startswith(("#", ";"))):
+            continue
+        if line.endswith("\\"):
+            pending += line[:-1] + " "
+            continue
+        logical.append(pending + line)
+        pending = ""
+    return [tuple(item.split("=", 1)) for item in logical if "=" in item and
+            not item.startswith("[")]
+
+
+def values(text: str, key: str) -> list[str]:
+    return [re.sub(r"\s+", " ", value) for k, value in directives(text) if k == key]
+
+
+def systemd_words(line: str) -> list[str]:
+    """Split a command line of double-quoted words the way systemd does (our subset)."""
+    words = []
+    for match in re.finditer(r'"((?:[^"\\]|\\.)*)"', line):
+        word = re.sub(r"\\(.)", r"\1", match.group(1))
+        words.append(word.replace("%%", "%").replace("$$", "$"))
+    return words
+
+
+def test_exec_start_for_the_default_settings():
+    assert values(unit(), "ExecStart") == [DEFAULT_EXEC_START]
+
+
+def test_guard_ready_and_environment_lines():
+    text = unit()
+    assert values(text, "ExecStartPre") == [
+        "-+/usr/bin/nvidia-modprobe -u -c=0",
+        f'"{PYTHON}" "/usr/local/lib/pyinfra-vllm/gpu_guard.py" "--expect-gpus" "2" '
+        '"--devices" "0,1" "--require-nvlink"',
+    ]
+    assert values(text, "ExecStartPost") == [
+        f'"{PYTHON}" "/usr/local/lib/pyinfra-vllm/wait_ready.py" '
+        '"--url" "http://127.0.0.1:8000/health" "--model" "Qwen/Qwen3.6-27B" '
+        '"--warmups" "3" "--request-timeout" "300"'
+    ]
+    env = values(text, "Environment")
+    for wanted in ('"CUDA_VISIBLE_DEVICES=0,1"', '"CUDA_DEVICE_ORDER=PCI_BUS_ID"',
+                   '"HOME=/var/lib/vllm"', '"HF_HUB_OFFLINE=1"',
+                   '"VLLM_CACHE_ROOT=/var/lib/vllm/cache/vllm"',
+                   '"HF_HOME=/var/lib/vllm/cache/huggingface"'):
+        assert wanted in env
+    assert not any("NCCL_P2P_LEVEL" in line for line in env)
+    assert values(text, "EnvironmentFile") == ["/etc/vllm/vllm.env"]
+    assert values(text, "User") == ["vllm"] and values(text, "Group") == ["vllm"]
+    assert values(text, "TimeoutStartSec") == ["1800"]
+    assert values(text, "TimeoutStopSec") == ["120"]
+    assert values(text, "KillMode") == ["control-group"]
+
+
+def test_workaround_switches_and_pcie_and_devices():
+    settings = validate({"nccl_p2p_level": "NVL", "disable_custom_all_reduce": True,
+                         "allow_pcie_tensor_parallel": True})
+    text = unit(settings, devices=[2, 3])
+    assert '"NCCL_P2P_LEVEL=NVL"' in values(text, "Environment")
+    assert '"CUDA_VISIBLE_DEVICES=2,3"' in values(text, "Environment")
+    assert values(text, "ExecStart")[0].endswith('"--disable-custom-all-reduce" '
+                                                 '"--disable-log-requests"')
+    guard = values(text, "ExecStartPre")[1]
+    assert '"--devices" "2,3"' in guard and "--require-nvlink" not in guard
+    with pytest.raises(OperationValueError, match="tensor_parallel_size 2"):
+        unit(devices=[0])
+
+
+def test_restart_steps_only_where_systemd_has_them():
+    assert values(unit(), "StartLimitBurst") == ["5"]
+    assert values(unit(systemd_version=252), "RestartSteps") == []
+    assert values(unit(systemd_version=254), "RestartSteps") == ["5"]
+
+
+def test_no_secret_in_the_unit():
+    text = unit(validate({"hf_token": "hf_secret-in-unit-0001"}))
+    assert "hf_secret" not in text and "HF_TOKEN=" not in text
+
+
+@pytest.mark.parametrize(
+    ("word", "quoted"),
+    [
+        ("plain", '"plain"'),
+        ("two words", '"two words"'),
+        ("50%", '"50%%"'),
+        ("$HOME", '"$$HOME"'),
+        ('say "hi"', '"say \\"hi\\""'),
+        ("back\\slash", '"back\\\\slash"'),
+    ],
+)
+def test_systemd_quote(word, quoted):
+    assert systemd_quote(word) == quoted
+    assert systemd_words(quoted) == [word]
+
+
+def test_quoting_of_a_value_with_spaces_percent_and_dollar_in_the_unit():
+    settings = validate({"served_model_name": 'my model 100% $cost "q"'})
+    exec_start = values(unit(settings), "ExecStart")[0]
+    assert '"--served-model-name" "my model 100%% $$cost \\"q\\""' in exec_start
+    argv = systemd_words(exec_start)
+    assert argv[argv.index("--served-model-name") + 1] == 'my model 100% $cost "q"'
+    # Environment= expands specifiers but not variables: % doubled, $ kept.
+    assert systemd_quote("A=5% $x", exec_line=False) == '"A=5%% $x"'
+    # Description= carries the name too: its % is doubled.
+    assert "Description=vLLM OpenAI-compatible server (my model 100%% $cost" in unit(settings)
+
+
+def test_control_characters_and_unsafe_paths_are_refused():
+    with pytest.raises(OperationValueError, match="control character"):
+        systemd_quote("a\nb")
+    with pytest.raises(OperationValueError, match="no spaces"):
+        unit(model_path="/srv/my models/x")
+
+
+def test_server_flags_choose_spellings_from_the_installed_help():
+    accepted_063 = set(help_server_flags(HELP_063))
+    assert unknown_flags(server_flags(Settings(), MODEL), accepted_063) == []
+    off = validate({"enable_chunked_prefill": False, "max_num_batched_tokens": 131072})
+    # 0.6.3's StoreBoolean takes a value: off must be said, as the flag's value.
+    flags = server_flags(off, MODEL, accepted_063)
+    assert "--enable-chunked-prefill=false" in flags
+    assert unknown_flags(flags, accepted_063) == []
+    # A newer server with BooleanOptionalAction lists --no-...: that spelling is used.
+    newer = accepted_063 | {"--no-enable-chunked-prefill", "--no-enable-prefix-caching"}
+    newer -= {"--disable-log-requests"}
+    flags = server_flags(off, MODEL, newer)
+    assert "--no-enable-chunked-prefill" in flags and "--no-enable-prefix-caching" in flags
+    assert "--disable-log-requests" not in flags
+    assert unknown_flags(flags, newer) == []
+
+
+def test_unknown_flags():
+    accepted = set(help_server_flags(HELP_063))
+    assert "--enable-chunked-prefill" in accepted and "--no-enable-chunked-prefill" not in accepted
+    assert unknown_flags(["--model", "/m", "--rope-theta", "1e6", "--seed", "1"], accepted) == [
+        "--rope-theta"
+    ]
+    # --no-X is an option of its own: known only if the server lists it.
+    assert unknown_flags(["--no-enable-chunked-prefill"], accepted) == [
+        "--no-enable-chunked-prefill"
+    ]
+    assert unknown_flags(["--no-enable-chunked-prefill"],
+                         accepted | {"--no-enable-chunked-prefill"}) == []
+    # --name=value is checked by name; each unknown option once.
+    assert unknown_flags(["--enable-chunked-prefill=false", "--x=1", "--x=2"], accepted) == ["--x"]
+
+
+def test_env_file_without_and_with_secrets():
+    empty = render_env()
+    assert [line for line in empty.splitlines() if not line.startswith("#")] == []
+    assert "No secrets configured." in empty
+    text = render_env(hf_token="hf_abc123", api_key="sk-engine-1")
+    assert "HF_TOKEN='hf_abc123'\n" in text
+    assert "VLLM_API_KEY='sk-engine-1'\n" in text
+    with pytest.raises(OperationValueError) as raised:
+        render_env(hf_token="it's")
+    assert "HF_TOKEN" in str(raised.value) and "it's" not in str(raised.value)
+
+
+def test_unit_parses_as_ini_with_the_expected_sections():
+    parser = configparser.ConfigParser(strict=False, interpolation=None,
+                                       comment_prefixes=("#", ";"))
+    parser.optionxform = str  # keys are case-sensitive in systemd
+    # configparser has no backslash continuation: join lines as systemd does first.
+    parser.read_string("\n".join(f"{k}={v}" if v is not None else k for k, v in
+                                 _sections_and_directives(unit())))
+    assert parser.sections() == ["Unit", "Service", "Install"]
+    assert parser["Service"]["Type"] == "exec"
+    assert parser["Service"]["ProtectSystem"] == "strict"
+    assert parser["Service"]["ReadWritePaths"] == "/var/lib/vllm"
+    assert parser["Service"]["CapabilityBoundingSet"] == ""
+    assert parser["Service"]["DeviceAllow"] == "char-nvidia* rw"
+    assert "PrivateDevices" not in parser["Service"]
+    assert "MemoryDenyWriteExecute" not in parser["Service"]
+    assert parser["Unit"]["RequiresMountsFor"] == MODEL
+    assert parser["Install"]["WantedBy"] == "multi-user.target"
+
+
+def _sections_and_directives(text: str):
+    pending = ""
+    for line in text.splitlines():
+        if not pending and (not line.strip() or line.lstrip().startswith("#")):
+            continue
+        if line.endswith("\\"):
+            pending += line[:-1] + " "
+            continue
+        line, pending = pending + line, ""
+        if line.startswith("["):
+            yield line, None
+        else:
+            yield tuple(line.split("=", 1))
+
+
+def test_shm_check():
+    assert shm_problem(64 * 1024 * 1024, 1024).startswith("/dev/shm is 64 MiB, below")
+    assert shm_problem(None, 1024).startswith("/dev/shm is not mounted")
+    assert shm_problem(64 * 1024**3, 1024) is None
+
+
+SYSTEMD_ANALYZE = shutil.which("systemd-analyze")
+
+
+@pytest.mark.skipif(SYSTEMD_ANALYZE is None, reason="systemd-analyze is not installed")
+def test_systemd_analyze_security_exposure(tmp_path):
+    path = tmp_path / "vllm.service"
+    path.write_text(unit())
+    result = subprocess.run(
+        [SYSTEMD_ANALYZE, "security", "--offline=true", "--no-pager", str(path)],
+        capture_output=True, text=True, timeout=120,
+    )
+    # Offline analysis parses the file: a key this systemd does not know is reported.
+    assert "Unknown key" not in result.stderr, result.stderr
+    match = re.search(r"Overall exposure level for vllm\.service: (\d+\.\d+)", result.stdout)
+    assert match, result.stdout + result.stderr
+    assert match.group(1) == EXPOSURE, result.stdout
+
+
+@pytest.mark.skipif(SYSTEMD_ANALYZE is None, reason="systemd-analyze is not installed")
+def test_systemd_analyze_verify(tmp_path):
+    # verify needs the executables to exist: this interpreter stands in for the env's.
+    path = tmp_path / "vllm.service"
+    path.write_text(unit(python=sys.executable))
+    result = subprocess.run([SYSTEMD_ANALYZE, "verify", str(path)],
+                            capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    output = result.stdout + result.stderr
+    if result.returncode != 0 and "vllm.service" not in output:
+        pytest.skip(f"systemd-analyze verify cannot run here: {output.strip()[:200]}")
+    assert (result.returncode, output) == (0, "")
+
+
+def test_default_unit_file_is_valid_for_old_systemd_by_construction():
+    # Directives newer than systemd 249 must not appear in the default unit.
+    keys = {key for key, _value in directives(unit())}
+    assert not keys & {"RestartSteps", "RestartMaxDelaySec", "MemoryKSM", "PrivatePIDs"}
+    assert values(unit(), "ProtectControlGroups") == ["yes"]  # not 257's private/strict
