@@ -1,7 +1,8 @@
 """Facts about block devices, mounts and /etc/fstab, for the model volume.
 
 Each command exits 0 when the thing it reads is absent (a missing device, nothing
-mounted, no fstab), so a fact never fails a host during prepare (notes/pyinfra.md, 8.3).
+mounted, no fstab), so a fact never fails a host during prepare (pyinfra 3 fails a host whose fact
+command exits non-zero while it prepares: pyinfra issue 1104).
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Keep the NVIDIA driver where it was installed: packages on hold, unattended upgrades off them.
 
-Driver drift is the most common failure of GPU servers (notes/anchors.md, lesson 1):
+Driver drift is the most common recurring failure of GPU servers (DeepOps issue 1186;
+NVIDIA/ubuntu-packaging-nvidia-driver issue 3):
 unattended-upgrades replaces the userspace libraries while the old kernel module stays
 loaded, and every NVML call then fails with "Driver/library version mismatch". Two locks
 prevent it: ``apt-mark hold`` on the installed packages, and an unattended-upgrades

@@ -1,6 +1,6 @@
 """Turn MIG off on every GPU, the way NVIDIA's mig-parted does it.
 
-mig-parted's state machine (notes/anchors.md, lessons 3 and 4): read the current and
+mig-parted's state machine (NVIDIA/mig-parted, cmd/nvidia-mig-parted reconfigure): read the current and
 the pending mode of each GPU; a GPU already disabled in both is left alone (no command
 at all); otherwise set the pending mode (``nvidia-smi -i N -mig 0``), reset the GPU so
 the mode takes effect (``nvidia-smi -i N -r``, which needs a GPU nobody uses), and check

@@ -1,7 +1,7 @@
 """Kernel parameters: persisted in a sysctl.d drop-in, applied now, drift repaired per key.
 
 pyinfra's ``server.sysctl(persist=True)`` appends a second line when a value changes
-(notes/pyinfra.md, section 3), so the drop-in is templated whole. Each key is then
+(its persist step is a ``files.line`` whose regex includes the value), so the drop-in is templated whole. Each key is then
 compared with /proc/sys and only the keys that drifted are set with ``sysctl -w``. A
 key this host cannot write (a container's read-only /proc/sys) is persisted and
 reported, never claimed as applied, and never counted as a change.

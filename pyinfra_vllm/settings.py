@@ -6,7 +6,7 @@ validates that merge before any operation is added, so a bad value stops the who
 run with exit code 1 and a message naming the key, the value and what is allowed.
 
 The defaults are the seed post's recipe where it is right, and the truth where it is
-wrong (``../shared/notes/seed-review.md``; the README's "Where the post is wrong").
+wrong (docs/post-review.md says where and why).
 """
 
 from __future__ import annotations
@@ -241,7 +241,8 @@ class Settings(BaseModel):
     gateway_proxy_timeout_s: int = Field(default=3600, ge=60, le=86400)
     """nginx proxy_read_timeout and proxy_send_timeout, in seconds. A non-streamed
     completion sends nothing until it is done, and a long generation at 128K context takes
-    tens of minutes; nginx's 60 s default cuts it off with a 504 (notes/anchors.md lesson 9).
+    tens of minutes; nginx's 60 s default cuts it off with a 504 (nginx docs,
+    proxy_read_timeout).
     """
     gateway_max_body_mib: int | None = Field(default=None, ge=1, le=1024)
     """nginx client_max_body_size in MiB; None derives it from max_model_len. Worst case per

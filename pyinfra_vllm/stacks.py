@@ -33,7 +33,7 @@ STACKS: dict[str, dict] = {
         "min_driver": "530.30.02",
         # wheel METADATA says transformers>=4.45.0, tokenizers>=0.19.1, numpy<2.0.0, so an
         # unpinned install today takes transformers 5.x, which 0.6.3 cannot import;
-        # 4.45.2 is the release 0.6.3 shipped against (notes/seed-review.md).
+        # 4.45.2 is the release 0.6.3 shipped against (its release date, October 2024).
         "pins": {
             "torch": "2.4.0",
             "torchvision": "0.19.0",

@@ -1,7 +1,8 @@
 """pyinfra-testing fixtures for the suite's facts: one class per ``tests/facts/<module>.<Fact>/``.
 
 Each JSON file pins the fact's command, its ``requires_command`` and what ``process``
-returns for one recorded output (notes/pyinfra.md section 6).
+returns for one recorded output (pyinfra-testing, the fixture format pyinfra 3.10's
+own tests use).
 """
 
 from __future__ import annotations

@@ -200,7 +200,7 @@ def test_a_file_that_stays_corrupt_stops_the_run_then_heals(sandbox, host, mirro
     assert len(changed) == 1 and next(iter(changed)).startswith(OP_MODEL_PREFIX)
 
 
-# --- the vLLM unit (issue #6): installed and enabled, never started by the sandbox's own
+# --- the vLLM unit: installed and enabled, never started by the sandbox's own
 # data (vllm_start=false: no GPU), started on purpose below to see the GPU guard refuse.
 OP_UNIT = "full | vllm_service | vLLM service: systemd unit and its environment file"
 OP_RESTART = "full | vllm_service | vLLM service: restarted for its new unit"

@@ -1,4 +1,4 @@
-"""The whole run on a fleet of eight sandbox hosts, as an operator runs it (issue #7).
+"""The whole run on a fleet of eight sandbox hosts, as an operator runs it.
 
 Mixed scenarios: two good servers (seed), two without an NVLink bridge (pcie), two whose
 loaded module is older than the installed driver (mismatch), one without a driver
