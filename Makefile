@@ -31,6 +31,7 @@ system-deps:
 # end-to-end tests against sandbox hosts (root; they boot their own and tear them down).
 test: system-deps venv
 	.venv/bin/ruff check .
+	.venv/bin/mypy
 	$(PY) -m pytest
 
 # The main job against the embedded default target: one sandbox host (Debian 12,

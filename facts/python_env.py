@@ -89,7 +89,8 @@ class VllmEnvironments(FactBase[dict[str, Any]]):
     @override
     def process(self, output: list[str]) -> dict[str, Any]:
         result = self.default()
-        section, env, body = None, None, []
+        section, env = None, None
+        body: list[str] = []
 
         def close_env() -> None:
             if env is not None:

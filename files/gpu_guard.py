@@ -209,7 +209,7 @@ def _read_gpus(pynvml: Any) -> dict:
     for index in range(pynvml.nvmlDeviceGetCount()):
         handle = pynvml.nvmlDeviceGetHandleByIndex(index)
         mig = optional(pynvml.nvmlDeviceGetMigMode, handle)
-        gpu = {
+        gpu: dict[str, Any] = {
             "index": index,
             "name": _text(pynvml.nvmlDeviceGetName(handle)),
             "bus_id": _text(pynvml.nvmlDeviceGetPciInfo(handle).busId),
@@ -245,7 +245,9 @@ def _read_links(pynvml: Any, handle: Any, optional) -> list[dict] | None:
         except (pynvml.NVMLError_NotSupported, pynvml.NVMLError_InvalidArgument):
             # NotSupported on link 0: no NVLink at all; past the GPU's last link: done.
             return links if link else None
-        entry = {"link": link, "active": bool(state), "remote_bus_id": None, "remote_type": None}
+        entry: dict[str, Any] = {
+            "link": link, "active": bool(state), "remote_bus_id": None, "remote_type": None,
+        }
         if state:
             remote = optional(pynvml.nvmlDeviceGetNvLinkRemotePciInfo, handle, link)
             entry["remote_bus_id"] = _text(remote.busId) if remote is not None else None

@@ -19,6 +19,7 @@ import math
 import re
 import shlex
 from io import StringIO
+from typing import Any
 
 from pyinfra import host
 from pyinfra.api import (
@@ -202,7 +203,7 @@ def site(
         )
         return
 
-    keys_file = host.get_fact(File, path=keys_path) or {}
+    keys_file: dict[str, Any] = host.get_fact(File, path=keys_path) or {}  # type: ignore[arg-type]  # pyinfra types it as its FileDict
     if keys_file.get("mode") != 600 or keys_file.get("user") != "root" or (
         keys_file.get("group") != "root"
     ):

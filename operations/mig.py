@@ -162,7 +162,7 @@ def mig_disabled(
         yield from gate.refuse._inner(reasons=[busy_reason(busy, processes)])
         return
 
-    if service_running:
+    if service is not None and service_running:
         yield StringCommand("systemctl", "stop", QuoteString(service))
     for step in steps:
         index = QuoteString(str(step["index"]))

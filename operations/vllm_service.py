@@ -23,12 +23,12 @@ from __future__ import annotations
 import ipaddress
 import re
 from collections.abc import Iterable, Sequence
-from typing import Any
 
 from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, OperationValueError, QuoteString, StringCommand, operation
 
 from facts.units import UnitActivation
+from pyinfra_vllm.settings import Settings
 from pyinfra_vllm.templating import render
 
 UNIT_TEMPLATE = "vllm.service.j2"
@@ -112,7 +112,7 @@ def _bool_flag(name: str, value: bool, accepted: set[str] | None, explicit_false
     return []
 
 
-def server_flags(settings: Any, model_path: str, accepted: set[str] | None = None) -> list[str]:
+def server_flags(settings: Settings, model_path: str, accepted: set[str] | None = None) -> list[str]:
     """The arguments of ``python -m vllm.entrypoints.openai.api_server`` for ``settings``.
 
     + settings: a validated ``pyinfra_vllm.settings.Settings``
@@ -181,7 +181,7 @@ def health_url(host: str, port: int) -> str:
     return f"http://{host}:{port}/health"
 
 
-def unit_environment(settings: Any, devices: Sequence[int]) -> list[str]:
+def unit_environment(settings: Settings, devices: Sequence[int]) -> list[str]:
     """The unit's ``Environment=`` assignments (not secrets), in order."""
     pairs = [
         ("HOME", STATE_DIR),
@@ -211,7 +211,7 @@ def _plain(text: str, *, path: bool = True) -> str:
 
 
 def render_unit(
-    settings: Any,
+    settings: Settings,
     *,
     python: str,
     model_path: str,

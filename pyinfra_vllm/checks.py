@@ -13,6 +13,7 @@ from typing import Any
 
 from facts.driver import module_mismatch, userspace_driver
 from facts.topology import tp_link_verdict
+from pyinfra_vllm.settings import Settings
 from pyinfra_vllm.versions import version_tuple
 
 # Operating systems the suite provisions: Ubuntu 22.04 is the target, 24.04 and
@@ -40,7 +41,7 @@ def check_os(state: dict[str, Any]) -> dict[str, Any]:
     )
 
 
-def check_driver(state: dict[str, Any], settings: Any) -> list[dict[str, Any]]:
+def check_driver(state: dict[str, Any], settings: Settings) -> list[dict[str, Any]]:
     """Driver presence, module/userspace match, and the stack's minimum version."""
     checks = []
     module = state.get("kernel_module")
@@ -58,15 +59,16 @@ def check_driver(state: dict[str, Any], settings: Any) -> list[dict[str, Any]]:
             )
         )
         return checks
-    if module is None and userspace_driver(packages) is not None:
+    installed = userspace_driver(packages)
+    if module is None and installed is not None:
         # Installed (by an earlier run, or by hand) but not loaded yet: not a preflight
         # failure, the driver stage reboots (allow_reboot) or stops with this reason.
-        name, version = userspace_driver(packages)
+        name, installed_version = installed
         checks.append(
             check(
                 "driver_loaded",
                 None,
-                f"{name} {version} is installed but no NVIDIA kernel module is loaded: "
+                f"{name} {installed_version} is installed but no NVIDIA kernel module is loaded: "
                 "reboot required",
                 "the driver stage reboots the host with allow_reboot=true; otherwise reboot it",
             )
@@ -120,7 +122,7 @@ def check_driver(state: dict[str, Any], settings: Any) -> list[dict[str, Any]]:
     return checks
 
 
-def check_gpus(state: dict[str, Any], settings: Any) -> list[dict[str, Any]]:
+def check_gpus(state: dict[str, Any], settings: Settings) -> list[dict[str, Any]]:
     gpus = state.get("gpus")
     if gpus is None:
         return []
@@ -155,7 +157,7 @@ def check_gpus(state: dict[str, Any], settings: Any) -> list[dict[str, Any]]:
     return checks
 
 
-def check_tp_link(state: dict[str, Any], settings: Any) -> dict[str, Any] | None:
+def check_tp_link(state: dict[str, Any], settings: Settings) -> dict[str, Any] | None:
     topology = state.get("topology")
     tp = settings.tensor_parallel_size
     if topology is None or tp < 2:
@@ -185,7 +187,7 @@ def check_tp_link(state: dict[str, Any], settings: Any) -> dict[str, Any] | None
     )
 
 
-def check_host(state: dict[str, Any], settings: Any) -> list[dict[str, Any]]:
+def check_host(state: dict[str, Any], settings: Settings) -> list[dict[str, Any]]:
     """Every preflight check for one host, in the order an operator reads them."""
     checks = [check_os(state), *check_driver(state, settings), *check_gpus(state, settings)]
     too_few = any(c["name"] == "gpu_count" and c["ok"] is False for c in checks)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from weakref import WeakKeyDictionary
 
+from pyinfra.api.exceptions import DeployError
 from pyinfra.facts.server import KernelVersion, LinuxDistribution
 
 from facts.gpu_host import GpuHostState
@@ -74,6 +75,15 @@ class HostContext:
             settings.python_env_manager,
             python_env.interpreter(settings.python_env_manager, settings.stack),
         )
+
+    def required_lock(self) -> dict[str, Any]:
+        """The model lock, for a stage that cannot go on without it."""
+        if self.lock is None:
+            # context() reads it whenever the model stage runs; only a caller that made
+            # the context with lock_required=False gets here.
+            raise DeployError("the model lock was not read for this run: see "
+                              "python -m tools.model_lock --help")
+        return self.lock
 
     def proceed(self, stage: str) -> bool:
         """Should ``stage`` add its operations for this host?"""

@@ -29,6 +29,7 @@ from facts.topology import tp_link_verdict
 from operations import gate
 from pyinfra_vllm.checks import blocking, check_host
 from pyinfra_vllm.gates import gpu_memory_mib, model_gates
+from pyinfra_vllm.settings import Settings
 
 _RUN: dict[str, Any] = {"hosts": {}, "paths": None, "registered": False}
 
@@ -37,7 +38,7 @@ _RUN: dict[str, Any] = {"hosts": {}, "paths": None, "registered": False}
 INDEX_ENV = "PYINFRA_VLLM_AUDIT_INDEX"
 
 
-def summarize(name: str, state: dict[str, Any], settings: Any) -> dict[str, Any]:
+def summarize(name: str, state: dict[str, Any], settings: Settings) -> dict[str, Any]:
     """One host's entry in the report: the raw state, the checks, and a digest."""
     checks = check_host(state, settings)
     gpus = state.get("gpus")
@@ -149,7 +150,7 @@ def host_plan(state: Any, host: Any, refused: list[str]) -> dict[str, Any]:
         return {"drift": None, "conditional": None, "refused": None, "drift_note": note}
     drift: list[dict[str, Any]] = []
     conditional: list[dict[str, Any]] = []
-    unknown = []
+    unknown: list[str] = []
     host_ops = state.ops.get(host, {})
     for op_hash in host.op_hash_order:
         op_data = host_ops.get(op_hash)
@@ -162,9 +163,10 @@ def host_plan(state: Any, host: Any, refused: list[str]) -> dict[str, Any]:
             continue
         meta = state.op_meta[op_hash]
         stage = split_op_name(sorted(meta.names)[0])[0] if meta.names else None
-        item = {"operation": _operation_words(meta), "stage": stage}
+        words = _operation_words(meta)
+        item = {"operation": words, "stage": stage}
         if change is None:
-            unknown.append(item["operation"])
+            unknown.append(words)
         (conditional if op_data.global_arguments.get("_if") else drift).append(item)
     return {
         "drift": drift,
@@ -182,7 +184,7 @@ def host_problems(entry: dict[str, Any]) -> tuple[list[dict[str, Any]], list[str
 
 
 def model_plans(
-    settings: Any,
+    settings: Settings,
     lock: dict[str, Any] | None,
     state: dict[str, Any],
     registry: list[str] | None = None,

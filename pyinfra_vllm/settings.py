@@ -178,7 +178,9 @@ class Settings(BaseModel):
     servers; the seed's "disable persistence with nvidia-smi -r" is a GPU reset).
     """
     sysctl: dict[str, int | str] = Field(
-        default_factory=lambda: {"vm.swappiness": 1, "net.core.somaxconn": 65535}
+        default_factory=lambda: dict[str, int | str](
+            {"vm.swappiness": 1, "net.core.somaxconn": 65535}
+        )
     )
     """Kernel parameters written to /etc/sysctl.d/<sysctl_file_priority>-vllm.conf."""
     sysctl_file_priority: int = Field(default=60, ge=10, le=99)

@@ -159,11 +159,14 @@ def run(argv: list[str]) -> int:
         command = pyinfra_command(inventory, deploy, options)
         proc = subprocess.Popen(command, cwd=ROOT, env=env, stdin=subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        if proc.stdout is None or proc.stderr is None:  # both are PIPE: never None
+            raise RuntimeError("pyinfra was started without its output pipes")
+        stdout_pipe, stderr_pipe = proc.stdout, proc.stderr
         out: list[str] = []
-        reader = threading.Thread(target=lambda: out.append(proc.stdout.read()))
+        reader = threading.Thread(target=lambda: out.append(stdout_pipe.read()))
         reader.start()
         stderr = []
-        for line in proc.stderr:  # pyinfra's progress and the audit's table, as they come
+        for line in stderr_pipe:  # pyinfra's progress and the audit's table, as they come
             sys.stderr.write(line)
             stderr.append(line)
         proc.wait()

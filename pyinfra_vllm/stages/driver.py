@@ -74,12 +74,11 @@ def driver() -> None:
             if settings.allow_reboot:
                 # A fresh install reboots only if apt really installed something; packages
                 # installed by an earlier run (module still not loaded) reboot at once.
-                reboot_if = {"_if": install.did_change} if install is not None else {}
                 ctx.stale = True
                 server.reboot(
                     name="Driver: reboot to load the new kernel module",
                     reboot_timeout=900,
-                    **reboot_if,
+                    _if=[install.did_change] if install is not None else [],
                 )
             else:
                 if install is None:

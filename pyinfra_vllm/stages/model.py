@@ -28,9 +28,10 @@ def model() -> None:
     if ctx.proceed("model"):
         settings = ctx.settings
         token = hf_token(settings)
+        lock = ctx.required_lock()
         model_ops.downloaded(
-            name=f"Model: {settings.model_id}@{ctx.lock['commit'][:12]} downloaded and verified",
-            lock=ctx.lock,
+            name=f"Model: {settings.model_id}@{lock['commit'][:12]} downloaded and verified",
+            lock=lock,
             dest=model_ops.model_path(settings.model_dir, settings.model_id),
             base_url=settings.model_base_url,
             token=token,

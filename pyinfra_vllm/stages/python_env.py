@@ -30,14 +30,11 @@ def python_env() -> None:
     """Python environment: vLLM and torch, pinned by the stack, in an environment of their own."""
     ctx = context(host)
 
-
     if ctx.proceed("python_env"):
         settings = ctx.settings
         stack = settings.stack
         root = settings.python_env_root
         manager = settings.python_env_manager
-        downloads = {"index_url": settings.pip_index_url, "ca_bundle": settings.pip_ca_bundle,
-                     "proxy": settings.http_proxy}
 
         python = python_env_ops.interpreter(manager, stack)
         path = ctx.environment_path
@@ -78,7 +75,9 @@ def python_env() -> None:
                         root=root,
                         version=INSTALLERS["uv"]["version"],
                         environments=ctx.environments(host),
-                        **downloads,
+                        index_url=settings.pip_index_url,
+                        ca_bundle=settings.pip_ca_bundle,
+                        proxy=settings.http_proxy,
                     )
 
         if not ctx.refused:
@@ -90,7 +89,9 @@ def python_env() -> None:
                 manager=manager,
                 python=python,
                 environments=ctx.environments(host),
-                **downloads,
+                index_url=settings.pip_index_url,
+                ca_bundle=settings.pip_ca_bundle,
+                proxy=settings.http_proxy,
             )
             files.link(
                 name="Python env: current environment",
