@@ -20,9 +20,12 @@ def parse_blkid_export(output: list[str]) -> dict[str, Any] | None:
     if not output or output[0].strip() != "BLOCK_DEVICE":
         return None
     values: dict[str, str] = {}
+    mountpoints: list[str] = []
     for line in output[1:]:
         key, sep, value = line.strip().partition("=")
-        if sep:
+        if key == "MOUNTED_AT" and sep:
+            mountpoints.append(_unescape(value))
+        elif sep:
             values[key] = value
     status = values.get("BLKID_EXIT")
     return {
@@ -34,6 +37,8 @@ def parse_blkid_export(output: list[str]) -> dict[str, Any] | None:
         # blkid -p exits 2 when it finds nothing; anything else but 0 means it could
         # not tell (8: ambivalent, several signatures; 4: cannot open).
         "probe_error": None if status in (None, "0", "2") else f"blkid -p exited {status}",
+        # Where the device is mounted now (any number of places; [] when nowhere).
+        "mountpoints": mountpoints,
     }
 
 
@@ -45,7 +50,7 @@ class BlockDevice(FactBase[dict[str, Any] | None]):
     .. code:: python
 
         {"path": "/dev/loop3", "fstype": "ext4", "uuid": "0b6d...", "pttype": None,
-         "usage": "filesystem", "probe_error": None}
+         "usage": "filesystem", "probe_error": None, "mountpoints": ["/data"]}
 
     All None (but ``path``): the device carries no file system and no partition table.
     """
@@ -57,6 +62,8 @@ class BlockDevice(FactBase[dict[str, Any] | None]):
             "! test -b", dev, "|| {",
             "echo BLOCK_DEVICE;",
             "echo REALPATH=$(readlink -f", dev, ");",
+            # findmnt exits 1 when the device is mounted nowhere: the last echo's 0 stands.
+            "findmnt -rn -o TARGET --source", dev, "| sed 's/^/MOUNTED_AT=/';",
             "blkid -p -o export", dev, "; echo BLKID_EXIT=$?; }",
         )
 

@@ -23,7 +23,15 @@ DRIVER_PACKAGE_PREFIXES = ("nvidia-", "libnvidia-", "cuda-")
 BLACKLIST_FILE = "/etc/apt/apt.conf.d/51pyinfra-vllm-nvidia-blacklist"
 
 CUDA_REPO_BASE = "https://developer.download.nvidia.com/compute/cuda/repos"
-CUDA_KEYRING_DEB = "cuda-keyring_1.1-1_all.deb"
+# NVIDIA's CUDA repository signing key (3bf863cc.pub, in use since NVIDIA's April 2022 key
+# rotation): fetched over https into a root-only directory and used only if its
+# fingerprint is this one. Never the cuda-keyring .deb: that would be a root-run package
+# no checksum covers.
+CUDA_KEY_FILE = "3bf863cc.pub"
+CUDA_KEY_FINGERPRINT = "EB693B3035CD5710E231E123A4B469963BF863CC"
+CUDA_KEY_DIR = "/var/lib/pyinfra-vllm/keys"
+CUDA_KEYRING = "/etc/apt/keyrings/cuda-archive-keyring.gpg"
+CUDA_SOURCE = "/etc/apt/sources.list.d/pyinfra-vllm-cuda.list"
 
 
 def driver_packages(branch: str) -> list[str]:
@@ -148,13 +156,15 @@ def cuda_repo_distro(distro_name: str | None, major: int | None, minor: int | No
 @operation()
 def cuda_toolkit(cuda_version: str, repo_distro: str, arch: str = "x86_64"):
     """
-    Install the CUDA toolkit from NVIDIA's repository (cuda-keyring, then the toolkit).
+    Install the CUDA toolkit from NVIDIA's repository, signed by NVIDIA's key.
 
     + cuda_version: the toolkit's CUDA version, e.g. ``12.1`` (installs cuda-toolkit-12-1)
     + repo_distro: NVIDIA's directory for the distribution, e.g. ``ubuntu2204``
     + arch: NVIDIA's directory for the architecture (``x86_64``, ``sbsa``)
 
-    Installed already: no change (no apt update either).
+    Installed already: no change (no apt update either). Without NVIDIA's cuda-keyring
+    package, the repository's key is fetched over https into a root-only directory and
+    trusted only with the pinned fingerprint; the source names it with ``signed-by``.
 
     **Example:**
 
@@ -168,5 +178,23 @@ def cuda_toolkit(cuda_version: str, repo_distro: str, arch: str = "x86_64"):
         host.noop(f"{package} is installed")
         return
     if "cuda-keyring" not in installed:
-        yield from apt.deb._inner(src=f"{CUDA_REPO_BASE}/{repo_distro}/{arch}/{CUDA_KEYRING_DEB}")
+        repo = f"{CUDA_REPO_BASE}/{repo_distro}/{arch}/"
+        key = f"{CUDA_KEY_DIR}/{CUDA_KEY_FILE}"
+        yield StringCommand(
+            "install -d -m 700", QuoteString(CUDA_KEY_DIR),
+            "&& curl -fsSL --proto =https --retry 3 -o", QuoteString(key),
+            QuoteString(repo + CUDA_KEY_FILE),
+            "&& test \"$(gpg --show-keys --with-colons", QuoteString(key),
+            "| awk -F: '$1 == \"fpr\" {print $10; exit}')\" =", QuoteString(CUDA_KEY_FINGERPRINT),
+            "|| { echo", QuoteString(f"{repo}{CUDA_KEY_FILE} is not NVIDIA's key "
+                                     f"{CUDA_KEY_FINGERPRINT}: not trusted"),
+            ">&2; rm -f", QuoteString(key), "; exit 1; }",
+        )
+        yield StringCommand(
+            "install -d -m 755 /etc/apt/keyrings && gpg --dearmor <", QuoteString(key), ">",
+            QuoteString(CUDA_KEYRING + ".new"), "&& chmod 644", QuoteString(CUDA_KEYRING + ".new"),
+            "&& mv -f", QuoteString(CUDA_KEYRING + ".new"), QuoteString(CUDA_KEYRING),
+            "&& echo", QuoteString(f"deb [signed-by={CUDA_KEYRING}] {repo} /"), ">",
+            QuoteString(CUDA_SOURCE),
+        )
     yield from apt.packages._inner(packages=[package], update=True, no_recommends=True)

@@ -11,14 +11,13 @@ with ``--diff``, so the set may hold a secret file (mode 0600).
 from __future__ import annotations
 
 import hashlib
-import posixpath
-from io import BytesIO
 from pathlib import Path
 
 from pyinfra import host
-from pyinfra.api import FileUploadCommand, QuoteString, StringCommand, operation
+from pyinfra.api import QuoteString, StringCommand, operation
 
 from facts.files import FileDigests
+from operations.uploads import private_upload
 
 
 def _content(source: str | bytes) -> bytes:
@@ -36,8 +35,9 @@ def present(files: dict[str, tuple[str | bytes, str]], user: str = "root", group
     + group: group of every file
 
     Every file with the wanted content, owner and mode: no command (one remote read for
-    the set). A file whose content differs is uploaded to a temporary name beside it,
-    given its owner and mode, then renamed over the old one; one whose owner or mode
+    the set). A file whose content differs is uploaded to a temporary name beside it that
+    already has its owner and mode (operations/uploads.py: never readable by another user,
+    not even under sudo), then renamed over the old one; one whose owner or mode
     alone differs gets ``chown`` or ``chmod``. Parent directories are created (0755). Contents never appear in output.
     """
     found = host.get_fact(FileDigests, paths=sorted(files))
@@ -56,12 +56,8 @@ def present(files: dict[str, tuple[str | bytes, str]], user: str = "root", group
                     changed.append(path)
             continue
         temporary = f"{path}.pyinfra-new"
-        yield StringCommand("mkdir -p", QuoteString(posixpath.dirname(path)), "&& install -m",
-                            QuoteString(mode), "/dev/null", QuoteString(temporary))
-        yield FileUploadCommand(BytesIO(data), temporary)
-        yield StringCommand("chown", QuoteString(f"{user}:{group}"), QuoteString(temporary),
-                            "&& chmod", QuoteString(mode), QuoteString(temporary),
-                            "&& mv -f", QuoteString(temporary), QuoteString(path))
+        yield from private_upload(data, temporary, mode=mode, owner=f"{user}:{group}")
+        yield StringCommand("mv -f", QuoteString(temporary), QuoteString(path))
         changed.append(path)
     if not changed:
         host.noop(f"{len(files)} file(s) in place")

@@ -151,6 +151,13 @@ def mig_disabled(
         return
 
     processes = host.get_fact(GpuProcesses)
+    if processes is None:
+        # Unknown is not idle: a reset would kill whatever runs there.
+        yield from gate.refuse._inner(reasons=[
+            "the processes on the GPUs could not be read (nvidia-smi --query-compute-apps "
+            "failed); refusing to reset a GPU that may be in use; check nvidia-smi and re-run"
+        ])
+        return
     service_running = False
     service_pids: list[int] = []
     if service is not None:

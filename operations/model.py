@@ -15,11 +15,10 @@ from pyinfra import host
 from pyinfra.api import FileUploadCommand, QuoteString, StringCommand, operation
 
 from facts.model import ModelFiles, unverified
+from operations.uploads import SECRET_DIR, env_file_text, secret_file, sourced
 
 # Where the downloader and the lock live on the host (root only).
 TOOL_DIR = "/var/lib/pyinfra-vllm"
-# tmpfs, root-only directory: the token exists there only while a download runs.
-SECRET_DIR = "/run/pyinfra-vllm"
 
 
 def model_path(model_dir: str, model_id: str) -> str:
@@ -38,7 +37,7 @@ def downloaded(lock: dict, dest: str, base_url: str, token: str | None = None,
     + dest: the model directory on the host
     + base_url: Hugging Face or a mirror with the same layout
     + token: bearer token for gated models; uploaded to a root-only tmpfs file for the
-      download and removed after it, never on a command line
+      download (operations/uploads.py) and removed after it, never on a command line
     + ca_bundle: CA bundle file on the host trusted for HTTPS
     + proxy: HTTP(S) proxy
     + jobs: files downloaded in parallel
@@ -66,16 +65,23 @@ def downloaded(lock: dict, dest: str, base_url: str, token: str | None = None,
             QuoteString(dest), "--base-url", QuoteString(base_url), "--jobs", str(jobs)]
     if ca_bundle:
         argv += ["--ca-bundle", QuoteString(ca_bundle)]
-    env = ["env", QuoteString(f"https_proxy={proxy}"), QuoteString(f"http_proxy={proxy}")] \
-        if proxy else []
-    if token is None:
-        yield StringCommand(*env, *argv)
+    # The proxy (it may carry credentials) and the token reach the downloader through
+    # root-only files in SECRET_DIR, never its command line; both go whatever the
+    # download does, and the download's exit status is kept.
+    secrets = []
+    if proxy:
+        env_path = f"{SECRET_DIR}/model-download.env"
+        yield from secret_file(env_file_text({"https_proxy": proxy, "http_proxy": proxy}),
+                               "model-download.env")
+        argv = [*sourced(env_path), *argv]
+        secrets.append(env_path)
+    if token is not None:
+        token_file = f"{SECRET_DIR}/hf_token"
+        yield from secret_file((token + "\n").encode(), "hf_token")
+        argv += ["--token-file", QuoteString(token_file)]
+        secrets.append(token_file)
+    if not secrets:
+        yield StringCommand(*argv)
         return
-    token_file = f"{SECRET_DIR}/hf_token"
-    yield StringCommand("install -d -m 700", QuoteString(SECRET_DIR))
-    yield FileUploadCommand(StringIO(token + "\n"), token_file)
-    # The token goes whatever the download does; the download's exit status is kept.
-    yield StringCommand(
-        "chmod 600", QuoteString(token_file), "&&", *env, *argv, "--token-file",
-        QuoteString(token_file), "; rc=$?; rm -f", QuoteString(token_file), "; exit $rc",
-    )
+    yield StringCommand(*argv, "; rc=$?; rm -f", *(QuoteString(path) for path in secrets),
+                        "; exit $rc")

@@ -108,8 +108,8 @@ def mounted(
 
     Refused (the host stops, nothing is changed): ``device`` is not a block device, the
     probe cannot tell what it carries, it carries anything but XFS (a file system, a
-    partition table), it is empty and ``mkfs`` is false, or ``path`` is a mount of another
-    device. Mounted as wanted and in fstab: no change. In fstab but not mounted: mount.
+    partition table), it is empty and ``mkfs`` is false, it is mounted somewhere else or
+    /etc/fstab mounts it somewhere else, or ``path`` is a mount of another device. Mounted as wanted and in fstab: no change. In fstab but not mounted: mount.
     Mounted with other options: remount.
 
     **Example:**
@@ -175,6 +175,28 @@ def mounted(
         )
         return
 
+    elsewhere = [where for where in info.get("mountpoints") or [] if where != path]
+    if elsewhere:
+        yield from gate.refuse._inner(
+            reasons=[
+                f"dev {device} is mounted at {', '.join(elsewhere)}, not at {path}; refusing "
+                "to mount it twice or to move it; point model_volume_device at a spare disk, "
+                f"or set model_dir to {elsewhere[0]}"
+            ]
+        )
+        return
+    fstab = host.get_fact(Fstab)
+    mapped = [entry["file"] for entry in fstab
+              if entry["spec"] in sources and entry["file"] not in (path, None)]
+    if mapped:
+        yield from gate.refuse._inner(
+            reasons=[
+                f"{FSTAB} mounts dev {device} at {', '.join(mapped)}, not at {path}; refusing "
+                f"to replace that line; remove it yourself, or set model_dir to {mapped[0]}"
+            ]
+        )
+        return
+
     mount = host.get_fact(MountPoint, path=path)
     if mount is not None and mount["source"] not in (device, info.get("path")):
         yield from gate.refuse._inner(
@@ -196,7 +218,7 @@ def mounted(
         sources.append(f"UUID={new_uuid}")
 
     wanted_line = render_fstab_line(fs_uuid_now, path, options)
-    content, changed = fstab_with_entry(host.get_fact(Fstab), wanted_line, path, sources)
+    content, changed = fstab_with_entry(fstab, wanted_line, path, sources)
     if changed:
         new = f"{FSTAB}.pyinfra-vllm.new"
         yield FileUploadCommand(StringIO(content), new)

@@ -18,11 +18,13 @@ pinned by the stack row (pyinfra_vllm/stacks.py).
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterator
 
 from pyinfra import host
 from pyinfra.api import FileUploadCommand, QuoteString, StringCommand, operation
 
 from facts.python_env import MARKER, VllmEnvironments
+from operations.uploads import SECRET_DIR, env_file_text, secret_file, sourced
 from pyinfra_vllm.versions import version_tuple
 
 
@@ -70,17 +72,29 @@ def proven(environments: dict, path: str, stack: dict) -> bool:
             and found["installed"].get("vllm") == stack["vllm"])
 
 
-def download_env(
-    index_url: str, ca_bundle: str | None, proxy: str | None
-) -> list[QuoteString | str]:
-    """``env`` arguments that point pip, uv and curl at the index, CA bundle and proxy."""
+# The variables that point pip, uv and curl at the index, CA bundle and proxy: a root-only
+# file for the commands of one operation, since the index URL and the proxy may carry
+# credentials (never on a command line: ``ps`` on the host, ``pyinfra -vv``).
+DOWNLOAD_ENV = f"{SECRET_DIR}/download.env"
+
+
+def download_env(index_url: str, ca_bundle: str | None, proxy: str | None) -> dict[str, str]:
+    """The variables that point pip, uv and curl at the index, CA bundle and proxy."""
     pairs = {"PIP_INDEX_URL": index_url, "UV_DEFAULT_INDEX": index_url,
              "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_INPUT": "1"}
     if ca_bundle:
         pairs.update(PIP_CERT=ca_bundle, SSL_CERT_FILE=ca_bundle, CURL_CA_BUNDLE=ca_bundle)
     if proxy:
         pairs.update(HTTPS_PROXY=proxy, HTTP_PROXY=proxy, https_proxy=proxy, http_proxy=proxy)
-    return ["env", *(QuoteString(f"{key}={value}") for key, value in pairs.items())]
+    return pairs
+
+
+def _download_env_file(pairs: dict[str, str]) -> Iterator[StringCommand | FileUploadCommand]:
+    yield from secret_file(env_file_text(pairs), "download.env")
+
+
+# Ends a command that read DOWNLOAD_ENV: the file goes, the command's exit status stays.
+_FORGET_DOWNLOAD_ENV = ["; rc=$?; rm -f", QuoteString(DOWNLOAD_ENV), "; exit $rc"]
 
 
 @operation()
@@ -105,9 +119,11 @@ def uv(root: str, version: str, index_url: str = "https://pypi.org/simple",
         return
     venv = f"{root}/uv"
     yield StringCommand("rm -rf", QuoteString(venv), "&& python3 -m venv", QuoteString(venv))
+    yield from _download_env_file(download_env(index_url, ca_bundle, proxy))
     yield StringCommand(
-        *download_env(index_url, ca_bundle, proxy),
+        *sourced(DOWNLOAD_ENV),
         QuoteString(f"{venv}/bin/pip"), "install", "-q", QuoteString(f"uv=={version}"),
+        *_FORGET_DOWNLOAD_ENV,
     )
 
 
@@ -133,10 +149,11 @@ def miniforge(root: str, version: str, sha256: str, url: str,
     # checksum and the run.
     installer = f"{root}/Miniforge3-{version}.sh"
     prefix = f"{root}/miniforge3"
+    yield from _download_env_file(download_env("https://pypi.org/simple", ca_bundle, proxy))
     yield StringCommand(
-        "install -d -m 755", QuoteString(root), "&&",
-        *download_env("https://pypi.org/simple", ca_bundle, proxy),
+        "install -d -m 755", QuoteString(root), "&&", *sourced(DOWNLOAD_ENV),
         "curl", "-fsSL", "--retry", "3", "-o", QuoteString(installer), QuoteString(url),
+        *_FORGET_DOWNLOAD_ENV,
     )
     yield StringCommand(
         "echo", QuoteString(f"{sha256}  {installer}"), "| sha256sum --check --strict --quiet -",
@@ -151,7 +168,7 @@ def miniforge(root: str, version: str, sha256: str, url: str,
 
 
 def _create_commands(root: str, path: str, manager: str, python: str,
-                     env: list) -> list[StringCommand]:
+                     env: list[str | QuoteString]) -> list[StringCommand]:
     if manager == "conda":
         return [StringCommand(
             *env, QuoteString(f"{root}/miniforge3/bin/conda"), "create", "-y", "-q",
@@ -166,17 +183,19 @@ def _create_commands(root: str, path: str, manager: str, python: str,
     return [StringCommand(QuoteString(python), "-m", "venv", QuoteString(path))]
 
 
-def _install_command(root: str, path: str, manager: str, env: list) -> StringCommand:
+def _install_command(root: str, path: str, manager: str,
+                     env: list[str | QuoteString]) -> StringCommand:
     requirements = QuoteString(f"{path}/requirements.txt")
     if manager == "uv":
         # copy: the environment must not hard-link into a cache that may be pruned.
         return StringCommand(
             *env, "UV_LINK_MODE=copy", QuoteString(f"{root}/uv/bin/uv"), "pip", "install",
             "-q", "--python", QuoteString(f"{path}/bin/python"), "-r", requirements,
+            *_FORGET_DOWNLOAD_ENV,
         )
     return StringCommand(
         *env, QuoteString(f"{path}/bin/python"), "-m", "pip", "install", "-q", "-r",
-        requirements,
+        requirements, *_FORGET_DOWNLOAD_ENV,
     )
 
 
@@ -212,7 +231,8 @@ def environment(root: str, stack: dict, manager: str, python: str,
     if proven(environments or host.get_fact(VllmEnvironments, root=root), path, stack):
         host.noop(f"{path} works (vLLM {stack['vllm']}, checked when it was built)")
         return
-    env = download_env(index_url, ca_bundle, proxy)
+    env = sourced(DOWNLOAD_ENV)
+    yield from _download_env_file(download_env(index_url, ca_bundle, proxy))
     yield StringCommand(
         "rm -rf", QuoteString(path), "&& mkdir -p", QuoteString(f"{root}/envs"),
     )

@@ -207,10 +207,13 @@ def _inject_identity(host: Host, client_pub: str) -> str:
     if resolv.is_symlink():
         resolv.unlink()
     write_file(resolv, servers)
-    ssh_dir = root / "root/.ssh"
+    # The operator's key, in its home: root has none and sshd refuses root logins.
+    ssh_dir = root / "home" / rootfs.OPERATOR / ".ssh"
     ssh_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     ssh_dir.chmod(0o700)
     write_file(ssh_dir / "authorized_keys", client_pub, 0o600)
+    for path in (ssh_dir, ssh_dir / "authorized_keys"):
+        os.chown(path, rootfs.OPERATOR_UID, rootfs.OPERATOR_UID)
     key = root / "etc/ssh/ssh_host_ed25519_key"
     run(
         ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"root@{host.name}", "-f", str(key)],
@@ -276,7 +279,8 @@ def _start_supervisor(host: Host, argv: list[str]) -> int:
 
 
 def ssh_argv(address: str) -> list[str]:
-    """ssh client argv (without the command) for root on a sandbox host, pinned host key."""
+    """ssh client argv (without the command) for the operator on a sandbox host, pinned
+    host key. Commands that need root go through sudo, as on a real server."""
     return [
         "ssh",
         "-i",
@@ -291,15 +295,17 @@ def ssh_argv(address: str) -> list[str]:
         "ConnectTimeout=3",
         "-o",
         "LogLevel=ERROR",
-        f"root@{address}",
+        f"{rootfs.OPERATOR}@{address}",
     ]
 
 
 def ssh(
     host: Host, command: list[str], *, step: str, check: bool = True, timeout: float = 300
 ) -> subprocess.CompletedProcess[str]:
-    """Run a command on a sandbox host over ssh (the remote side joins argv with spaces)."""
-    return run([*ssh_argv(host.address), "--", *command], step=step, check=check, timeout=timeout)
+    """Run a command as root on a sandbox host: ssh as the operator, then sudo (the remote
+    side joins argv with spaces)."""
+    return run([*ssh_argv(host.address), "--", "sudo", "-n", "--", *command], step=step,
+               check=check, timeout=timeout)
 
 
 def _console_tail(host: Host, lines: int = 25) -> str:
@@ -476,7 +482,9 @@ def host_data(
 ) -> dict:
     data = {
         "ssh_hostname": host.address,
-        "ssh_user": "root",
+        # The way operators reach servers: a user with passwordless sudo, root login off.
+        "ssh_user": rootfs.OPERATOR,
+        "_sudo": True,
         "ssh_port": 22,
         "ssh_key": str(KEY_FILE),
         "ssh_known_hosts_file": str(KNOWN_HOSTS),

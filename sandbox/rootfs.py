@@ -16,7 +16,7 @@ from pathlib import Path
 from sandbox.util import CACHE_DIR, SandboxError, run, write_file
 
 # Bump when the bake steps below change, so old caches are not reused.
-BUILD_VERSION = "3"
+BUILD_VERSION = "4"
 SUITE = "bookworm"
 HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 
@@ -42,9 +42,13 @@ PACKAGES = (
     "xfsprogs",
 )
 
-SSHD_CONF = """\
-# Baked by sandbox/rootfs.py: root logs in with a key only.
-PermitRootLogin prohibit-password
+# The login user, as on Ubuntu's cloud images: a key, passwordless sudo, no root login.
+OPERATOR = "ubuntu"
+OPERATOR_UID = 1000
+
+SSHD_CONF = f"""\
+# Baked by sandbox/rootfs.py: {OPERATOR} logs in with a key and uses sudo; root cannot log in.
+PermitRootLogin no
 PasswordAuthentication no
 KbdInteractiveAuthentication no
 UseDNS no
@@ -111,7 +115,8 @@ def cache_key() -> str:
     """Hash of everything baked into the image."""
     main, security = debian_mirrors()
     digest = hashlib.sha256()
-    for part in (BUILD_VERSION, SUITE, " ".join(PACKAGES), main, security, SSHD_CONF, PIP_CONF):
+    for part in (BUILD_VERSION, SUITE, " ".join(PACKAGES), main, security, SSHD_CONF, PIP_CONF,
+                 OPERATOR):
         digest.update(part.encode() + b"\0")
     digest.update(_host_ca_pem())
     return digest.hexdigest()[:16]
@@ -147,6 +152,13 @@ def _bake(root: Path, main: str, security: str) -> None:
         ["chroot", str(root), "update-ca-certificates", "--fresh"],
         step="rootfs: update-ca-certificates",
     )
+    run(
+        ["chroot", str(root), "useradd", "--create-home", "--shell", "/bin/bash", "--uid",
+         str(OPERATOR_UID), "--user-group", OPERATOR],
+        step=f"rootfs: user {OPERATOR}",
+    )
+    write_file(root / f"etc/sudoers.d/90-{OPERATOR}", f"{OPERATOR} ALL=(ALL:ALL) NOPASSWD: ALL\n",
+               0o440)
     write_file(root / "etc/pip.conf", PIP_CONF)
     write_file(root / "etc/environment", ENVIRONMENT)
     write_file(root / "etc/fstab", "# sandbox host: root is an overlay set up by the host\n")

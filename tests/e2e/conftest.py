@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from contextlib import contextmanager
@@ -44,8 +45,8 @@ class Sandbox:
     def ssh(
         self, host: SandboxHost, command: str, *, check: bool = True, timeout: float = 300
     ) -> subprocess.CompletedProcess[str]:
-        """Run a shell command line on a host as root."""
-        argv = [*sbx.ssh_argv(host.address), "--", command]
+        """Run a shell command line on a host as root (ssh as the operator, then sudo)."""
+        argv = [*sbx.ssh_argv(host.address), "--", "sudo -n sh -c " + shlex.quote(command)]
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
         if check and proc.returncode != 0:
             pytest.fail(

@@ -44,6 +44,23 @@ def test_inventory_host_data(sandbox) -> None:
         assert key in text
 
 
+def test_reached_as_operators_reach_servers(sandbox) -> None:
+    host = sandbox.hosts[0]
+    argv = sbx.ssh_argv(host.address)
+    # The operator logs in with its key and gets root only through passwordless sudo.
+    login = subprocess.run([*argv, "--", "id -un; sudo -n id -u"], capture_output=True,
+                           text=True, timeout=30)
+    assert login.stdout.split() == ["ubuntu", "0"], login.stderr
+    # Root cannot log in, even with the same key.
+    as_root = [*argv[:-1], f"root@{host.address}", "--", "true"]
+    refused = subprocess.run(as_root, capture_output=True, text=True, timeout=30)
+    assert refused.returncode == 255 and "Permission denied" in refused.stderr
+    # pyinfra logs in as the operator and runs its commands under sudo.
+    proc = sandbox.pyinfra("--json", "fact", "server.User", "--sudo", timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert set(json.loads(proc.stdout)["server.User"].values()) == {"root"}
+
+
 @pytest.mark.parametrize("index", [0, 1])
 def test_systemd_is_pid1_and_running(sandbox, index: int) -> None:
     host = sandbox.hosts[index]
