@@ -1,7 +1,7 @@
 """Everything the preflight and the audit read about a GPU host, in one remote command.
 
-Each fact in ``facts.nvidia`` and ``facts.cuda`` is one round trip; read one by one,
-the ten of them cost ten. ``GpuHostState`` runs their commands in one shell, each
+Each fact in ``facts.driver``, ``facts.gpus``, ``facts.topology`` and ``facts.cuda`` is
+one round trip; read one by one, the ten of them cost ten. ``GpuHostState`` runs their commands in one shell, each
 output behind a section marker, and hands each section to that fact's own parser, so
 the values are the same as the single facts give (tests/unit/test_gpu_host.py
 checks this on the real H200 capture).

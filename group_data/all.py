@@ -1,7 +1,7 @@
 """Fleet-wide settings: the values every host gets unless its group or itself says else.
 
 Only what differs from the defaults in pyinfra_vllm/settings.py belongs here; each key is
-validated there before any operation runs (README.md, section Settings).
+validated there before any operation runs (docs/settings.md lists every key).
 """
 
 # The seed's engine recipe (two A100 80GB, TP=2, BF16, 128K context) is the default in

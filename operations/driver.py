@@ -105,7 +105,7 @@ def packages_held(prefixes: list[str] | None = None):
 
     .. code:: python
 
-        nvidia_driver.packages_held(name="Hold the driver packages")
+        driver.packages_held(name="Hold the driver packages")
     """
     wanted = tuple(prefixes) if prefixes is not None else DRIVER_PACKAGE_PREFIXES
     installed = host.get_fact(DriverPackages)
@@ -135,7 +135,7 @@ def upgrade_blacklist(path: str = BLACKLIST_FILE, prefixes: list[str] | None = N
 
     .. code:: python
 
-        nvidia_driver.upgrade_blacklist(name="Blacklist the driver in unattended-upgrades")
+        driver.upgrade_blacklist(name="Blacklist the driver in unattended-upgrades")
     """
     content = render_blacklist(tuple(prefixes) if prefixes is not None else DRIVER_PACKAGE_PREFIXES)
     # One FileDigests read instead of files.put's File, Directory and Sha1File facts.
@@ -170,7 +170,7 @@ def cuda_toolkit(cuda_version: str, repo_distro: str, arch: str = "x86_64"):
 
     .. code:: python
 
-        nvidia_driver.cuda_toolkit(cuda_version="12.1", repo_distro="ubuntu2204")
+        driver.cuda_toolkit(cuda_version="12.1", repo_distro="ubuntu2204")
     """
     package = "cuda-toolkit-" + cuda_version.replace(".", "-")
     installed = host.get_fact(DriverPackages) or {}

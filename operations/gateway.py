@@ -176,7 +176,7 @@ def site(
 
     .. code:: python
 
-        nginx_site.site(
+        gateway.site(
             name="Gateway: nginx site",
             site_content=render_site(...),
             keys_content=render_keys_map(["sk-..."]),

@@ -138,7 +138,7 @@ def mig_disabled(
 
     .. code:: python
 
-        nvidia_mig.mig_disabled(name="MIG off", allow_reboot=False)
+        mig.mig_disabled(name="MIG off", allow_reboot=False)
     """
     if gpus is None:
         gpus = host.get_fact(GpuInventory)

@@ -116,7 +116,7 @@ def mounted(
 
     .. code:: python
 
-        xfs_volume.mounted(
+        model_volume.mounted(
             name="Weights volume",
             device="/dev/nvme1n1",
             path="/srv/models",

@@ -55,7 +55,7 @@ def persistence_mode(enabled: bool = True):
 
     .. code:: python
 
-        nvidia_persistence.persistence_mode(name="Persistence mode on", enabled=True)
+        persistence.persistence_mode(name="Persistence mode on", enabled=True)
     """
     wanted = "Enabled" if enabled else "Disabled"
     gpus = host.get_fact(GpuInventory)

@@ -92,11 +92,14 @@ def _verdict(checks: list[dict[str, Any]]) -> str:
 def split_op_name(name: str) -> tuple[str | None, str]:
     """(stage, operation) from one pyinfra operation name.
 
-    ``local.include`` runs a stage file inside ``host.deploy(<relative path>)``, so the
-    operations deploys/full.py adds are named ``"deploys/sysctl.py | Sysctl: ..."``
-    (pyinfra 3.10 ``local.py`` include, ``api/operation.py`` generate_operation_name).
-    A stage run on its own has no prefix: the stage is then read from the suite's
-    ``"Stage: what"`` naming, e.g. ``"Model volume: ..."`` is ``model_volume``.
+    Each stage is a ``@deploy`` named after it, and pyinfra prefixes the operations a
+    deploy adds with the names of the deploys it runs in (pyinfra 3.10
+    ``api/host.py`` deploy, ``api/operation.py`` generate_operation_name), so the
+    operations deploys/full.py adds are named ``"full | sysctl | Sysctl: ..."``: the
+    stage is the last name before the operation's own. A path there (an older
+    ``local.include`` of ``deploys/sysctl.py``) counts by its stem. Without any prefix
+    the stage is read from the suite's ``"Stage: what"`` naming, e.g.
+    ``"Model volume: ..."`` is ``model_volume``.
     """
     deploy, sep, operation = name.rpartition(" | ")
     if sep:

@@ -69,8 +69,8 @@ SECRET_KEYS = ("hf_token", "api_keys")
 class Settings(BaseModel):
     """The validated settings of one host."""
 
-    # Attribute docstrings become field descriptions: the README's settings reference
-    # is generated from them (tests/unit/test_readme.py keeps the two in step).
+    # Attribute docstrings become field descriptions: docs/settings.md's settings table
+    # is generated from them (tests/unit/test_docs.py keeps the two in step).
     model_config = ConfigDict(extra="ignore", frozen=True, use_attribute_docstrings=True)
 
     # --- stack and model -------------------------------------------------------------
@@ -111,10 +111,11 @@ class Settings(BaseModel):
     """Sampling seed (--seed)."""
     nccl_p2p_level: Literal["LOC", "NVL", "PIX", "PXB", "PHB", "SYS"] | None = None
     """NCCL_P2P_LEVEL for the TP workers, e.g. "NVL" (a workaround for TP=2 hangs,
-    vllm#8087); None leaves NCCL's own choice.
+    GitHub vllm-project/vllm issue 8087); None leaves NCCL's own choice.
     """
     disable_custom_all_reduce: bool = False
-    """--disable-custom-all-reduce (a workaround for TP hangs, vllm#8410)."""
+    """--disable-custom-all-reduce (a workaround for TP hangs, GitHub vllm-project/vllm
+    issue 8410)."""
     vllm_host: str = "127.0.0.1"
     """Address the engine listens on; it stays on loopback, behind the gateway."""
     vllm_port: int = Field(default=8000, ge=1, le=65535)
@@ -430,8 +431,8 @@ def validate(data: dict[str, Any], where: str = "settings") -> Settings:
                     f"invalid settings for {where}:",
                     *lines,
                     "Fix the value in the inventory's host data, group_data/*.py or "
-                    "--data KEY=VALUE; README.md, section Settings, lists every key "
-                    "with what it allows.",
+                    "--data KEY=VALUE; docs/settings.md lists every key with what it "
+                    "allows.",
                 ]
             )
         )
@@ -454,7 +455,8 @@ def _default_words(name: str) -> str:
 
 
 def reference_markdown() -> str:
-    """The README's settings table: every key, its default, what it allows, its meaning."""
+    """docs/settings.md's settings table: every key, its default, what it allows, its
+    meaning."""
     rows = ["| key | default | allowed | meaning |", "|---|---|---|---|"]
     for name, field in Settings.model_fields.items():
         meaning = " ".join((field.description or "").split()).replace("|", "\\|")

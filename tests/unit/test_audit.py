@@ -88,6 +88,11 @@ def test_split_op_name():
     assert split_op_name("deploys/full.py | deploys/model_volume.py | Model volume: XFS") == (
         "model_volume", "Model volume: XFS")
     assert split_op_name("Model volume: XFS mounted") == ("model_volume", "Model volume: XFS mounted")
+    # The stages as @deploy functions, run by deploys/full.py or alone.
+    assert split_op_name("full | model_volume | Model volume: XFS") == (
+        "model_volume", "Model volume: XFS")
+    assert split_op_name("sysctl | Sysctl: kernel parameters") == (
+        "sysctl", "Sysctl: kernel parameters")
     assert split_op_name("apt.packages") == (None, "apt.packages")
 
 

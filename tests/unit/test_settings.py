@@ -55,7 +55,7 @@ def test_bad_values_are_refused_with_key_value_and_allowed(data, expected):
     message = str(refused.value)
     assert message.startswith("invalid settings for host gpu-1:")
     assert expected in message
-    assert "README.md, section Settings" in message
+    assert "docs/settings.md lists every key" in message
 
 
 def test_every_problem_is_listed_at_once():
