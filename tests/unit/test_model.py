@@ -87,27 +87,39 @@ def test_unverified_when_the_lock_size_differs_from_file_and_record():
 
 
 # --- the model download op: the token never on a command line ---------------------------
-def test_downloaded_keeps_the_token_out_of_every_command_string():
+def test_downloaded_keeps_the_token_and_proxy_credentials_out_of_every_command_string():
     token = "hf_unit-test-token-7c4f9e"
+    password = "proxy-pw-31d2"
     lock = _lock(("config.json", 10, "c" * 64))
     state = FakeState()
     host = create_host(state, facts={"model.ModelFiles": {"path=/srv/m/Q": None}})
     with ctx_state.use(state), ctx_host.use(host):
         commands = list(model_ops.downloaded._inner(
             lock=lock, dest="/srv/m/Q", base_url="https://huggingface.co", token=token,
-            proxy="http://proxy:3128",
+            proxy=f"http://ops:{password}@proxy:3128",
         ))
     strings = [c for c in commands if isinstance(c, StringCommand)]
     uploads = [c for c in commands if isinstance(c, FileUploadCommand)]
     assert strings and uploads
     for command in strings:
-        assert token not in command.get_raw_value()
-        assert token not in command.get_masked_value()
-    carrying = [u for u in uploads if hasattr(u.src, "getvalue") and token in u.src.getvalue()]
-    assert [u.dest for u in carrying] == ["/run/pyinfra-vllm/hf_token"]
+        for secret in (token, password):
+            assert secret not in command.get_raw_value()
+            assert secret not in command.get_masked_value()
+    def text(upload):
+        data = upload.src.getvalue() if hasattr(upload.src, "getvalue") else ""
+        return data.decode() if isinstance(data, bytes) else data
+
+    carrying = {u.dest: u for u in uploads if token in text(u) or password in text(u)}
+    assert sorted(carrying) == ["/run/pyinfra-vllm/hf_token",
+                                "/run/pyinfra-vllm/model-download.env"]
+    # Under sudo, pyinfra's SFTP step lands in the login user's private spool, not /tmp.
+    for upload in carrying.values():
+        assert upload.remote_temp_filename.startswith("/run/pyinfra-vllm-upload/")
     last = strings[-1].get_raw_value()
+    assert last.startswith("set -a && . /run/pyinfra-vllm/model-download.env && set +a && ")
     assert "--token-file /run/pyinfra-vllm/hf_token" in last
-    assert last.endswith("rm -f /run/pyinfra-vllm/hf_token ; exit $rc")
+    assert last.endswith(
+        "rm -f /run/pyinfra-vllm/model-download.env /run/pyinfra-vllm/hf_token ; exit $rc")
 
 
 def test_model_path():

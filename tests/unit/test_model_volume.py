@@ -63,7 +63,7 @@ def test_blkid_parsing():
     assert parse_blkid_export([]) is None
     empty = parse_blkid_export(["BLOCK_DEVICE", "REALPATH=/dev/loop3", "BLKID_EXIT=2"])
     assert empty == {"path": "/dev/loop3", "fstype": None, "uuid": None, "pttype": None,
-                     "usage": None, "probe_error": None}
+                     "usage": None, "probe_error": None, "mountpoints": []}
     ext4 = parse_blkid_export(["BLOCK_DEVICE", "REALPATH=/dev/loop3", "DEVNAME=/dev/loop3",
                                "UUID=u-1", "BLOCK_SIZE=4096", "TYPE=ext4", "USAGE=filesystem",
                                "BLKID_EXIT=0"])
@@ -73,6 +73,9 @@ def test_blkid_parsing():
     assert gpt["pttype"] == "gpt" and gpt["fstype"] is None
     odd = parse_blkid_export(["BLOCK_DEVICE", "REALPATH=/dev/sdb", "BLKID_EXIT=8"])
     assert odd["probe_error"] == "blkid -p exited 8"
+    mounted = parse_blkid_export(["BLOCK_DEVICE", "REALPATH=/dev/sdb", "MOUNTED_AT=/data",
+                                  "MOUNTED_AT=/srv/a\\x20b", "TYPE=xfs", "BLKID_EXIT=0"])
+    assert mounted["mountpoints"] == ["/data", "/srv/a b"]
 
 
 def test_mount_and_unit_facts_parse():

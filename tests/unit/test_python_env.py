@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pyinfra.api import StringCommand
-
 from files.vllm_probe import server_flags
 from operations.python_env import (
     download_env,
@@ -14,6 +12,7 @@ from operations.python_env import (
     python_problem,
     requirements_text,
 )
+from operations.uploads import env_file_text
 from pyinfra_vllm.stacks import STACKS
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -69,16 +68,19 @@ def test_environment_path_is_stable_and_depends_on_stack_manager_and_python():
 
 
 def test_download_env_adds_ca_and_proxy_only_when_set():
-    plain = StringCommand(*download_env("https://pypi.org/simple", None, None)).get_raw_value()
-    plain = plain.split()
-    assert plain[0] == "env" and "PIP_INDEX_URL=https://pypi.org/simple" in plain
-    assert not any("PROXY" in part.upper() or "CERT" in part for part in plain)
-    full = StringCommand(*download_env("https://m/simple", "/ca.pem", "http://p:3128"))
-    full = full.get_raw_value().split()
+    plain = env_file_text(download_env("https://pypi.org/simple", None, None)).decode()
+    plain = plain.splitlines()
+    assert "PIP_INDEX_URL=https://pypi.org/simple" in plain
+    assert not any("PROXY" in line.upper() or "CERT" in line for line in plain)
+    full = env_file_text(download_env("https://m/simple", "/ca.pem", "http://u:pw@p:3128"))
+    full = full.decode().splitlines()
     for wanted in ("PIP_CERT=/ca.pem", "SSL_CERT_FILE=/ca.pem", "CURL_CA_BUNDLE=/ca.pem",
-                   "HTTPS_PROXY=http://p:3128", "https_proxy=http://p:3128",
+                   "HTTPS_PROXY=http://u:pw@p:3128", "https_proxy=http://u:pw@p:3128",
                    "UV_DEFAULT_INDEX=https://m/simple"):
         assert wanted in full
+    # Read by a POSIX shell with `set -a; . FILE`: a value with shell syntax stays a value.
+    assert env_file_text({"PIP_INDEX_URL": "https://u:p;w@x/$HOME"}) == (
+        b"PIP_INDEX_URL='https://u:p;w@x/$HOME'\n")
 
 
 # --- the probe's flags ----------------------------------------------------------------
