@@ -13,9 +13,14 @@ venv: .venv/.done
 	touch $@
 
 # Debian packages the sandbox and the tests need (root; installs only what is missing).
+# nginx: the unit tests run the rendered gateway under the real nginx (nginx -t and
+# requests on loopback, never as a service); Debian 12's "nginx" package holds
+# /usr/sbin/nginx with the ssl, http_v2, auth_request, map and limit_req modules
+# (nginx-light is a metapackage over it plus an echo module). openssl: their throwaway
+# certificate.
 SYSTEM_TOOLS := debootstrap:debootstrap systemd-nspawn:systemd-container \
 	mkfs.xfs:xfsprogs ssh:openssh-client iptables:iptables ip:iproute2 \
-	losetup:util-linux curl:curl dpkg-deb:dpkg
+	losetup:util-linux curl:curl dpkg-deb:dpkg nginx:nginx openssl:openssl
 .PHONY: system-deps
 system-deps:
 	@missing=""; for pair in $(SYSTEM_TOOLS); do \
@@ -24,7 +29,13 @@ system-deps:
 	if [ -n "$$missing" ]; then \
 		echo "installing:$$missing"; \
 		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
-			--no-install-recommends ca-certificates $$missing; \
+			--no-install-recommends ca-certificates $$missing || exit 1; \
+		case " $$missing " in *" nginx "*) \
+			systemctl disable --now nginx.service >/dev/null 2>&1 || \
+				service nginx stop >/dev/null 2>&1 || true; \
+			echo "nginx is for the tests only (nginx -t, a foreground nginx on loopback):" \
+				"its service is stopped and disabled";; \
+		esac; \
 	fi
 
 # The tests: unit, fact and operation fixtures, CLI runs against @local, and the

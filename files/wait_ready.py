@@ -18,12 +18,15 @@ With ``--model``, readiness also means serving: a one-token completion on
 passes while a broken tokenizer or chat template fails every request), then
 ``--warmups`` one-token completions warm the kernels (the seed's warm-up; bounded in
 number and by ``--request-timeout`` each; a failed warm-up is reported, not fatal).
+An engine that demands a key (``VLLM_API_KEY`` in the unit's environment file, which
+systemd gives ExecStartPost too) gets it as ``Authorization: Bearer``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 import urllib.error
@@ -45,8 +48,11 @@ def complete(base: str, model: str, prompt: str, timeout: float) -> tuple[int | 
     """One ``max_tokens=1`` completion: (HTTP status or None, a short reason)."""
     body = json.dumps({"model": model, "prompt": prompt, "max_tokens": 1,
                        "temperature": 0}).encode()
-    request = urllib.request.Request(f"{base}/v1/completions", data=body,
-                                     headers={"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json"}
+    key = os.environ.get("VLLM_API_KEY")
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    request = urllib.request.Request(f"{base}/v1/completions", data=body, headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
             answer = json.load(response)

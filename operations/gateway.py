@@ -5,7 +5,9 @@ test after it failed, and its ``--diff`` prints file contents (API keys included
 operation compares sha1 sums itself, uploads candidates from memory into a root-only
 staging directory (nothing is printed but paths), swaps them in by rename, runs
 ``nginx -t``, and puts the previous files back when the test fails. nginx is reloaded only
-when a file changed and the test passed; an unchanged site yields no command at all.
+when a file changed and the test passed; an unchanged site yields no command at all. The
+TLS certificate and key ride the same swap (``extra_files``), and a failed test's output
+is printed without the lines that name the key file or hold a key (``secrets``).
 
 The pure helpers (rendering, the body-size arithmetic) are here too, so unit tests can call
 them without a pyinfra host.
@@ -44,6 +46,13 @@ KEYS_PATH = "/etc/nginx/vllm-api-keys.conf"
 # Inside /etc/nginx so the swap is a rename on one file system; 0700 so candidate key
 # files are unreadable to anyone but root whatever mode the upload creates them with.
 STAGING_DIR = "/etc/nginx/.pyinfra-vllm-staging"
+# The TLS certificate chain (0644) and its private key (0600, root: nginx's master reads
+# it before it drops privileges), installed through the same checked swap as the site.
+TLS_DIR = "/etc/nginx/vllm-tls"
+TLS_CERT_PATH = f"{TLS_DIR}/cert.pem"
+TLS_KEY_PATH = f"{TLS_DIR}/key.pem"
+# In the staging directory: the strings nginx -t's output must never show (the keys).
+REDACT_NAME = "redact.txt"
 
 # Worst case bytes per token in a request body: JSON-escaped CJK text at 2 characters per
 # token, each character escaped as \uXXXX (6 bytes). See pyinfra_vllm/settings.py.
@@ -52,9 +61,11 @@ WORST_BYTES_PER_TOKEN = 12
 ENVELOPE_BYTES = 64 * 1024
 MIB = 1024 * 1024
 
-# Characters allowed in an API key: the map line is `"Bearer <key>" 1;` and nginx would
-# read a quote, backslash, semicolon, brace or space in it as syntax.
+# Characters allowed in an API key: the map line is `"~^Bearer <key>\z" 1;` and nginx
+# would read a quote, backslash, semicolon, brace, dollar or space in it as syntax.
 _KEY_RE = re.compile(r"^[A-Za-z0-9._~+/=:-]+$")
+# Of those, the ones PCRE reads as operators outside a character class.
+_KEY_REGEX_META = re.compile(r"([.+])")
 
 
 def body_limit_mib(max_model_len: int) -> int:
@@ -66,17 +77,80 @@ def sha1(text: str) -> str:
     return hashlib.sha1(text.encode()).hexdigest()
 
 
-def render_keys_map(keys: list[str]) -> str:
-    """The map from the Authorization header to ``$vllm_key_ok``; no keys: every request ok.
+def key_regex(key: str) -> str:
+    """The PCRE that matches exactly ``Authorization: Bearer <key>``.
 
-    A bad key is named by its position only: its value is never printed.
+    A plain string entry of an nginx map is compared case-insensitively (it is hashed like
+    a host name), and one longer than map_hash_bucket_size makes ``nginx -t`` fail; a
+    regular expression after ``~`` is case-sensitive and is not hashed. Anchored at both
+    ends: ``\\z`` is the subject's very end (``$`` would also match before a final
+    newline). ``.`` and ``+`` are escaped, the only PCRE operators in the key alphabet.
     """
+    return "^Bearer " + _escape(key) + r"\z"
+
+
+def _escape(key: str) -> str:
+    return _KEY_REGEX_META.sub(r"\\\1", key)
+
+
+def check_keys(keys: list[str]) -> None:
+    """Refuse a key nginx would read as syntax, and a repeated key; by position only."""
+    seen: dict[str, int] = {}
     for index, key in enumerate(keys):
         if not _KEY_RE.match(key):
             raise OperationValueError(
                 f"api_keys[{index}] has characters other than letters, digits and ._~+/=:-"
             )
-    return render(KEYS_TEMPLATE, keys=list(keys))
+        if key in seen:
+            raise OperationValueError(f"api_keys[{index}] repeats api_keys[{seen[key]}]")
+        seen[key] = index
+
+
+def render_keys_map(keys: list[str], upstream_key: str | None = None) -> str:
+    """The secret file: the map from the Authorization header to ``$vllm_key_ok``, and the
+    Authorization header nginx sends the engine (``$vllm_upstream_authorization``).
+
+    + keys: the API keys clients may send; none: every request is let through
+    + upstream_key: the key the engine itself demands (VLLM_API_KEY, when it listens beyond
+      loopback), sent as ``Bearer <key>``; None sends the engine no Authorization at all
+
+    A bad key is named by its position only: its value is never printed.
+    """
+    check_keys(keys)
+    if upstream_key is not None and not _KEY_RE.match(upstream_key):
+        raise OperationValueError(
+            "the engine's key has characters other than letters, digits and ._~+/=:-"
+        )
+    return render(
+        KEYS_TEMPLATE,
+        patterns=[key_regex(key) for key in keys],
+        upstream_key=upstream_key,
+    )
+
+
+def redactions(secrets: list[str]) -> list[str]:
+    """The strings nginx output is filtered of: each secret as written and as a regex."""
+    found: list[str] = []
+    for secret in secrets:
+        for form in (secret, _escape(secret)):
+            if form and form not in found:
+                found.append(form)
+    return found
+
+
+def upstream_server(host: str, port: int) -> str:
+    """The upstream's ``server`` address: an IPv6 address in brackets, a wildcard bind
+    (the engine on every address) reached on loopback."""
+    if host in ("", "0.0.0.0"):
+        host = "127.0.0.1"
+    elif host == "::":
+        host = "::1"
+    try:
+        if ipaddress.ip_address(host).version == 6:
+            host = f"[{host}]"
+    except ValueError:
+        pass  # a host name
+    return f"{host}:{port}"
 
 
 def metrics_networks(cidrs: list[str]) -> list[str]:
@@ -100,27 +174,60 @@ def render_site(
     proxy_timeout_s: int,
     extra_directives: list[str] | tuple[str, ...] = (),
     keys_path: str = KEYS_PATH,
+    tls: bool = False,
+    http_redirect_port: int | None = None,
+    tls_cert_path: str = TLS_CERT_PATH,
+    tls_key_path: str = TLS_KEY_PATH,
 ) -> str:
-    """The site file (``conf.d/vllm.conf``): upstream, server, locations."""
+    """The site file (``conf.d/vllm.conf``): upstream, server, locations.
+
+    + tls: the server speaks TLS on gateway_port with the files at tls_cert_path and
+      tls_key_path; False keeps plain HTTP
+    + http_redirect_port: with tls, a second, plain HTTP server on this port that answers
+      every request with a 301 to https on gateway_port and serves nothing else
+    """
+    if http_redirect_port is not None and not tls:
+        raise OperationValueError("http_redirect_port needs tls (a redirect to https)")
+    if http_redirect_port == gateway_port:
+        raise OperationValueError("http_redirect_port must differ from gateway_port")
     return render(
         SITE_TEMPLATE,
-        vllm_host=vllm_host,
-        vllm_port=vllm_port,
+        upstream=upstream_server(vllm_host, vllm_port),
         gateway_port=gateway_port,
         metrics_allow=metrics_networks(metrics_allow),
         body_mib=body_mib,
         proxy_timeout_s=proxy_timeout_s,
         extra_directives=list(extra_directives),
         keys_path=keys_path,
+        tls=tls,
+        http_redirect_port=http_redirect_port,
+        tls_cert_path=tls_cert_path,
+        tls_key_path=tls_key_path,
     )
 
 
-def swap_script(files: list[tuple[str, str, str]], staging_dir: str, service: str) -> str:
+def swap_script(
+    files: list[tuple[str, str, str]],
+    staging_dir: str,
+    service: str,
+    *,
+    hide: list[str] | tuple[str, ...] = (),
+    redact: str | None = None,
+) -> str:
     """One shell command: swap candidates in, ``nginx -t``, reload or roll back.
 
     ``files`` holds ``(candidate name in staging_dir, live path, octal mode)``. One command,
     not several, so the rollback runs even when the test fails (pyinfra stops an operation
     at its first failing command). Paths are quoted with shlex: they are parts of a script.
+
+    + hide: fixed strings (the key file's path) whose lines of nginx -t's output are not
+      shown when the test fails
+    + redact: name, in staging_dir, of a file of fixed strings (the keys), one a line:
+      lines that hold one, in any case, are not shown either; removed at the end
+
+    nginx's messages quote the tokens it cannot read, and a string map entry that conflicts
+    is quoted in lower case: a failed test's output is filtered before it is printed, and
+    says how many lines it left out.
     """
     q = shlex.quote
     lines = []
@@ -135,16 +242,35 @@ def swap_script(files: list[tuple[str, str, str]], staging_dir: str, service: st
         cleanup.append(f"rm -f {bak}")
     for name, live, _mode in files:
         lines.append(f"mv -f {q(f'{staging_dir}/{name}')} {q(live)} || exit 1")
+    report = 'echo "nginx -t rejected the new configuration; the previous files are back: $out" >&2'
+    if hide or redact:
+        patterns = " ".join(f"-e {q(text)}" for text in hide)
+        if redact:
+            patterns = f"{patterns} -f {q(f'{staging_dir}/{redact}')}".strip()
+            cleanup.append(f"rm -f {q(f'{staging_dir}/{redact}')}")
+        report = (
+            f"""shown=$(printf '%s\\n' "$out" | grep -v -i -F {patterns}); """
+            f"""hidden=$(printf '%s\\n' "$out" | grep -c -i -F {patterns}); """
+            + (f"rm -f {q(f'{staging_dir}/{redact}')}; " if redact else "")
+            + 'echo "nginx -t rejected the new configuration; the previous files are back: '
+            '$shown" >&2; [ "$hidden" = 0 ] || echo "($hidden line(s) of its output not '
+            'shown: they name the API key file or hold a key)" >&2'
+        )
     lines.append(
         "if out=$(nginx -t 2>&1); then "
         # reload-or-restart reloads a running nginx (graceful: old workers finish their
         # streams) and starts a stopped one; it never restarts a running one.
         f"{'; '.join(cleanup)}; systemctl reload-or-restart {q(service)}; "
-        f"else {'; '.join(restore)}; "
-        "echo \"nginx -t rejected the new configuration; the previous files are back: $out\" >&2; "
-        "exit 1; fi"
+        f"else {'; '.join(restore)}; {report}; exit 1; fi"
     )
     return "; ".join(lines)
+
+
+def _drifted(file: dict[str, Any], mode: str) -> bool:
+    """A live file's mode or owner (the File fact) is not ``mode``, root:root."""
+    return file.get("mode") != int(mode) or file.get("user") != "root" or (
+        file.get("group") != "root"
+    )
 
 
 @operation()
@@ -155,6 +281,8 @@ def site(
     keys_path: str = KEYS_PATH,
     staging_dir: str = STAGING_DIR,
     service: str = "nginx",
+    extra_files: dict[str, tuple[str, str]] | None = None,
+    secrets: list[str] | None = None,
 ):
     """
     Install an nginx site and its API-key file, tested by ``nginx -t`` before it goes live.
@@ -165,12 +293,17 @@ def site(
     + keys_path: live key file, mode 0600, owned by root (nginx's master reads it as root)
     + staging_dir: root-only directory for candidate files, on the same file system
     + service: the systemd unit reloaded after a change
+    + extra_files: more files the site needs, ``{live path: (content, octal mode)}`` (the TLS
+      certificate "644" and private key "600"); swapped and tested with the site, their
+      directory made (0755) when missing. A "600" file is a secret like the key file.
+    + secrets: strings nginx -t's output must never show (the API keys): a failed test's
+      output is printed without the lines holding one, or naming keys_path
 
     Each file is compared by sha1 with what is live. Changed files are uploaded into
     ``staging_dir``, renamed over the live ones, and ``nginx -t`` is run: if it passes,
     nginx is reloaded; if not, the previous files are put back and the operation fails with
-    nginx's message. A key file whose content is right but whose mode or owner drifted is
-    fixed without a reload. Nothing changed: no command.
+    nginx's message. A secret file (mode 600) whose content is right but whose mode or owner
+    drifted is closed again, without a reload. Nothing changed: no command.
 
     **Example:**
 
@@ -180,36 +313,60 @@ def site(
             name="Gateway: nginx site",
             site_content=render_site(...),
             keys_content=render_keys_map(["sk-..."]),
+            secrets=["sk-..."],
         )
     """
     wanted = [
         ("site.conf", site_path, site_content, "644"),
         ("api-keys.conf", keys_path, keys_content, "600"),
     ]
+    taken = {name for name, *_ in wanted} | {REDACT_NAME}
+    for live, (content, mode) in (extra_files or {}).items():
+        name = live.rsplit("/", 1)[-1]
+        if name in taken or not name:
+            raise OperationValueError(f"extra_files: {live}: its name {name!r} is taken")
+        taken.add(name)
+        wanted.append((name, live, content, mode))
     changed = [
         (name, live, content, mode)
         for name, live, content, mode in wanted
         if host.get_fact(Sha1File, path=live) != sha1(content)
     ]
 
+    did_something = False
+    for name, live, content, mode in wanted:
+        if mode != "600" or (name, live, content, mode) in changed:
+            continue
+        # pyinfra types it as its FileDict, False for a directory, None when missing.
+        found: Any = host.get_fact(File, path=live)
+        if _drifted(found or {}, mode):
+            # Content unchanged, so nginx needs no reload: only close the file again.
+            yield StringCommand("chown", "root:root", QuoteString(live))
+            yield StringCommand("chmod", mode, QuoteString(live))
+            did_something = True
+
     if changed:
         yield StringCommand("install", "-d", "-m", "700", "-o", "root", "-g", "root",
                             QuoteString(staging_dir))
+        parents = sorted({live.rsplit("/", 1)[0] for _n, live, _c, _m in changed
+                          if live not in (site_path, keys_path)})
+        for parent in parents:
+            yield StringCommand("install", "-d", "-m", "755", "-o", "root", "-g", "root",
+                                QuoteString(parent))
         for name, _live, content, _mode in changed:
             # From memory: the content never exists on this machine's disk nor in output.
             yield FileUploadCommand(StringIO(content), f"{staging_dir}/{name}")
+        redact = redactions(list(secrets or []))
+        if redact:
+            yield FileUploadCommand(StringIO("".join(f"{text}\n" for text in redact)),
+                                    f"{staging_dir}/{REDACT_NAME}")
         yield StringCommand(
-            swap_script([(n, live, mode) for n, live, _c, mode in changed], staging_dir, service)
+            swap_script(
+                [(n, live, mode) for n, live, _c, mode in changed], staging_dir, service,
+                hide=[keys_path], redact=REDACT_NAME if redact else None,
+            )
         )
-        return
+        did_something = True
 
-    keys_file: dict[str, Any] = host.get_fact(File, path=keys_path) or {}  # type: ignore[arg-type]  # pyinfra types it as its FileDict
-    if keys_file.get("mode") != 600 or keys_file.get("user") != "root" or (
-        keys_file.get("group") != "root"
-    ):
-        # Content unchanged, so nginx needs no reload: only close the file again.
-        yield StringCommand("chown", "root:root", QuoteString(keys_path))
-        yield StringCommand("chmod", "600", QuoteString(keys_path))
-        return
-
-    host.noop("nginx site and API keys are up to date")
+    if not did_something:
+        host.noop("nginx site and API keys are up to date")

@@ -11,7 +11,9 @@ command lines is quoted for systemd (``systemd_quote``). The flags come from set
 fails the deploy instead of crash-looping the service.
 
 Secrets (HF_TOKEN, VLLM_API_KEY) go to ``/etc/vllm/vllm.env`` (0600, root), never into the
-unit, which any user can read with ``systemctl cat``.
+unit, which any user can read with ``systemctl cat``, nor onto the command line (``--api-key``
+would show in ``ps``). VLLM_API_KEY is set when the engine listens beyond loopback
+(``engine_api_key``).
 
 The render helpers are pure, so unit tests call them without a pyinfra host; the
 operations (below them) install nothing themselves: the deploy writes the files with
@@ -270,13 +272,39 @@ def render_unit(
     )
 
 
+def listens_beyond_loopback(address: str) -> bool:
+    """Is the engine's listen address reachable from other machines? Only a loopback
+    address (127.0.0.0/8, ::1) or "localhost" is not; a wildcard, any other address or a
+    host name is."""
+    if address == "localhost":
+        return False
+    try:
+        return not ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return True  # a host name: it may resolve to anything
+
+
+def engine_api_key(settings: Settings) -> str | None:
+    """The key the engine itself demands (VLLM_API_KEY), or None.
+
+    On loopback the gateway is the only way in and checks the keys itself. An engine that
+    listens beyond loopback can be reached around the gateway, so it demands the first of
+    api_keys on /v1 (vLLM checks only /v1; /health and /metrics stay open on its port), and
+    the gateway sends it that key (operations/gateway.py, the key file). None without keys
+    (settings refuse an engine beyond loopback without api_keys).
+    """
+    if not listens_beyond_loopback(settings.vllm_host) or not settings.api_keys:
+        return None
+    return settings.api_keys[0].get_secret_value()
+
+
 def render_env(hf_token: str | None = None, api_key: str | None = None) -> str:
     """The EnvironmentFile (``/etc/vllm/vllm.env``, mode 0600): secrets only.
 
     + hf_token: HF_TOKEN (the weights are local and HF_HUB_OFFLINE=1, so only needed by
       a server that reaches the Hub itself); None leaves it out
-    + api_key: VLLM_API_KEY, the key the engine itself demands on /v1; keep None while the
-      gateway fronts the engine (nginx checks the keys and strips Authorization)
+    + api_key: VLLM_API_KEY, the key the engine itself demands on /v1 (``engine_api_key``):
+      None while it listens on loopback (nginx checks the keys and strips Authorization)
 
     A value is written in single quotes (no expansion); one that holds a quote, a
     backslash or a control character is refused, naming the variable, never the value.

@@ -257,6 +257,57 @@ class Settings(BaseModel):
     """Extra nginx directives added to the gateway's server block, each ending in ";" (e.g.
     "add_header X-Served-By gpu1;"). A directive nginx -t rejects leaves the old config live.
     """
+    gateway_tls_cert: str | None = None
+    """TLS for the gateway: a PEM certificate chain (the server's certificate first), a file
+    on the operator's machine, installed as /etc/nginx/vllm-tls/cert.pem. Set with
+    gateway_tls_key, or neither: nginx then speaks plain HTTP on gateway_port.
+    """
+    gateway_tls_key: str | None = None
+    """The certificate's PEM private key, a file on the operator's machine that only its
+    owner may read (chmod 600); installed as /etc/nginx/vllm-tls/key.pem (0600, root), never
+    printed nor diffed. With both set nginx listens with TLS (1.2 and 1.3) on gateway_port.
+    """
+    gateway_http_redirect_port: int | None = Field(default=None, ge=1, le=65535)
+    """With TLS: a plain HTTP port where every request gets a 301 to https on gateway_port
+    and nothing else. A key sent there has already crossed the network in clear text:
+    configure clients with the https:// URL; this only points lost ones the way.
+    """
+
+    @model_validator(mode="after")
+    def _gateway_tls_files(self) -> Settings:
+        # Imported here to keep this block self-contained.
+        import stat
+        from pathlib import Path
+
+        cert, key = self.gateway_tls_cert, self.gateway_tls_key
+        if (cert is None) != (key is None):
+            raise ValueError("gateway_tls_cert and gateway_tls_key go together: set both or "
+                             "neither")
+        if self.gateway_http_redirect_port is not None:
+            if cert is None:
+                raise ValueError("gateway_http_redirect_port redirects to https: it needs "
+                                 "gateway_tls_cert and gateway_tls_key")
+            if self.gateway_http_redirect_port == self.gateway_port:
+                raise ValueError("gateway_http_redirect_port must differ from gateway_port")
+        if cert is None or key is None:
+            return self
+        for name, path, marker, what in (
+            ("gateway_tls_cert", cert, "-----BEGIN CERTIFICATE-----", "certificate"),
+            ("gateway_tls_key", key, "PRIVATE KEY-----", "private key"),
+        ):
+            try:
+                text = Path(path).read_text(encoding="ascii", errors="replace")
+                mode = Path(path).stat().st_mode
+            except OSError as exc:
+                raise ValueError(f"{name} {path}: cannot be read ({exc.strerror})") from None
+            if marker not in text:
+                raise ValueError(f"{name} {path}: holds no PEM {what}")
+            if name == "gateway_tls_key" and mode & 0o077:
+                raise ValueError(
+                    f"gateway_tls_key {path}: mode {stat.S_IMODE(mode):04o} lets its group or "
+                    "others at the private key; chmod 600 it"
+                )
+        return self
 
     # --- reports ---------------------------------------------------------------------
     textfile_collector_dir: str = Field(

@@ -1,10 +1,13 @@
 """Gateway: nginx in front of the engine, with API keys, streaming and a safe reload.
 
-nginx from the distribution; the site (``/etc/nginx/conf.d/vllm.conf``) and the key map
-(``/etc/nginx/vllm-api-keys.conf``, 0600) go live only after ``nginx -t`` passes, and
-nginx is reloaded only when one of them changed (operations/gateway.py). The keys are
-never printed: no diff, no command line, no log line carries them. A Prometheus scrape
-job for the engine's metrics is written to ``/etc/prometheus/scrape.d/vllm.yml``.
+nginx from the distribution; the site (``/etc/nginx/conf.d/vllm.conf``), the key map
+(``/etc/nginx/vllm-api-keys.conf``, 0600) and, with TLS, the certificate and its key
+(``/etc/nginx/vllm-tls/``, the key 0600) go live only after ``nginx -t`` passes, and nginx
+is reloaded only when one of them changed (operations/gateway.py). The keys are never
+printed: no diff, no command line, no log line carries them, and a failed ``nginx -t`` is
+shown without the lines that would. Failed key checks are rate-limited per address. A
+Prometheus scrape job for the engine's metrics is written to
+``/etc/prometheus/scrape.d/vllm.yml``.
 
     pyinfra inventory.py deploys/gateway.py
 """
@@ -12,6 +15,7 @@ job for the engine's metrics is written to ``/etc/prometheus/scrape.d/vllm.yml``
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import click
 from pyinfra import host
@@ -21,6 +25,7 @@ from pyinfra.operations import apt
 
 from operations import file_set, units
 from operations import gateway as gateway_ops
+from operations import vllm_service as vllm_service_ops
 from pyinfra_vllm.context import context
 from pyinfra_vllm.templating import render
 
@@ -56,6 +61,26 @@ def gateway() -> None:
                 no_recommends=True,
             )
 
+        # TLS: the certificate and its key go live with the site, in the same checked swap
+        # (settings checked both exist, and that the key is its owner's alone). Read here,
+        # uploaded from memory; the key is never printed.
+        tls_files: dict[str, tuple[str, str]] = {}
+        if settings.gateway_tls_cert and settings.gateway_tls_key:
+            tls_files = {
+                gateway_ops.TLS_CERT_PATH: (Path(settings.gateway_tls_cert).read_text(), "644"),
+                gateway_ops.TLS_KEY_PATH: (Path(settings.gateway_tls_key).read_text(), "600"),
+            }
+        elif keys:
+            logger.warning(
+                "%s%s",
+                host.print_prefix,
+                click.style(
+                    "warning: gateway_tls_cert/gateway_tls_key not set: clients send their API "
+                    f"keys to port {settings.gateway_port} in clear text",
+                    fg="yellow",
+                ),
+            )
+
         gateway_ops.site(
             name="Gateway: nginx site and API keys (nginx -t before going live)",
             site_content=gateway_ops.render_site(
@@ -67,8 +92,16 @@ def gateway() -> None:
                 or gateway_ops.body_limit_mib(settings.max_model_len),
                 proxy_timeout_s=settings.gateway_proxy_timeout_s,
                 extra_directives=settings.gateway_extra_directives,
+                tls=bool(tls_files),
+                http_redirect_port=settings.gateway_http_redirect_port,
             ),
-            keys_content=gateway_ops.render_keys_map(keys),
+            # An engine beyond loopback demands a key itself: nginx sends it the one the
+            # vllm_service stage put in its environment file.
+            keys_content=gateway_ops.render_keys_map(
+                keys, upstream_key=vllm_service_ops.engine_api_key(settings)
+            ),
+            extra_files=tls_files,
+            secrets=keys,
         )
 
         units.enabled_and_running(name="Gateway: nginx enabled and running", unit="nginx.service")
@@ -76,6 +109,7 @@ def gateway() -> None:
         scrape_job = render(
             "prometheus-vllm-scrape.yml.j2",
             gateway_port=settings.gateway_port,
+            tls=bool(tls_files),
             metrics_allow=settings.metrics_allow,
             instance=host.name,
         )

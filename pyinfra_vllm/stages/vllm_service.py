@@ -1,8 +1,9 @@
 """vLLM service: the OpenAI server under systemd, tensor parallel on the NVLink-joined GPUs.
 
 A dedicated ``vllm`` user runs ``python -m vllm.entrypoints.openai.api_server`` from the
-stack's environment on 127.0.0.1, behind the gateway. Every flag comes from settings and
-is checked against the installed server's ``--help`` before the unit is written. Before
+stack's environment on 127.0.0.1, behind the gateway (on another address it demands the
+first API key itself). Every flag comes from settings and is checked against the installed
+server's ``--help`` before the unit is written. Before
 each start the GPU guard checks GPU count, MIG, foreign processes and NVLink (one line in
 the journal when it refuses); after it, the unit stays "activating" until /health, a
 one-token completion and the warm-ups answered. A change to the unit restarts the engine
@@ -80,8 +81,10 @@ def vllm_service() -> None:
                     flags=flags,
                 )
             # The environment file holds no secret by default: the weights are local
-            # (HF_HUB_OFFLINE=1) and the gateway checks the API keys, so the engine needs
-            # neither HF_TOKEN nor VLLM_API_KEY. Mode 0600 all the same: it is where they go.
+            # (HF_HUB_OFFLINE=1) and the gateway checks the API keys, so the engine on
+            # loopback needs neither HF_TOKEN nor VLLM_API_KEY. An engine that listens beyond
+            # loopback demands the first API key itself (VLLM_API_KEY: in this 0600 file,
+            # never on its command line, which ps shows to every user).
             unit = file_set.present(
                 name="vLLM service: systemd unit and its environment file",
                 files={
@@ -92,7 +95,12 @@ def vllm_service() -> None:
                         ).encode(),
                         "644",
                     ),
-                    vllm_service_ops.ENV_PATH: (vllm_service_ops.render_env().encode(), "600"),
+                    vllm_service_ops.ENV_PATH: (
+                        vllm_service_ops.render_env(
+                            api_key=vllm_service_ops.engine_api_key(settings),
+                        ).encode(),
+                        "600",
+                    ),
                 },
             )
             vllm_service_ops.restarted(

@@ -6,13 +6,16 @@ Checked from inside the host against 127.0.0.1:8001: SSE chunks pass through unb
 the key check, the body limit, /health and /metrics; from this machine, /metrics is
 refused. Then: a second run changes nothing and does not reload nginx, and a config that
 nginx -t rejects leaves the old one serving and fails the run with nginx's message. The
-key must appear in no pyinfra output and no nginx log.
+key must appear in no pyinfra output and no nginx log. Last, TLS: a self-signed
+certificate made here, the gateway on https (checked with curl --cacert from this
+machine) and a plain HTTP port that only redirects.
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import subprocess
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -75,6 +78,7 @@ out = {
     "direct": first_chunk(8000, KEY),
     "no_key": status("POST", "/v1/completions", size=100),
     "wrong_key": status("POST", "/v1/completions", key="sk-wrong", size=100),
+    "wrong_case": status("POST", "/v1/completions", key=KEY.upper(), size=100),
     "good_key": status("POST", "/v1/completions", key=KEY, size=100),
     "prompt_128k": status("POST", "/v1/completions", key=KEY, size=131072 * 12),
     "too_big": status("POST", "/v1/completions", key=KEY, size=LIMIT + 1),
@@ -142,6 +146,7 @@ def test_first_run_installs_and_serves(gateway):
         assert stream["total"] >= total * 0.9
     assert result["no_key"] == 401
     assert result["wrong_key"] == 401
+    assert result["wrong_case"] == 401  # keys compare case-sensitively
     assert result["good_key"] == 200
     assert result["prompt_128k"] == 200
     assert result["too_big"] == 413
@@ -196,3 +201,73 @@ def test_key_never_in_nginx_logs(gateway):
     assert found.returncode == 1, found.stdout
     lines = sandbox.ssh(host, "tail -n 3 /var/log/nginx/vllm-access.log").stdout
     assert "rt=" in lines and "urt=" in lines
+
+
+def make_certificate(where: Path, address: str) -> tuple[Path, Path]:
+    """A throwaway self-signed certificate for the host's address, and its key (0600)."""
+    cert, key = where / "cert.pem", where / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
+         "ec_paramgen_curve:prime256v1", "-nodes", "-days", "1", "-subj", "/CN=localhost",
+         "-addext", f"subjectAltName=IP:{address},IP:127.0.0.1,DNS:localhost",
+         "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True, timeout=60,
+    )
+    key.chmod(0o600)
+    return cert, key
+
+
+def curl(*args: str) -> str:
+    """curl from this machine: the status code (and what -w adds)."""
+    return subprocess.run(
+        ["curl", "-s", "-o", "/dev/null", "--max-time", "20", *args],
+        capture_output=True, text=True, timeout=30,
+    ).stdout
+
+
+def test_tls_and_the_redirect_port(gateway, tmp_path):
+    sandbox, host, _, _ = gateway
+    cert, key = make_certificate(tmp_path, host.address)
+    tls = ["--data", f"gateway_tls_cert={cert}", "--data", f"gateway_tls_key={key}",
+           "--data", "gateway_http_redirect_port=8080"]
+    first, first_json = run(sandbox, *tls)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert first_json["results"]["totals"]["success"] > 0
+    # Neither the API key nor the private key shows in the output.
+    key_body = key.read_text().splitlines()[1]
+    assert KEY not in first.stdout + first.stderr
+    assert key_body not in first.stdout + first.stderr
+    modes = sandbox.ssh(
+        host, "stat -c '%n %a %U %G' /etc/nginx/vllm-tls/cert.pem /etc/nginx/vllm-tls/key.pem"
+    ).stdout.split("\n")
+    assert modes[0] == "/etc/nginx/vllm-tls/cert.pem 644 root root"
+    assert modes[1] == "/etc/nginx/vllm-tls/key.pem 600 root root"
+
+    base = f"https://{host.address}:8001"
+    auth = ["-H", f"Authorization: Bearer {KEY}", "-d", '{"prompt": "hi"}']
+    assert curl("--cacert", str(cert), "-w", "%{http_code}", *auth,
+                f"{base}/v1/completions") == "200"
+    assert curl("--cacert", str(cert), "-w", "%{http_code}", "-H",
+                "Authorization: Bearer sk-wrong", f"{base}/v1/completions") == "401"
+    assert curl("--cacert", str(cert), "-w", "%{http_code}", f"{base}/health") == "200"
+    # TLS 1.1 is refused (SECLEVEL=0 lets this curl offer it; the server says no); plain
+    # HTTP on the TLS port is an error, never served.
+    assert curl("--cacert", str(cert), "--tlsv1.1", "--tls-max", "1.1", "--ciphers",
+                "DEFAULT:@SECLEVEL=0", "-w", "%{http_code}", f"{base}/health") == "000"
+    assert curl("-w", "%{http_code}", *auth,
+                f"http://{host.address}:8001/v1/completions") == "400"
+    # The redirect port: a 301 to https for everything, nothing proxied.
+    for path in ("/v1/completions?x=1", "/health", "/metrics"):
+        assert curl("-w", "%{http_code} %{redirect_url}",
+                    f"http://{host.address}:8080{path}") == (
+            f"301 https://{host.address}:8001{path}"
+        )
+    # Inside the host, the Prometheus job scrapes https.
+    job = sandbox.ssh(host, "cat /etc/prometheus/scrape.d/vllm.yml").stdout
+    assert "scheme: https" in job
+
+    # Converged: a second run with the same files changes nothing.
+    second, second_json = run(sandbox, *tls)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert second_json["results"]["totals"]["success"] == 0
+    assert KEY not in second.stdout + second.stderr

@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+from pathlib import Path
 
 import pytest
 from pyinfra.api import OperationValueError
 
 from operations.gateway import (
     body_limit_mib,
+    key_regex,
     metrics_networks,
+    redactions,
     render_keys_map,
     render_site,
     swap_script,
+    upstream_server,
 )
 from pyinfra_vllm.settings import Settings, validate
 
@@ -39,17 +45,53 @@ def test_body_limit_for_128k_tokens_is_2_mib():
     assert body_limit_mib(174763) == 3
 
 
-def test_keys_map_lists_each_key_with_default_deny():
-    text = render_keys_map(["sk-a", "sk-b.c_d"])
-    assert "default 0;" in text
-    assert '"Bearer sk-a" 1;' in text and '"Bearer sk-b.c_d" 1;' in text
-    assert "default 1;" not in text
+def test_keys_map_lists_each_key_as_an_exact_case_sensitive_regex_with_default_deny():
+    text = render_keys_map(["sk-a", "sk-b.c_d+e"])
+    block = text[text.index("map $http_authorization") :]
+    block = block[: block.index("}")]
+    assert "default 0;" in block
+    # "~": a case-sensitive PCRE (a plain string entry compares case-insensitively and is
+    # hashed: a long key failed nginx -t); anchored at both ends; "." and "+" escaped.
+    assert '"~^Bearer sk-a\\z" 1;' in block
+    assert '"~^Bearer sk-b\\.c_d\\+e\\z" 1;' in block
+    assert '"Bearer sk-a" 1;' not in block
+    assert "default 1;" not in block
+
+
+def test_key_regex_escapes_every_operator_of_the_key_alphabet():
+    # The alphabet is A-Za-z0-9._~+/=:- ; PCRE reads only "." and "+" of it as operators.
+    assert key_regex("aZ09._~+/=:-") == r"^Bearer aZ09\._~\+/=:-\z"
+    pattern = key_regex("sk.a+b")
+    python = pattern.replace(r"\z", r"\Z")  # Python's spelling of PCRE's \z
+    assert re.match(python, "Bearer sk.a+b")
+    for wrong in ("Bearer skXa+b", "Bearer sk.aab", "Bearer sk.a+b\n", "bearer sk.a+b",
+                  "Bearer SK.A+B", "Bearer sk.a+bx", "xBearer sk.a+b"):
+        assert not re.match(python, wrong), wrong
+
+
+def test_repeated_key_is_refused_by_position_only():
+    with pytest.raises(OperationValueError) as raised:
+        render_keys_map(["sk-one", "sk-two", "sk-one"])
+    assert str(raised.value) == "api_keys[2] repeats api_keys[0]"
+    # Keys that differ only in case are two keys.
+    render_keys_map(["sk-one", "SK-ONE"])
 
 
 def test_no_keys_turns_the_check_off():
     text = render_keys_map([])
     assert re.search(r"^\s*default 1;", text, re.M)
-    assert "Bearer" not in text
+    assert "~^Bearer" not in text
+
+
+def test_upstream_authorization_is_empty_unless_the_engine_needs_its_key():
+    loopback = render_keys_map(["sk-a"])
+    assert re.search(r'map "" \$vllm_upstream_authorization \{\s*(#[^\n]*\n\s*)*default "";',
+                     loopback)
+    beyond = render_keys_map(["sk-a", "sk-b"], upstream_key="sk-a")
+    assert 'default "Bearer sk-a";' in beyond
+    with pytest.raises(OperationValueError) as raised:
+        render_keys_map(["sk-a"], upstream_key='sk"x')
+    assert 'sk"x' not in str(raised.value)
 
 
 @pytest.mark.parametrize("bad", ['sk"x', "sk x", "sk;x", "sk{x", "", "sk\\x"])
@@ -94,11 +136,101 @@ def test_metrics_allow_list_then_deny_all():
 
 def test_v1_needs_the_key_health_does_not():
     text = site()
-    v1 = text[text.index("location /v1/") : text.index("location = /health")]
-    assert "if ($vllm_key_ok = 0)" in v1 and "return 401" in v1
+    v1 = text[text.index("location /v1/") :]
+    v1 = v1[: v1.index("}")]
+    assert "auth_request /_vllm_key_check;" in v1
+    assert "error_page 401 = @vllm_unauthorized;" in v1
+    check = text[text.index("location = /_vllm_key_check") :]
+    assert "internal;" in check and "if ($vllm_key_ok = 0)" in check and "return 401" in check
     health = text[text.index("location = /health") : text.index("location = /metrics")]
-    assert "vllm_key_ok" not in health
+    assert "vllm_key_ok" not in health and "auth_request" not in health
     assert "return 404" in text[text.index("location / {") :]
+
+
+def test_failed_key_checks_are_counted_per_address_and_limited_on_v1_only():
+    text = site()
+    http_level = text[: text.index("server {")]
+    assert re.search(r"map \$vllm_key_ok \$vllm_key_failed_client \{\s*0 \$binary_remote_addr;"
+                     r'\s*default "";\s*\}', http_level)
+    assert ("limit_req_zone $vllm_key_failed_client zone=vllm_key_failures:10m rate=10r/m;"
+            in http_level)
+    v1 = text[text.index("location /v1/") :]
+    v1 = v1[: v1.index("}")]
+    # limit_req (preaccess phase) before the key check (access phase) answers 401.
+    assert "limit_req zone=vllm_key_failures burst=20 nodelay;" in v1
+    assert "limit_req_status 429;" in v1
+    assert v1.index("limit_req ") < v1.index("auth_request")
+    assert text.count("limit_req zone=") == 1
+    # A rewrite-phase "return 401" here would end the request before limit_req saw it.
+    assert not [line for line in v1.splitlines() if line.strip().startswith("return")]
+
+
+def test_server_tokens_off_in_every_server():
+    for text in (site(), site(tls=True, http_redirect_port=8080)):
+        assert text.count("server {") == text.count("server_tokens off;")
+        assert text.count("server_tokens off;") >= 1
+
+
+def test_the_engine_gets_the_key_files_authorization_not_the_clients():
+    text = site()
+    assert "proxy_set_header Authorization $vllm_upstream_authorization;" in text
+    assert 'proxy_set_header Authorization "";' not in text
+
+
+@pytest.mark.parametrize(("host", "server"), [
+    ("127.0.0.1", "127.0.0.1:8000"),
+    ("::1", "[::1]:8000"),
+    ("fd00::5", "[fd00::5]:8000"),
+    ("0.0.0.0", "127.0.0.1:8000"),
+    ("::", "[::1]:8000"),
+    ("engine.internal", "engine.internal:8000"),
+])
+def test_upstream_server_brackets_ipv6_and_reaches_a_wildcard_on_loopback(host, server):
+    assert upstream_server(host, 8000) == server
+    assert f"    server {server};" in site(vllm_host=host)
+
+
+def test_plain_http_by_default_is_todays_server():
+    text = site()
+    assert "listen 8001;" in text
+    assert "ssl" not in text.replace("proxy_buffering", "")
+    assert text.count("server {") == 1
+
+
+def test_tls_listens_ssl_with_modern_protocols_and_the_installed_files():
+    text = site(tls=True)
+    server = text[text.index("server {") :]
+    for line in ("listen 8001 ssl;", "ssl_certificate /etc/nginx/vllm-tls/cert.pem;",
+                 "ssl_certificate_key /etc/nginx/vllm-tls/key.pem;",
+                 "ssl_protocols TLSv1.2 TLSv1.3;", "ssl_session_tickets off;"):
+        assert f"    {line}\n" in server, line
+    assert "listen 8001;" not in text
+    assert text.count("server {") == 1  # no redirect port, no second server
+
+
+def test_redirect_port_serves_a_301_and_nothing_else():
+    text = site(tls=True, http_redirect_port=8080)
+    assert text.count("server {") == 2
+    redirect = text[text.index("server {") :]
+    redirect = redirect[: redirect.index("\n}\n")]
+    body = [line.strip() for line in redirect.splitlines()[1:] if line.strip()
+            and not line.strip().startswith("#")]
+    assert body == [
+        "listen 8080;",
+        "server_name _;",
+        "server_tokens off;",
+        "access_log /var/log/nginx/vllm-access.log vllm_gateway;",
+        "error_log /var/log/nginx/vllm-error.log;",
+        "return 301 https://$host:8001$request_uri;",
+    ]
+    assert "proxy_pass" not in redirect and "location" not in redirect
+
+
+def test_redirect_port_needs_tls_and_its_own_port():
+    with pytest.raises(OperationValueError, match="needs tls"):
+        site(http_redirect_port=8080)
+    with pytest.raises(OperationValueError, match="differ"):
+        site(tls=True, http_redirect_port=8001)
 
 
 def test_access_log_has_times_and_no_authorization():
@@ -135,3 +267,138 @@ def test_swap_script_tests_before_reload_and_rolls_back():
     rollback = script[script.index("else if") :]
     assert "mv -f /st/site.conf.bak /etc/nginx/conf.d/vllm.conf" in rollback
     assert "exit 1" in rollback
+
+
+def test_redactions_hold_each_secret_as_written_and_as_a_regex():
+    assert redactions(["sk-a.b+c", "sk-plain", ""]) == [
+        "sk-a.b+c", r"sk-a\.b\+c", "sk-plain",
+    ]
+
+
+def test_swap_script_without_filters_prints_nginx_t_as_before():
+    script = swap_script([("site.conf", "/etc/nginx/conf.d/vllm.conf", "644")], "/st", "nginx")
+    assert 'the previous files are back: $out" >&2; exit 1; fi' in script
+    assert "grep" not in script
+
+
+SECRET = "sk-Secret.Key+42"
+
+# A stand-in nginx whose test fails with every kind of line that could carry a key: a
+# string map entry quoted in lower case, a regex entry as written, a line of the key file.
+FAKE_NGINX = f"""#!/bin/sh
+echo 'nginx: [emerg] conflicting parameter "bearer {SECRET.lower()}" in @KEYS@:7' >&2
+echo 'nginx: [emerg] pcre2_compile() failed in "^Bearer {SECRET.replace('.', chr(92) + '.').replace('+', chr(92) + '+')}"' >&2
+echo 'nginx: [emerg] unexpected "}}" in @KEYS@:9' >&2
+echo 'nginx: [emerg] unknown directive "bogus_directive" in /x/site.conf:3' >&2
+echo 'nginx: configuration file /etc/nginx/nginx.conf test failed' >&2
+exit 1
+"""
+
+
+def run_swap(tmp_path: Path, secrets: list[str]) -> subprocess.CompletedProcess[str]:
+    """swap_script for real in sh, with stand-ins for nginx, chown and systemctl."""
+    bin_dir, staging, live = tmp_path / "bin", tmp_path / "st", tmp_path / "x"
+    for path in (bin_dir, staging, live):
+        path.mkdir()
+    for name, text in (("nginx", FAKE_NGINX), ("chown", "#!/bin/sh\n"),
+                       ("systemctl", "#!/bin/sh\necho reloaded\n")):
+        (bin_dir / name).write_text(text.replace("@KEYS@", str(live / "keys.conf")))
+        (bin_dir / name).chmod(0o755)
+    (live / "keys.conf").write_text("old keys\n")
+    (staging / "api-keys.conf").write_text(f'"~^Bearer {SECRET}" 1;\n')
+    redact = None
+    if secrets:
+        redact = "redact.txt"
+        (staging / redact).write_text("".join(f"{s}\n" for s in redactions(secrets)))
+    script = swap_script([("api-keys.conf", str(live / "keys.conf"), "600")], str(staging),
+                         "nginx", hide=[str(live / "keys.conf")], redact=redact)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    return subprocess.run(["sh", "-c", script], capture_output=True, text=True, env=env,
+                          timeout=30)
+
+
+def test_failed_nginx_t_output_never_shows_a_key_nor_the_key_files_lines(tmp_path):
+    result = run_swap(tmp_path, [SECRET, "sk-other"])
+    assert result.returncode == 1
+    assert (tmp_path / "x" / "keys.conf").read_text() == "old keys\n"  # rolled back
+    err = result.stderr
+    assert SECRET.lower() not in err.lower()
+    assert r"sk-Secret\.Key\+42" not in err
+    assert "keys.conf" not in err
+    assert "nginx -t rejected the new configuration; the previous files are back:" in err
+    assert 'unknown directive "bogus_directive" in' in err and "test failed" in err
+    assert "(3 line(s) of its output not shown: they name the API key file or hold a key)" in err
+    assert not (tmp_path / "st" / "redact.txt").exists()
+
+
+def test_without_keys_only_the_key_files_lines_are_hidden(tmp_path):
+    result = run_swap(tmp_path, [])
+    assert result.returncode == 1
+    # No key to look for: the two lines naming the key file go, the rest is shown.
+    assert "keys.conf" not in result.stderr
+    assert "pcre2_compile() failed" in result.stderr
+    assert "(2 line(s) of its output not shown" in result.stderr
+
+
+# --- TLS settings ------------------------------------------------------------------
+CERT_PEM = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
+KEY_PEM = "-----BEGIN PRIVATE KEY-----\nMIGH\n-----END PRIVATE KEY-----\n"
+
+
+@pytest.fixture
+def tls_files(tmp_path) -> dict[str, str]:
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    cert.write_text(CERT_PEM)
+    key.write_text(KEY_PEM)
+    key.chmod(0o600)
+    return {"gateway_tls_cert": str(cert), "gateway_tls_key": str(key)}
+
+
+def refusal(data: dict) -> str:
+    with pytest.raises(Exception) as refused:
+        validate(data)
+    return str(refused.value)
+
+
+def test_tls_settings_default_off_and_accept_a_pair(tls_files):
+    defaults = Settings()
+    assert defaults.gateway_tls_cert is None and defaults.gateway_tls_key is None
+    assert defaults.gateway_http_redirect_port is None
+    settings = validate({**tls_files, "gateway_http_redirect_port": 8080})
+    assert settings.gateway_tls_key == tls_files["gateway_tls_key"]
+
+
+def test_tls_cert_and_key_go_together(tls_files):
+    for only in ("gateway_tls_cert", "gateway_tls_key"):
+        assert "set both or neither" in refusal({only: tls_files[only]})
+
+
+def test_tls_key_readable_by_group_or_others_is_refused(tls_files):
+    key = Path(tls_files["gateway_tls_key"])
+    for mode in (0o640, 0o604, 0o660):
+        key.chmod(mode)
+        message = refusal(tls_files)
+        assert f"gateway_tls_key {key}: mode {mode:04o} lets its group or others" in message
+        assert "chmod 600" in message
+        assert "MIGH" not in message  # never the key's content
+    key.chmod(0o400)
+    validate(tls_files)
+
+
+def test_tls_files_must_exist_and_be_pem(tls_files, tmp_path):
+    missing = {**tls_files, "gateway_tls_cert": str(tmp_path / "nope.pem")}
+    assert "nope.pem: cannot be read (No such file or directory)" in refusal(missing)
+    Path(tls_files["gateway_tls_cert"]).write_text("not a certificate\n")
+    assert "holds no PEM certificate" in refusal(tls_files)
+    Path(tls_files["gateway_tls_cert"]).write_text(CERT_PEM)
+    Path(tls_files["gateway_tls_key"]).write_text(CERT_PEM)
+    assert "holds no PEM private key" in refusal(tls_files)
+
+
+def test_http_redirect_port_needs_tls_and_another_port(tls_files):
+    assert "needs gateway_tls_cert and gateway_tls_key" in refusal(
+        {"gateway_http_redirect_port": 8080}
+    )
+    assert "must differ from gateway_port" in refusal(
+        {**tls_files, "gateway_http_redirect_port": 8001}
+    )

@@ -13,6 +13,8 @@ from pyinfra.api import OperationValueError
 
 from files.vllm_probe import server_flags as help_server_flags
 from operations.vllm_service import (
+    engine_api_key,
+    listens_beyond_loopback,
     render_env,
     render_unit,
     server_flags,
@@ -217,6 +219,34 @@ def test_env_file_without_and_with_secrets():
     with pytest.raises(OperationValueError) as raised:
         render_env(hf_token="it's")
     assert "HF_TOKEN" in str(raised.value) and "it's" not in str(raised.value)
+
+
+@pytest.mark.parametrize(("address", "beyond"), [
+    ("127.0.0.1", False), ("127.0.1.1", False), ("::1", False), ("localhost", False),
+    ("0.0.0.0", True), ("::", True), ("10.0.0.5", True), ("fd00::5", True),
+    ("gpu-1.internal", True),
+])
+def test_listens_beyond_loopback(address, beyond):
+    assert listens_beyond_loopback(address) is beyond
+
+
+def beyond_loopback(**data):
+    # vllm_listen_beyond_loopback: the settings' own consent to a non-loopback vllm_host
+    # (where settings know it; ignored where they do not).
+    return validate({"vllm_listen_beyond_loopback": True, **data})
+
+
+def test_engine_key_only_when_the_engine_listens_beyond_loopback():
+    keys = ["sk-first", "sk-second"]
+    assert engine_api_key(validate({"api_keys": keys})) is None
+    assert engine_api_key(validate({"api_keys": keys, "vllm_host": "::1"})) is None
+    settings = beyond_loopback(vllm_host="10.0.0.5", api_keys=keys)
+    assert engine_api_key(settings) == "sk-first"
+    # In the 0600 environment file, never on the command line (ps shows it to everyone).
+    env = render_env(api_key=engine_api_key(settings))
+    assert "VLLM_API_KEY='sk-first'\n" in env
+    unit = render_unit(settings, python=PYTHON, model_path=MODEL)
+    assert "sk-first" not in unit and "--api-key" not in unit
 
 
 def test_unit_parses_as_ini_with_the_expected_sections():

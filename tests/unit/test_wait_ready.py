@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -32,9 +33,9 @@ def serve(statuses: list[int]):
     return server
 
 
-def run(url: str, *extra: str):
+def run(url: str, *extra: str, env: dict[str, str] | None = None):
     return subprocess.run([sys.executable, str(SCRIPT), "--url", url, "--interval", "0.05",
-                           *extra], capture_output=True, text=True, timeout=60)
+                           *extra], capture_output=True, text=True, timeout=60, env=env)
 
 
 def test_waits_through_errors_until_200():
@@ -75,6 +76,7 @@ def serve_engine(completion_statuses: list[int]):
     the next status in turn (then the last), with one choice when it is 200."""
     answers = list(completion_statuses)
     requests: list[dict] = []
+    authorizations: list[str | None] = []
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802 (http.server's name)
@@ -85,6 +87,7 @@ def serve_engine(completion_statuses: list[int]):
         def do_POST(self):  # noqa: N802
             length = int(self.headers.get("Content-Length", 0))
             requests.append(json.loads(self.rfile.read(length)))
+            authorizations.append(self.headers.get("Authorization"))
             if self.path != "/v1/completions":
                 status = 404
             else:
@@ -102,6 +105,7 @@ def serve_engine(completion_statuses: list[int]):
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     server.requests = requests  # type: ignore[attr-defined]
+    server.authorizations = authorizations  # type: ignore[attr-defined]
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server
 
@@ -152,3 +156,20 @@ def test_model_mode_warmups_count():
     result, requests = run_model([200], "--warmups", "0")
     assert result.returncode == 0, result.stderr
     assert " 0 warm-up(s) in " in result.stdout and len(requests) == 1
+
+
+def test_model_mode_sends_the_engines_key_from_its_environment():
+    # An engine beyond loopback demands VLLM_API_KEY (the unit's environment file).
+    server = serve_engine([200])
+    url = f"http://127.0.0.1:{server.server_address[1]}/health"
+    try:
+        env = {k: v for k, v in os.environ.items() if k != "VLLM_API_KEY"}
+        plain = run(url, "--model", "tiny", "--warmups", "1", env=env)
+        keyed = run(url, "--model", "tiny", "--warmups", "1",
+                    env={**env, "VLLM_API_KEY": "sk-engine-1"})
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert plain.returncode == 0 and keyed.returncode == 0, (plain.stderr, keyed.stderr)
+    assert server.authorizations == [None, None] + ["Bearer sk-engine-1"] * 2
+    assert "sk-engine-1" not in keyed.stdout + keyed.stderr

@@ -1,0 +1,348 @@
+"""The rendered gateway under the real nginx of this machine: ``nginx -t``, then requests.
+
+The site and the key file are rendered as the gateway stage renders them, with paths moved
+into a temporary prefix, and included in a minimal nginx.conf (Debian's includes conf.d/
+the same way, inside http {}). Request tests run that nginx in the foreground on free
+loopback ports for the length of one test, in front of a tiny HTTP server standing in for
+the engine that answers with the Authorization header it got.
+
+Skipped, with the reason, where nginx is not installed (``make system-deps`` installs it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import http.server
+import json
+import shutil
+import socket
+import ssl
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from operations.gateway import render_keys_map, render_site
+
+NGINX = shutil.which("nginx") or next(
+    (p for p in ("/usr/sbin/nginx", "/sbin/nginx") if Path(p).exists()), None
+)
+pytestmark = pytest.mark.skipif(
+    NGINX is None,
+    reason="nginx is not installed (make system-deps installs it): the rendered gateway "
+    "is checked with the real nginx -t and real requests",
+)
+
+KEY = "sk-Live.Key+1"  # "." and "+" are regex operators: escaped, they match themselves
+LONG_KEYS = ["K" * 64, "k" * 64, "sk-" + "Ab.+/=:~_-9" * 6]  # 64+ chars, two differ in case
+
+
+def free_port(family: int = socket.AF_INET) -> int:
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.bind(("::1" if family == socket.AF_INET6 else "127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Gateway:
+    """A rendered gateway in ``root``: nginx.conf, the site, the key file, the TLS files."""
+
+    def __init__(self, root: Path, *, keys: list[str], upstream_key: str | None = None,
+                 vllm_host: str = "127.0.0.1", vllm_port: int = 8000, gateway_port: int = 8001,
+                 tls: tuple[Path, Path] | None = None, http_redirect_port: int | None = None):
+        self.root = root
+        self.gateway_port = gateway_port
+        self.http_redirect_port = http_redirect_port
+        keys_path = root / "vllm-api-keys.conf"
+        site = render_site(
+            vllm_host=vllm_host, vllm_port=vllm_port, gateway_port=gateway_port,
+            metrics_allow=["127.0.0.1/32"], body_mib=2, proxy_timeout_s=60,
+            keys_path=str(keys_path), tls=tls is not None,
+            http_redirect_port=http_redirect_port,
+            **({"tls_cert_path": str(tls[0]), "tls_key_path": str(tls[1])} if tls else {}),
+        )
+        # The logs go where the test can write them.
+        self.site = site.replace("/var/log/nginx/", f"{root}/")
+        self.keys = render_keys_map(keys, upstream_key=upstream_key)
+        (root / "vllm.conf").write_text(self.site)
+        keys_path.write_text(self.keys)
+        temp = " ".join(f"{kind}_temp_path {root}/{kind};"
+                        for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
+        self.conf = root / "nginx.conf"
+        self.conf.write_text(
+            f"error_log {root}/error.log;\npid {root}/nginx.pid;\nevents {{}}\n"
+            f"http {{\n    {temp}\n    access_log off;\n    include {root}/vllm.conf;\n}}\n"
+        )
+
+    def command(self, *args: str) -> list[str]:
+        assert NGINX is not None
+        return [NGINX, "-c", str(self.conf), "-p", f"{self.root}/", *args]
+
+    def test(self) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(self.command("-t"), capture_output=True, text=True, timeout=30)
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[None]:
+        proc = subprocess.Popen(self.command("-g", "daemon off;"), stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+        try:
+            deadline = time.monotonic() + 10
+            while True:
+                try:
+                    socket.create_connection(("127.0.0.1", self.gateway_port), 0.2).close()
+                    break
+                except OSError:
+                    if proc.poll() is not None or time.monotonic() > deadline:
+                        out = proc.communicate()[0] if proc.poll() is not None else ""
+                        pytest.fail(f"nginx did not come up: {out}")
+                    time.sleep(0.05)
+            yield
+        finally:
+            proc.terminate()
+            proc.wait(timeout=10)
+
+
+@contextlib.contextmanager
+def engine(family: int = socket.AF_INET) -> Iterator[int]:
+    """A stand-in engine on loopback: answers every request with the Authorization it got."""
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def _answer(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            body = json.dumps({"path": self.path,
+                               "authorization": self.headers.get("Authorization")}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_GET = do_POST = _answer
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    class Server(http.server.ThreadingHTTPServer):
+        address_family = family
+
+    server = Server(("::1" if family == socket.AF_INET6 else "127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server.server_address[1]
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def request(port: int, path: str = "/v1/models", *, authorization: str | None = None,
+            method: str = "POST", tls: ssl.SSLContext | None = None,
+            host: str = "127.0.0.1") -> tuple[int, dict[str, str], bytes]:
+    conn: http.client.HTTPConnection
+    if tls is not None:
+        conn = http.client.HTTPSConnection(host, port, timeout=10, context=tls)
+    else:
+        conn = http.client.HTTPConnection(host, port, timeout=10)
+    headers = {"Content-Type": "application/json"}
+    if authorization is not None:
+        headers["Authorization"] = authorization
+    conn.request(method, path, b"{}" if method == "POST" else None, headers)
+    resp = conn.getresponse()
+    body = resp.read()
+    conn.close()
+    return resp.status, dict(resp.getheaders()), body
+
+
+@pytest.fixture(scope="module")
+def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A throwaway self-signed certificate for localhost, and its key (0600)."""
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        pytest.skip("openssl is not installed: no certificate for the TLS tests")
+    where = tmp_path_factory.mktemp("tls")
+    cert, key = where / "cert.pem", where / "key.pem"
+    subprocess.run(
+        [openssl, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+         "-nodes", "-days", "1", "-subj", "/CN=localhost", "-addext",
+         "subjectAltName=DNS:localhost", "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True, timeout=60,
+    )
+    key.chmod(0o600)
+    return cert, key
+
+
+# --- nginx -t ------------------------------------------------------------------------
+def test_long_keys_and_keys_differing_in_case_pass_nginx_t(tmp_path):
+    # As plain map strings, 64-character keys overflow map_hash_bucket_size, and keys that
+    # differ only in case "conflict": nginx -t failed and quoted the key in both cases.
+    gateway = Gateway(tmp_path, keys=LONG_KEYS)
+    result = gateway.test()
+    assert result.returncode == 0, result.stderr
+    for key in LONG_KEYS:
+        assert key.lower() not in result.stderr.lower()
+
+
+def test_without_keys_with_tls_redirect_and_ipv6_engine_nginx_t_passes(tmp_path, certificate):
+    for keys, extra in (
+        ([], {}),
+        ([KEY], {"tls": certificate, "http_redirect_port": 8080}),
+        ([KEY], {"upstream_key": KEY, "vllm_host": "::1"}),
+        ([KEY], {"upstream_key": KEY, "vllm_host": "fd00::5", "tls": certificate}),
+    ):
+        root = tmp_path / str(len(list(tmp_path.iterdir())))
+        root.mkdir()
+        result = Gateway(root, keys=keys, **extra).test()
+        assert result.returncode == 0, (extra, result.stderr)
+
+
+def test_tls_key_that_is_not_the_certificates_fails_nginx_t(tmp_path, certificate):
+    # The swap's nginx -t catches a certificate and key that do not belong together.
+    other = tmp_path / "other-key.pem"
+    subprocess.run(["openssl", "genpkey", "-algorithm", "EC", "-pkeyopt",
+                    "ec_paramgen_curve:prime256v1", "-out", str(other)],
+                   check=True, capture_output=True, timeout=60)
+    root = tmp_path / "gw"
+    root.mkdir()
+    result = Gateway(root, keys=[KEY], tls=(certificate[0], other)).test()
+    assert result.returncode != 0
+    assert "key values mismatch" in result.stderr or "SSL_CTX_use_PrivateKey" in result.stderr
+
+
+# --- requests ------------------------------------------------------------------------
+def test_the_key_is_compared_exactly_and_case_sensitively(tmp_path):
+    with engine() as engine_port:
+        gateway = Gateway(tmp_path, keys=[KEY, *LONG_KEYS], vllm_port=engine_port,
+                          gateway_port=free_port())
+        with gateway.running():
+            def status(authorization: str | None) -> int:
+                return request(gateway.gateway_port, authorization=authorization)[0]
+
+            assert status(f"Bearer {KEY}") == 200
+            assert status(f"bearer {KEY.lower()}") == 401
+            assert status(f"Bearer {KEY.lower()}") == 401
+            assert status(f"Bearer {KEY.upper()}") == 401
+            assert status(f"Bearer {KEY}x") == 401
+            assert status(f"Bearer x{KEY}") == 401
+            assert status("Bearer sk-LiveaKey+1") == 401  # "." is not "any character"
+            assert status("Bearer sk-Live.Keyy1") == 401  # "+" is not "one or more"
+            assert status(f"Basic {KEY}") == 401
+            assert status(KEY) == 401
+            assert status(None) == 401
+            for key in LONG_KEYS:
+                assert status(f"Bearer {key}") == 200
+            # "K" * 64 and "k" * 64 are two keys; "k" * 63 + "K" is neither.
+            assert status("Bearer " + "k" * 63 + "K") == 401
+
+
+def test_failed_key_checks_are_rate_limited_and_good_keys_never(tmp_path):
+    with engine() as engine_port:
+        gateway = Gateway(tmp_path, keys=[KEY], vllm_port=engine_port,
+                          gateway_port=free_port())
+        with gateway.running():
+            statuses = [request(gateway.gateway_port, authorization="Bearer guess")[0]
+                        for _ in range(25)]
+            # A burst of 20 beyond the first, then 429 (10 a minute refill far slower).
+            assert statuses[:21] == [401] * 21, statuses
+            assert statuses[21:] == [429] * 4, statuses
+            status, headers, body = request(gateway.gateway_port, authorization="Bearer guess")
+            assert status == 429 and json.loads(body)["error"]["code"] == 429
+            # The same address with a good key is not limited at all.
+            for _ in range(30):
+                assert request(gateway.gateway_port, authorization=f"Bearer {KEY}")[0] == 200
+            # Neither are requests that need no key.
+            assert request(gateway.gateway_port, "/health", method="GET")[0] == 200
+
+
+def test_no_version_in_server_header_or_error_pages(tmp_path):
+    with engine() as engine_port:
+        gateway = Gateway(tmp_path, keys=[KEY], vllm_port=engine_port,
+                          gateway_port=free_port())
+        with gateway.running():
+            for path, authorization in (("/v1/models", None), ("/nope", None),
+                                        ("/health", None)):
+                _status, headers, body = request(gateway.gateway_port, path,
+                                                 authorization=authorization, method="GET")
+                assert headers["Server"] == "nginx", headers
+                assert b"nginx/" not in body
+
+
+def test_engine_on_loopback_gets_no_authorization(tmp_path):
+    with engine() as engine_port:
+        gateway = Gateway(tmp_path, keys=[KEY], vllm_port=engine_port,
+                          gateway_port=free_port())
+        with gateway.running():
+            status, _headers, body = request(gateway.gateway_port,
+                                             authorization=f"Bearer {KEY}")
+            assert status == 200
+            assert json.loads(body)["authorization"] is None
+
+
+def test_engine_beyond_loopback_gets_its_own_key(tmp_path):
+    # The client's key is replaced by the engine's, on /v1 and on /metrics alike.
+    engine_key = "sk-engine.1"
+    with engine() as engine_port:
+        gateway = Gateway(tmp_path, keys=[KEY], upstream_key=engine_key,
+                          vllm_port=engine_port, gateway_port=free_port())
+        with gateway.running():
+            status, _headers, body = request(gateway.gateway_port,
+                                             authorization=f"Bearer {KEY}")
+            assert status == 200
+            assert json.loads(body)["authorization"] == f"Bearer {engine_key}"
+            assert request(gateway.gateway_port, authorization=f"Bearer {engine_key}")[0] == 401
+            status, _headers, body = request(gateway.gateway_port, "/metrics", method="GET")
+            assert status == 200
+            assert json.loads(body)["authorization"] == f"Bearer {engine_key}"
+
+
+def test_ipv6_engine_is_reached_in_brackets(tmp_path):
+    try:
+        socket.socket(socket.AF_INET6).close()
+        free_port(socket.AF_INET6)
+    except OSError:
+        pytest.skip("no IPv6 loopback on this machine")
+    with engine(socket.AF_INET6) as engine_port:
+        gateway = Gateway(tmp_path, keys=[KEY], vllm_host="::1", vllm_port=engine_port,
+                          gateway_port=free_port())
+        assert f"server [::1]:{engine_port};" in gateway.site
+        with gateway.running():
+            assert request(gateway.gateway_port, authorization=f"Bearer {KEY}")[0] == 200
+
+
+def test_tls_serves_and_the_redirect_port_only_redirects(tmp_path, certificate):
+    cert, _key = certificate
+    context = ssl.create_default_context(cafile=str(cert))
+    with engine() as engine_port:
+        gateway = Gateway(tmp_path, keys=[KEY], vllm_port=engine_port, tls=certificate,
+                          gateway_port=free_port(), http_redirect_port=free_port())
+        with gateway.running():
+            port = gateway.gateway_port
+            assert request(port, authorization=f"Bearer {KEY}", tls=context,
+                           host="localhost")[0] == 200
+            assert request(port, authorization="Bearer guess", tls=context,
+                           host="localhost")[0] == 401
+            # TLS 1.2 and 1.3 only: the server itself answers a TLS 1.1 hello with a
+            # "protocol version" alert (the client is let to offer 1.1: SECLEVEL=0).
+            for version, accepted in (("-tls1_1", False), ("-tls1_2", True), ("-tls1_3", True)):
+                hello = subprocess.run(
+                    ["openssl", "s_client", "-connect", f"127.0.0.1:{port}", version,
+                     "-cipher", "DEFAULT:@SECLEVEL=0", "-CAfile", str(cert)],
+                    input="", capture_output=True, text=True, timeout=30,
+                )
+                if accepted:
+                    assert "Verify return code: 0 (ok)" in hello.stdout, hello.stdout
+                else:
+                    assert "alert protocol version" in hello.stderr, hello.stderr
+            # Plain HTTP on the TLS port is an error, never served.
+            assert request(port, authorization=f"Bearer {KEY}")[0] == 400
+            # The redirect port answers every request with a 301 and proxies nothing.
+            assert gateway.http_redirect_port is not None
+            for path in ("/v1/models?x=1", "/health", "/metrics", "/"):
+                status, headers, _body = request(gateway.http_redirect_port, path,
+                                                 authorization=f"Bearer {KEY}",
+                                                 host="localhost")
+                assert status == 301
+                assert headers["Location"] == f"https://localhost:{port}{path}"
+                assert headers["Server"] == "nginx"
