@@ -45,7 +45,8 @@ def test_bad_setting_stops_the_run_before_any_operation(data, words):
 
 
 def test_audit_of_a_machine_without_driver(tmp_path):
-    run = pyinfra("-y", "@local", "deploys/audit.py", "--data", f"audit_report_dir={tmp_path}")
+    run = pyinfra("-y", "@local", "deploys/audit.py", "--data", f"audit_report_dir={tmp_path}",
+                  "--data", "gateway_open=true")
     assert run.returncode == 0, run.stderr
     assert "no NVIDIA driver" in run.stderr
     reports = sorted(tmp_path.iterdir())

@@ -120,11 +120,11 @@ def test_extra_directives_go_inside_the_server_block():
 
 
 def test_settings_defaults_and_directive_check():
-    defaults = Settings()
+    defaults = Settings(gateway_open=True)
     assert defaults.gateway_proxy_timeout_s == 3600
     assert defaults.gateway_max_body_mib is None
     with pytest.raises(Exception, match="ending in ';'"):
-        validate({"gateway_extra_directives": ["no semicolon"]})
+        validate({"gateway_extra_directives": ["no semicolon"], "gateway_open": True})
 
 
 def test_swap_script_tests_before_reload_and_rolls_back():
