@@ -118,3 +118,15 @@ def test_every_setting_is_described():
     for name, field in Settings.model_fields.items():
         assert field.description and len(field.description) > 15, name
 
+
+def test_the_sandbox_key_file_passes_the_settings(tmp_path):
+    from sandbox.hosts import new_api_key
+
+    path = new_api_key(tmp_path / "api-key")
+    assert path.stat().st_mode & 0o777 == 0o600
+    settings = validate({"api_keys_file": str(path)})
+    (key,) = settings.api_keys
+    assert len(key.get_secret_value()) == 48
+    # A new key at every `up`.
+    new_api_key(path)
+    assert validate({"api_keys_file": str(path)}).api_keys[0] != key
