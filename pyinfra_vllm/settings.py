@@ -12,6 +12,11 @@ wrong (docs/post-review.md says where and why).
 from __future__ import annotations
 
 import difflib
+import ipaddress
+import os
+import posixpath
+import re
+import urllib.parse
 from typing import Any, Literal, get_args, get_origin
 
 from pydantic import (
@@ -20,11 +25,15 @@ from pydantic import (
     Field,
     SecretStr,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
+from pydantic_core import InitErrorDetails, PydanticCustomError
 from pyinfra.api.exceptions import DeployError
 
+from pyinfra_vllm.model_files import INCOMING, VERIFIED_NAME
+from pyinfra_vllm.secret_files import mask_credentials, private_file_problem, read_key_lines
 from pyinfra_vllm.stacks import STACKS
 
 # Names of host data that belong to pyinfra's connectors or to the inventory, not to
@@ -65,6 +74,154 @@ BARRIER_DISABLING_OPTIONS = ("nobarrier", "barrier=0")
 # Settings whose values are never printed, not even in an error.
 SECRET_KEYS = ("hf_token", "api_keys")
 
+# An API key: long enough that it cannot be guessed (32 characters of base64 are 192
+# bits), and only characters nginx reads as part of a word in the key map's line
+# `"Bearer <key>" 1;` (a quote, backslash, semicolon, brace or space would be syntax).
+API_KEY_MIN_LENGTH = 32
+API_KEY_CHARS = re.compile(r"[A-Za-z0-9._~+/=:-]+")
+
+# Directories the deploy must never take as its own (it creates, mounts over and chowns
+# model_dir, python_env_root and textfile_collector_dir). A directory below one of them,
+# e.g. /srv/models or /opt/vllm, is fine.
+SYSTEM_DIRS = frozenset({
+    "/", "/etc", "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/boot",
+    "/dev", "/proc", "/sys", "/run", "/var", "/root", "/home", "/tmp", "/opt", "/srv",
+    "/mnt", "/media", "/snap", "/var/lib", "/var/log", "/var/cache", "/var/tmp",
+    "/usr/local", "/usr/lib", "/usr/bin", "/usr/sbin", "/usr/share",
+})
+# Kernel file systems: nothing of ours lives there.
+VIRTUAL_FS_DIRS = ("/proc", "/sys")
+PATH_CHARS = re.compile(r"[A-Za-z0-9_./-]+")
+
+# sysctl keys as sysctl.d(5) writes them: net.ipv4.tcp_rmem, kernel.pid_max,
+# net.ipv4.conf.all.rp_filter; "*" is systemd-sysctl's glob (net.ipv4.conf.*.rp_filter).
+SYSCTL_KEY = re.compile(r"[a-z0-9_]+(\.[a-z0-9_*-]+)+")
+# Integers separated by single spaces or tabs: 1, -1, "4096 87380 6291456".
+# Words of letters, digits and _.:/- (bbr, fq_codel, 4096) separated by single spaces or
+# tabs: what sysctl.d values are, and nothing a sysctl.d line or a shell reads otherwise.
+SYSCTL_VALUE = re.compile(r"[A-Za-z0-9_.:/-]+([ \t][A-Za-z0-9_.:/-]+)*")
+# One mount option: a name, optionally =value; options are list items, never "a,b".
+MOUNT_OPTION = re.compile(r"[a-z0-9_]+(=[A-Za-z0-9_.:/-]+)?")
+
+# A Hugging Face repo id: org/name, each of letters, digits and _.- (Hugging Face's own
+# rule; a part never starts with "." or "-", so no ".." and no hidden name).
+MODEL_ID = re.compile(r"[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)?")
+SERVED_MODEL_NAME = re.compile(r"[A-Za-z0-9._/:-]+")
+# A branch, tag or commit: main, v1.0, refs/pr/1, a 40-hex commit.
+MODEL_REVISION = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_./-]*")
+
+# The characters a URL setting may hold: RFC 3986's, less those a shell, an env file or a
+# config file reads as syntax ($ ; ' " ` \\ and whitespace); percent-encode them instead.
+URL_CHARS = re.compile(r"[A-Za-z0-9._~:/?#\[\]@!&()*+,=%-]+")
+
+# gateway_extra_directives: directives that would change what the gateway listens on,
+# load other files or route around the key check in location /v1/.
+REFUSED_DIRECTIVES = ("include", "server", "location", "map", "upstream", "listen", "if")
+# apt source options that turn off the signature check.
+INSECURE_APT_OPTIONS = ("trusted=yes", "allow-insecure=yes", "allow-weak=yes",
+                        "allow-downgrade-to-insecure=yes")
+APT_LINE = re.compile(r"deb\s+(\[(?P<options>[^\]]*)\]\s+)?(?P<uri>\S+)\s+\S+(\s+\S+)*")
+# An example of each path setting, for the messages.
+PATH_EXAMPLES = {
+    "model_dir": "/srv/models",
+    "python_env_root": "/opt/vllm",
+    "textfile_collector_dir": "/var/lib/prometheus/node-exporter",
+    "pip_ca_bundle": "/etc/ssl/certs/ca-certificates.crt",
+}
+
+
+# The error type of a rule across settings: its message is a whole sentence that names
+# its keys (and values, where not secret), printed as it is.
+RULE_ERROR = "settings_rule"
+
+
+def _key_problems(keys: list[tuple[str, str]]) -> list[str]:
+    """What is wrong with API keys, each named by ``where`` (its position), never by value."""
+    problems = []
+    first_seen: dict[str, tuple[str, str]] = {}
+    for where, key in keys:
+        if len(key) < API_KEY_MIN_LENGTH:
+            problems.append(
+                f"{where} is shorter than {API_KEY_MIN_LENGTH} characters, short enough to "
+                "be guessed: use a random key, e.g. `openssl rand -base64 36`"
+            )
+        if not API_KEY_CHARS.fullmatch(key):
+            problems.append(
+                f"{where} has characters other than letters, digits and ._~+/=:- (nginx "
+                "would read a quote, space, ';' or brace in it as syntax)"
+            )
+        if key.lower() in first_seen:
+            earlier, earlier_key = first_seen[key.lower()]
+            same = "repeats" if key == earlier_key else "differs only in letter case from"
+            problems.append(f"{where} {same} {earlier}: keep one of them")
+        else:
+            first_seen[key.lower()] = (where, key)
+    return problems
+
+
+def _url_problem(value: str) -> str | None:
+    """What keeps ``value`` from being an http(s) URL here; the value itself is never in it."""
+    scheme, _, rest = value.partition("://")
+    if not rest:
+        return "not a URL: write it as http(s)://HOST[:PORT]/PATH"
+    if scheme not in ("http", "https"):
+        return f"its scheme is {scheme[:10]!r}; allowed: http or https"
+    if not URL_CHARS.fullmatch(rest):
+        return ("has a character a URL here cannot carry (whitespace, a quote, $, ;, \\, ` "
+                "or a control character): percent-encode it")
+    try:
+        parsed = urllib.parse.urlsplit(value)
+        parsed.port  # noqa: B018 - raises on a port that is not a number
+    except ValueError:
+        return "not a URL: its host or port cannot be read; write it as http(s)://HOST[:PORT]/PATH"
+    if not parsed.hostname:
+        return "has no host: write it as http(s)://HOST[:PORT]/PATH"
+    return None
+
+
+def _directive_problem(directive: str) -> str | None:
+    """What keeps ``directive`` from being one simple nginx directive, or None."""
+    text = directive.strip()
+    if any(ord(char) < 32 and char != "\t" or ord(char) == 127 for char in directive):
+        return "has a newline or another control character"
+    if not text.endswith(";"):
+        return "is not one nginx directive ending in ';'"
+    if ";" in text[:-1]:
+        return "holds more than one directive (a ';' before its end): give each its own item"
+    blocked = sorted({char for char in text if char in "{}#"})
+    if blocked:
+        return (f"has {' and '.join(repr(c) for c in blocked)}: a block or comment could "
+                "close the server block or hide the rest of the line")
+    if "\\" in text or text.count('"') % 2 or text.count("'") % 2:
+        return "has a backslash or an unbalanced quote"
+    words = text[:-1].split()
+    name = words[0].lower() if words else ""
+    if not name:
+        return "is not one nginx directive ending in ';'"
+    if name in REFUSED_DIRECTIVES or name.startswith("ssl_"):
+        return (f"uses {name}, which is refused: include, server, listen and ssl_* "
+                "would load other files or change what the gateway listens on; location, "
+                "if, map and upstream would route around the key check")
+    return None
+
+
+def _file_remedy(problem: str, holding: str) -> str:
+    """A secret file's problem with what to do (the mode problem names its chmod)."""
+    if "chmod" in problem:
+        return problem
+    return f"{problem}: point it at a file holding {holding}, mode 0600 (chmod 600 FILE)"
+
+
+def _token_source(settings: Settings) -> str | None:
+    """Where the Hugging Face token comes from (as pyinfra_vllm.locks.hf_token reads it)."""
+    if settings.hf_token is not None and settings.hf_token.get_secret_value():
+        return "hf_token"
+    if settings.hf_token_file:
+        return "hf_token_file"
+    if os.environ.get("HF_TOKEN"):
+        return "HF_TOKEN in the environment"
+    return None
+
 
 class Settings(BaseModel):
     """The validated settings of one host."""
@@ -79,10 +236,15 @@ class Settings(BaseModel):
     driver, companion pins). The seed's 0.6.3 cannot load Qwen3.6-27B: the compatibility
     gate says so before anything changes.
     """
-    model_id: str = Field(default="Qwen/Qwen3.6-27B", pattern=r"^[\w.-]+(/[\w.-]+)?$")
-    """Hugging Face model id (or a mirror's repo path) of the model to serve."""
+    model_id: str = "Qwen/Qwen3.6-27B"
+    """Hugging Face model id (or a mirror's repo path) of the model to serve: org/name, each
+    part of letters, digits and _.-, never starting with "." or "-" (the downloader's
+    .incoming and .verified.json live beside the files).
+    """
     served_model_name: str | None = None
-    """Name clients use in requests; defaults to model_id."""
+    """Name clients use in requests; defaults to model_id. Letters, digits and ._/:-, not
+    starting with "-".
+    """
 
     # --- engine ----------------------------------------------------------------------
     tensor_parallel_size: int = Field(default=2, ge=1, le=16)
@@ -116,8 +278,16 @@ class Settings(BaseModel):
     disable_custom_all_reduce: bool = False
     """--disable-custom-all-reduce (a workaround for TP hangs, GitHub vllm-project/vllm
     issue 8410)."""
+    # Before vllm_host: its check reads this one (pydantic validates fields in order).
+    vllm_listen_beyond_loopback: bool = False
+    """Let vllm_host be an address other than loopback (127.0.0.0/8, ::1): the engine is
+    then reachable from the network, around the gateway, so it requires an API key (the
+    first of api_keys; at least one must be set).
+    """
     vllm_host: str = "127.0.0.1"
-    """Address the engine listens on; it stays on loopback, behind the gateway."""
+    """Address the engine listens on: an IP address literal (127.0.0.1, ::1), never a host
+    name. It stays on loopback, behind the gateway, unless vllm_listen_beyond_loopback.
+    """
     vllm_port: int = Field(default=8000, ge=1, le=65535)
     """Port the engine listens on (the seed's 8000)."""
 
@@ -159,11 +329,18 @@ class Settings(BaseModel):
     """Accept tensor-parallel GPUs joined only by PCIe (a warning instead of a stop)."""
     nvidia_driver_branch: str = Field(default="535-server", pattern=r"^\d{3}(-server|-open|-server-open)?$")
     """Ubuntu driver branch installed on hosts without a driver (nvidia-headless-<branch>)."""
-    nvidia_apt_repo: str | None = Field(default=None, pattern=r"^(deb\s+\S.*|https?://\S+)$")
+    # Before nvidia_apt_repo: its check reads this one (pydantic validates in order).
+    nvidia_apt_repo_trusted: bool = False
+    """Accept an nvidia_apt_repo whose packages apt does not verify (a bare URL, an http
+    URL, trusted=yes): unsigned packages run their scripts as root, so only for a
+    repository you control (a local mirror, the sandbox's repo).
+    """
+    nvidia_apt_repo: str | None = None
     """Extra apt source for the driver packages, written to
     /etc/apt/sources.list.d/pyinfra-vllm-nvidia.list before the driver install: a one-line
-    source ("deb [signed-by=...] URI SUITE COMPONENT"), or the URL of a flat repository you
-    trust (written as "deb [trusted=yes] URL ./": a local mirror, the sandbox's repo). None
+    source with a keyring and an https URL ("deb [signed-by=/usr/share/keyrings/KEY.gpg]
+    https://HOST/PATH SUITE COMPONENT"), or, with nvidia_apt_repo_trusted, the URL of a
+    flat repository (written as "deb [trusted=yes] URL ./") or any other line. None
     installs from the distribution's own sources.
     """
     allow_reboot: bool = False
@@ -183,12 +360,15 @@ class Settings(BaseModel):
             {"vm.swappiness": 1, "net.core.somaxconn": 65535}
         )
     )
-    """Kernel parameters written to /etc/sysctl.d/<sysctl_file_priority>-vllm.conf."""
+    """Kernel parameters written to /etc/sysctl.d/<sysctl_file_priority>-vllm.conf: keys
+    like net.ipv4.tcp_rmem or net.ipv4.conf.all.rp_filter ("*" as a glob), values words
+    of letters, digits and _.:/- separated by single spaces ("4096 87380 6291456", "bbr").
+    """
     sysctl_file_priority: int = Field(default=60, ge=10, le=99)
     """Two-digit prefix of the sysctl drop-in file name (order among drop-ins)."""
 
     # --- model volume ----------------------------------------------------------------
-    model_volume_device: str | None = Field(default=None, pattern=r"^/dev/[\w/.-]+$")
+    model_volume_device: str | None = Field(default=None, pattern=r"^/dev/[A-Za-z0-9_/.-]+$")
     """Block device for the XFS weights volume, e.g. /dev/nvme1n1; None keeps the model
     directory on the root file system.
     """
@@ -197,28 +377,41 @@ class Settings(BaseModel):
     device with any file system or partition table is never formatted.
     """
     model_volume_mount_options: list[str] = Field(default_factory=lambda: ["noatime"])
-    """Mount options of the weights volume; barrier-disabling options are refused."""
-    model_dir: str = Field(default="/srv/models", pattern=r"^/[\w/.-]*$")
-    """Directory the model is downloaded into (the volume's mount point)."""
+    """Mount options of the weights volume, one per item (name or name=value);
+    barrier-disabling options are refused.
+    """
+    model_dir: str = "/srv/models"
+    """Directory the model is downloaded into (the volume's mount point): an absolute,
+    normalized path, never / nor a system directory such as /srv itself.
+    """
 
     # --- runtime ---------------------------------------------------------------------
     python_env_manager: Literal["conda", "uv", "venv"] = "conda"
     """Python environment manager: conda (Miniforge under /opt), or uv/venv for sites
     without conda. vLLM and torch always come from pip, never conda's torch.
     """
-    python_env_root: str = Field(default="/opt/vllm", pattern=r"^/[\w/.-]*$")
-    """Root under which environments are built, one per stack."""
+    python_env_root: str = "/opt/vllm"
+    """Root under which environments are built, one per stack: an absolute, normalized
+    path, never / nor a system directory such as /opt itself.
+    """
     pip_index_url: str = "https://pypi.org/simple"
-    """Python package index (a mirror URL at sites without PyPI)."""
+    """Python package index (a mirror URL at sites without PyPI), http or https. Credentials
+    in it (https://user:pass@host/) are masked in every message.
+    """
     pip_ca_bundle: str | None = None
     """CA bundle (a PEM file on the host) that pip, uv, curl and the model download trust
     instead of their built-in one: point it at the system bundle after adding the site's
     CA with update-ca-certificates.
     """
     http_proxy: str | None = None
-    """HTTP(S) proxy for package and model downloads."""
+    """HTTP(S) proxy for package and model downloads, http or https. Credentials in it
+    (http://user:pass@proxy:3128) are masked in every message.
+    """
     model_base_url: str = "https://huggingface.co"
-    """Base URL of the model files (Hugging Face or a mirror with the same layout)."""
+    """Base URL of the model files (Hugging Face or a mirror with the same layout). https
+    whenever a Hugging Face token is set (hf_token, hf_token_file, HF_TOKEN), since the
+    token goes with every request; plain http only for a mirror used without one.
+    """
     model_revision: str = "main"
     """Model revision (branch, tag or commit) to lock and download."""
     model_lock: str | None = None
@@ -230,17 +423,33 @@ class Settings(BaseModel):
     """Hugging Face token for gated models; never printed. Prefer hf_token_file or the
     HF_TOKEN variable, which keep it out of the inventory."""
     hf_token_file: str | None = None
-    """A file on the operator's machine holding the Hugging Face token (mode 0600); read
-    at deploy time, used when hf_token is not set. Else the HF_TOKEN variable is used.
+    """A file on the operator's machine holding the Hugging Face token; refused unless
+    only its owner may read it (chmod 600). Read at deploy time, used when hf_token is not
+    set. Else the HF_TOKEN variable is used.
     """
 
     # --- gateway ---------------------------------------------------------------------
     gateway_port: int = Field(default=8001, ge=1, le=65535)
     """Port nginx listens on for clients (the seed's 8001)."""
     api_keys: list[SecretStr] = Field(default_factory=list)
-    """API keys clients send as "Authorization: Bearer <key>"; never logged."""
+    """API keys clients send as "Authorization: Bearer <key>"; never logged. Each at least
+    32 characters (so it cannot be guessed) of letters, digits and ._~+/=:-, no two alike
+    (ignoring case). After validation it holds the keys of api_keys_file too. Prefer
+    api_keys_file, which keeps them out of the inventory.
+    """
+    api_keys_file: str | None = None
+    """A file on the operator's machine with one API key per line (blank lines and lines
+    starting with # ignored), read at validation time and added to api_keys; refused
+    unless only its owner may read it (chmod 600).
+    """
+    gateway_open: bool = False
+    """Serve /v1/ without an API key. Without keys the settings are refused unless this is
+    true; with keys it must stay false.
+    """
     metrics_allow: list[str] = Field(default_factory=lambda: ["127.0.0.1/32"])
-    """Addresses (CIDR) allowed to read /metrics through the gateway."""
+    """Addresses (CIDR, IPv4 or IPv6, no scope id) allowed to read /metrics through the
+    gateway; host bits are cleared (10.0.0.7/24 is 10.0.0.0/24).
+    """
     gateway_proxy_timeout_s: int = Field(default=3600, ge=60, le=86400)
     """nginx proxy_read_timeout and proxy_send_timeout, in seconds. A non-streamed
     completion sends nothing until it is done, and a long generation at 128K context takes
@@ -254,8 +463,12 @@ class Settings(BaseModel):
     envelope = 1638400 bytes, rounded up to whole MiB: 2 MiB.
     """
     gateway_extra_directives: list[str] = Field(default_factory=list)
-    """Extra nginx directives added to the gateway's server block, each ending in ";" (e.g.
-    "add_header X-Served-By gpu1;"). A directive nginx -t rejects leaves the old config live.
+    """Extra nginx directives added to the gateway's server block: trusted operator input,
+    placed as written inside the server block that guards /v1/ with the key check. One
+    simple directive per item, ending in ";" (e.g. "add_header X-Served-By gpu1;"); no
+    block, comment or second line ({, }, #, newline) and none of include, server,
+    location, map, upstream, listen, if or ssl_*. A directive nginx -t rejects leaves the
+    old config live.
     """
     gateway_tls_cert: str | None = None
     """TLS for the gateway: a PEM certificate chain (the server's certificate first), a file
@@ -310,9 +523,7 @@ class Settings(BaseModel):
         return self
 
     # --- reports ---------------------------------------------------------------------
-    textfile_collector_dir: str = Field(
-        default="/var/lib/prometheus/node-exporter", pattern=r"^/[\w/.-]*$"
-    )
+    textfile_collector_dir: str = "/var/lib/prometheus/node-exporter"
     """Where the metrics stage writes pyinfra_vllm.prom for node_exporter's textfile
     collector (the default is Debian's and Ubuntu's prometheus-node-exporter directory).
     """
@@ -335,17 +546,252 @@ class Settings(BaseModel):
             raise ValueError(f"unknown stage {unknown}; allowed: {', '.join(STAGES)}")
         return value
 
+    @field_validator("model_id")
+    @classmethod
+    def _model_id(cls, value: str) -> str:
+        parts = value.split("/")
+        reserved = [part for part in parts if part in (INCOMING, VERIFIED_NAME)]
+        if reserved:
+            raise ValueError(
+                f"{reserved[0]} is a name the model downloader keeps for itself beside the "
+                "files (pyinfra_vllm/model_files.py); use the model's Hugging Face id, "
+                "e.g. Qwen/Qwen3.6-27B"
+            )
+        if not MODEL_ID.fullmatch(value) or any(part[0] in ".-" for part in parts):
+            raise ValueError(
+                "not a Hugging Face model id: org/name (or name), each part of letters, "
+                "digits and _.-, not starting with '.' or '-' (no '..'); e.g. "
+                "Qwen/Qwen3.6-27B"
+            )
+        return value
+
+    @field_validator("served_model_name")
+    @classmethod
+    def _served_name(cls, value: str | None) -> str | None:
+        if value is not None and (not SERVED_MODEL_NAME.fullmatch(value) or value[0] == "-"):
+            raise ValueError(
+                "has a space or a character other than letters, digits and ._/:-, or starts "
+                "with '-': it goes into the engine's command line and the unit file; e.g. "
+                "qwen3.6-27b"
+            )
+        return value
+
+    @field_validator("model_revision")
+    @classmethod
+    def _revision(cls, value: str) -> str:
+        if not MODEL_REVISION.fullmatch(value) or ".." in value or "//" in value:
+            raise ValueError(
+                "not a branch, tag or commit: letters, digits and _./-, starting with a "
+                "letter, digit or _, no '..' (e.g. main, v1.0, refs/pr/1 or a commit hash)"
+            )
+        return value
+
+    @field_validator("vllm_host")
+    @classmethod
+    def _engine_address(cls, value: str, info: ValidationInfo) -> str:
+        try:
+            address = ipaddress.ip_address(value)
+        except ValueError:
+            address = None
+        if address is None or "%" in value:
+            raise ValueError(
+                "not an IP address literal: the engine listens on an address such as "
+                "127.0.0.1 or ::1 (no host name, brackets, scope id or port; the port is "
+                "vllm_port)"
+            )
+        if str(address) != value:
+            raise ValueError(f"write the address as {address}")
+        if not address.is_loopback and not info.data.get("vllm_listen_beyond_loopback"):
+            raise ValueError(
+                "not a loopback address: the engine would be reachable from the network "
+                "around the gateway and its key check (0.0.0.0 and :: are every "
+                "interface); keep 127.0.0.1 or ::1, or set vllm_listen_beyond_loopback=true "
+                "and an API key, which the engine then requires"
+            )
+        return value
+
+    @field_validator("api_keys")
+    @classmethod
+    def _api_keys(cls, value: list[SecretStr]) -> list[SecretStr]:
+        problems = _key_problems(
+            [(f"api_keys[{index}]", key.get_secret_value()) for index, key in enumerate(value)]
+        )
+        if problems:
+            raise ValueError("; ".join(problems))
+        return value
+
+    @field_validator("api_keys_file")
+    @classmethod
+    def _api_keys_file(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        problem = private_file_problem(value)
+        if problem is not None:
+            raise ValueError(_file_remedy(problem, "one API key per line"))
+        try:
+            keys = read_key_lines(value)
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"cannot be read as text ({type(exc).__name__}): write one "
+                             "API key per line") from None
+        if not keys:
+            raise ValueError("holds no key (only blank lines or # comments): write one API "
+                             "key per line, or remove api_keys_file")
+        problems = _key_problems([(f"line {number}", key) for number, key in keys])
+        if problems:
+            raise ValueError("; ".join(problems))
+        return value
+
+    @field_validator("hf_token")
+    @classmethod
+    def _token_chars(cls, value: SecretStr | None) -> SecretStr | None:
+        token = value.get_secret_value() if value is not None else ""
+        if token and not API_KEY_CHARS.fullmatch(token):
+            raise ValueError(
+                "has characters other than letters, digits and ._~+/=:- (a Hugging Face "
+                "token is hf_ and letters); it is written into an environment file"
+            )
+        return value
+
+    @field_validator("hf_token_file")
+    @classmethod
+    def _token_file(cls, value: str | None) -> str | None:
+        if value is not None:
+            problem = private_file_problem(value)
+            if problem is not None:
+                raise ValueError(_file_remedy(problem, "the Hugging Face token"))
+        return value
+
+    @field_validator("model_dir", "python_env_root", "textfile_collector_dir", "pip_ca_bundle")
+    @classmethod
+    def _host_path(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is None:
+            return value
+        example = PATH_EXAMPLES[str(info.field_name)]
+        system = info.field_name != "pip_ca_bundle"
+        if not value.startswith("/"):
+            raise ValueError(f"not an absolute path; e.g. {example}")
+        if not PATH_CHARS.fullmatch(value):
+            raise ValueError(
+                "has characters other than letters, digits and _./- (it is written into "
+                f"unit files, config files and commands); e.g. {example}"
+            )
+        if posixpath.normpath(value) != value or "//" in value:
+            raise ValueError(
+                "not a normalized path: no '.' or '..' part, no '//', no trailing '/'; "
+                f"e.g. {example}"
+            )
+        if any(value == fs or value.startswith(fs + "/") for fs in VIRTUAL_FS_DIRS):
+            raise ValueError(f"is on a kernel file system (/proc, /sys); e.g. {example}")
+        if system and value in SYSTEM_DIRS:
+            raise ValueError(
+                "is / or a system directory, which the deploy would take over (create, "
+                f"mount over, chown); use a directory of its own below it, e.g. {example}"
+            )
+        return value
+
+    @field_validator("model_volume_device")
+    @classmethod
+    def _device_path(cls, value: str | None) -> str | None:
+        if value is not None and (posixpath.normpath(value) != value or "//" in value):
+            raise ValueError("not a normalized device path (no '.' or '..' part, no '//'); "
+                             "e.g. /dev/nvme1n1")
+        return value
+
+    @field_validator("pip_index_url", "http_proxy", "model_base_url")
+    @classmethod
+    def _url(cls, value: str | None) -> str | None:
+        if value is not None:
+            problem = _url_problem(value)
+            if problem is not None:
+                raise ValueError(problem)
+        return value
+
+    @field_validator("nvidia_apt_repo")
+    @classmethod
+    def _apt_source(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is None:
+            return value
+        trusted = bool(info.data.get("nvidia_apt_repo_trusted"))
+        signed_example = ('"deb [signed-by=/usr/share/keyrings/KEY.gpg] https://HOST/PATH '
+                          'SUITE COMPONENT"')
+        if any(ord(char) < 32 or ord(char) == 127 for char in value):
+            raise ValueError("has a newline or another control character: give one line")
+        text = value.strip()
+        if text.startswith(("http://", "https://")):
+            problem = _url_problem(text)
+            if problem is not None:
+                raise ValueError(problem)
+            if not trusted:
+                raise ValueError(
+                    'a bare URL is written as "deb [trusted=yes] URL ./", a repository apt '
+                    "does not verify, and unsigned packages run their scripts as root: give "
+                    f"a source with a keyring and an https URL, {signed_example}, or set "
+                    "nvidia_apt_repo_trusted=true for a repository you control"
+                )
+            return value
+        line = APT_LINE.fullmatch(text)
+        if line is None:
+            raise ValueError(f"not an apt source: give a one-line source, {signed_example}, "
+                             "or (with nvidia_apt_repo_trusted=true) a repository URL")
+        if trusted:
+            return value
+        options = (line.group("options") or "").split()
+        problems = []
+        if not any(option.startswith("signed-by=") and len(option) > 10 for option in options):
+            problems.append("it names no keyring (signed-by=)")
+        if not line.group("uri").startswith("https://"):
+            problems.append("its URL is not https")
+        insecure = [option for option in options if option in INSECURE_APT_OPTIONS]
+        if insecure:
+            problems.append(f"it turns verification off ({', '.join(insecure)})")
+        if problems:
+            raise ValueError(
+                "; ".join(problems) + ": unsigned or unverified packages run their scripts "
+                f"as root; write {signed_example}, or set nvidia_apt_repo_trusted=true for "
+                "a repository you control"
+            )
+        return value
+
+    @field_validator("metrics_allow")
+    @classmethod
+    def _networks(cls, value: list[str]) -> list[str]:
+        networks = []
+        for index, entry in enumerate(value):
+            if "%" in entry:
+                raise ValueError(f"metrics_allow[{index}] {entry!r} has an IPv6 scope id "
+                                 "(%): nginx's allow takes a network without one")
+            try:
+                networks.append(str(ipaddress.ip_network(entry, strict=False)))
+            except ValueError:
+                raise ValueError(
+                    f"metrics_allow[{index}] {entry!r} is not an IPv4 or IPv6 network; "
+                    "allowed: an address or CIDR such as 10.20.0.0/16, 127.0.0.1 or ::1/128"
+                ) from None
+        return networks
+
     @field_validator("gateway_extra_directives")
     @classmethod
     def _one_directive_each(cls, value: list[str]) -> list[str]:
-        for directive in value:
-            if not directive.strip().endswith(";") or "\n" in directive:
-                raise ValueError(f"{directive!r} is not one nginx directive ending in ';'")
+        for index, directive in enumerate(value):
+            problem = _directive_problem(directive)
+            if problem is not None:
+                raise ValueError(
+                    f"gateway_extra_directives[{index}] {directive!r} {problem}; allowed: one "
+                    "simple directive per item ending in ';', e.g. \"add_header X-Served-By "
+                    "gpu1;\""
+                )
         return value
 
     @field_validator("model_volume_mount_options")
     @classmethod
     def _no_barrier_off(cls, value: list[str]) -> list[str]:
+        malformed = [opt for opt in value if not MOUNT_OPTION.fullmatch(opt)]
+        if malformed:
+            raise ValueError(
+                f"{malformed} is not one mount option each: a lowercase name, optionally "
+                "=value of letters, digits and _.:/- (no comma, space or newline); give "
+                'each option as its own item, e.g. ["noatime", "nodev"]'
+            )
         refused = [opt for opt in value if opt in BARRIER_DISABLING_OPTIONS]
         if refused:
             raise ValueError(
@@ -357,9 +803,19 @@ class Settings(BaseModel):
     @field_validator("sysctl")
     @classmethod
     def _sysctl_keys(cls, value: dict[str, int | str]) -> dict[str, int | str]:
-        for key in value:
-            if not key or key.startswith(".") or "/" in key or " " in key:
-                raise ValueError(f"{key!r} is not a sysctl key like vm.swappiness")
+        for key, setting in value.items():
+            if not SYSCTL_KEY.fullmatch(key):
+                raise ValueError(
+                    f"{key!r} is not a sysctl key like vm.swappiness or "
+                    "net.ipv4.conf.all.rp_filter: lowercase dotted names of letters, digits "
+                    "and _- ('*' as a glob), no '=', '/' or space"
+                )
+            if isinstance(setting, str) and not SYSCTL_VALUE.fullmatch(setting):
+                raise ValueError(
+                    f"the value of {key} is not words of letters, digits and _.:/- separated "
+                    'by single spaces (e.g. 1, bbr or "4096 87380 6291456"); no ";", quote '
+                    "or newline"
+                )
         return value
 
     @model_validator(mode="after")
@@ -397,6 +853,87 @@ class Settings(BaseModel):
                 f"{self.stack['cuda']}): set nvidia_driver_branch to {needed}-server or newer"
             )
         return self
+
+    @model_validator(mode="after")
+    def _keys_and_exposure(self) -> Settings:
+        # Rules across settings: the keys of api_keys and api_keys_file together, who may
+        # reach the gateway and the engine, and where a token may travel. Each problem is
+        # one sentence naming its keys; no key or token is ever in it.
+        problems: list[tuple[str, str]] = []
+        inline = [key.get_secret_value() for key in self.api_keys]
+        from_file: list[tuple[int, str]] = []
+        if self.api_keys_file is not None:
+            try:
+                from_file = read_key_lines(self.api_keys_file)
+            except (OSError, ValueError):
+                problems.append(("api_keys_file", f"api_keys_file = {self.api_keys_file!r} "
+                                 "cannot be read: write one API key per line, chmod 600"))
+            first_seen = {key.lower(): f"api_keys[{index}]" for index, key in enumerate(inline)}
+            for number, key in from_file:
+                if key.lower() in first_seen:
+                    problems.append((
+                        "api_keys_file",
+                        f"api_keys_file = {self.api_keys_file!r}: line {number} repeats "
+                        f"{first_seen[key.lower()]} (or differs from it only in letter "
+                        "case): keep the key in one place",
+                    ))
+        has_keys = bool(inline or from_file)
+        if not has_keys and not self.gateway_open:
+            problems.append((
+                "api_keys",
+                "api_keys is empty: the gateway would serve /v1/ to anyone; set api_keys or "
+                "api_keys_file, or gateway_open=true to serve without a key",
+            ))
+        if has_keys and self.gateway_open:
+            problems.append((
+                "gateway_open",
+                "gateway_open = True, yet api_keys or api_keys_file set keys: an open "
+                "gateway with keys is a contradiction; remove gateway_open (the keys are "
+                "then required) or the keys",
+            ))
+        if self.vllm_listen_beyond_loopback and not has_keys:
+            problems.append((
+                "vllm_listen_beyond_loopback",
+                "vllm_listen_beyond_loopback = True needs an API key: the engine, reachable "
+                "beyond loopback, requires one; set api_keys or api_keys_file, or remove "
+                "vllm_listen_beyond_loopback and keep vllm_host on 127.0.0.1",
+            ))
+        source = _token_source(self)
+        if source is not None and not self.model_base_url.startswith("https://"):
+            problems.append((
+                "model_base_url",
+                f"model_base_url = {mask_credentials(self.model_base_url)!r} is plain http, "
+                f"and the Hugging Face token ({source}) would travel with every download: "
+                "use an https URL, or no token (hf_token, hf_token_file, HF_TOKEN) for a "
+                "mirror that needs none",
+            ))
+        if problems:
+            raise ValidationError.from_exception_data(
+                "Settings",
+                [
+                    InitErrorDetails(
+                        type=PydanticCustomError(RULE_ERROR, "{sentence}", {"sentence": text}),
+                        loc=(key,),
+                        input=key,
+                    )
+                    for key, text in problems
+                ],
+            )
+        if from_file:
+            # The gateway and the engine read api_keys only: the file's keys join it here.
+            # The model is frozen; this is its own validation, before anyone holds it.
+            object.__setattr__(
+                self, "api_keys", [*self.api_keys, *(SecretStr(key) for _, key in from_file)]
+            )
+        return self
+
+    @property
+    def vllm_host_url_part(self) -> str:
+        """vllm_host as a URL or nginx's ``server`` line takes it: ``[::1]`` for IPv6,
+        ``127.0.0.1`` as is."""
+        if ipaddress.ip_address(self.vllm_host).version == 6:
+            return f"[{self.vllm_host}]"
+        return self.vllm_host
 
     @property
     def stack(self) -> dict[str, Any]:
@@ -438,6 +975,9 @@ def allowed(name: str) -> str | None:
 def _error_lines(error: ValidationError, data: dict[str, Any]) -> list[str]:
     lines = []
     for item in error.errors():
+        if item["type"] == RULE_ERROR:
+            lines.append(f"  {item['msg']}")
+            continue
         key = ".".join(str(part) for part in item["loc"]) or "(settings)"
         message = item["msg"].removeprefix("Value error, ")
         top = item["loc"][0] if item["loc"] else None
@@ -448,7 +988,8 @@ def _error_lines(error: ValidationError, data: dict[str, Any]) -> list[str]:
         if top in SECRET_KEYS:
             lines.append(f"  {key} = <secret>: {message}")
         elif top in data:
-            lines.append(f"  {key} = {data[top]!r}: {message}")
+            # A URL's credentials (user:password@) are masked wherever they are.
+            lines.append(f"  {key} = {mask_credentials(repr(data[top]))}: {message}")
         else:
             lines.append(f"  {key}: {message}")
     return lines

@@ -139,6 +139,9 @@ def host_data(host: Host, gpu_plan: GpuPlan) -> dict:
     if host.scenario == "bare" and gpu_plan.repo_dir is not None:
         url = f"http://{host.gateway}:{REPO_PORT}/"
         data["nvidia_apt_repo"] = url
+        # An unsigned flat repository over http, served from this machine: trusted on
+        # purpose (the settings refuse an unsigned source without this).
+        data["nvidia_apt_repo_trusted"] = True
         # build_repo writes a flat repository (Packages at the top), hence the "./" suite.
         data["sandbox_nvidia_apt_source"] = f"deb [trusted=yes] {url} ./"
     return data

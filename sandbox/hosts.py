@@ -15,6 +15,7 @@ import fcntl
 import json
 import os
 import re
+import secrets
 import shutil
 import signal
 import subprocess
@@ -37,6 +38,9 @@ HOSTS_DIR = RUN_DIR / "hosts"
 STATE_FILE = STATE_DIR / "state.json"
 INVENTORY_FILE = STATE_DIR / "inventory.py"
 KEY_FILE = STATE_DIR / "id_ed25519"
+# The gateway's API key of this sandbox (the settings refuse a gateway without one):
+# new at every `up`, mode 0600, named by the inventory's api_keys_file.
+API_KEY_FILE = STATE_DIR / "api-key"
 KNOWN_HOSTS = STATE_DIR / "known_hosts"
 LOG_DIR = STATE_DIR / "logs"
 DEFAULT_DISK_SIZE = "4G"
@@ -455,6 +459,7 @@ def _up(
             waits = {h.name: pool.submit(wait_ready, h, starts[h.name]) for h in hosts}
             for host in hosts:
                 host.boot_seconds = round(waits[host.name].result(), 1)
+        new_api_key()
         for host in hosts:
             host.data = host_data(host, gpu_plan, model_base_url, mirror_url)
         state["hosts"] = [asdict(h) for h in hosts]
@@ -475,6 +480,22 @@ def _up(
 
 
 # --------------------------------------------------------------------------- inventory
+
+
+def new_api_key(path: Path = API_KEY_FILE) -> Path:
+    """A random 48-character gateway key (letters, digits, - and _) in ``path``, mode 0600.
+
+    Created 0600 from the start (never readable by others, not even for a moment); the
+    settings refuse a key file that group or others may read.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.unlink(missing_ok=True)
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "w") as out:
+        out.write("# The sandbox gateway's API key (python -m sandbox up); new at every up.\n")
+        out.write(secrets.token_urlsafe(36) + "\n")
+    path.chmod(0o600)
+    return path
 
 
 def host_data(
@@ -502,6 +523,8 @@ def host_data(
         # No real GPU: the unit is installed and enabled, not started (the GPU guard would
         # refuse; tests/e2e/test_serving.py starts it on purpose to see that).
         "vllm_start": False,
+        # The gateway's key (new_api_key): the settings refuse a gateway without one.
+        "api_keys_file": str(API_KEY_FILE),
     }
     data.update(gpu.host_data(host, gpu_plan))
     if mirror_url is not None:

@@ -44,8 +44,51 @@ def test_bad_setting_stops_the_run_before_any_operation(data, words):
     assert "Proposed changes" not in run.stderr
 
 
+# One case per family of the security rules (tests/unit/test_settings_rejected.py has
+# them all): the run stops with exit 1 naming the key, before any operation, and no
+# secret of the input is in the output.
+@pytest.mark.parametrize(
+    ("data", "words", "secret"),
+    [
+        (["vllm_host=0.0.0.0"], ["vllm_host = '0.0.0.0': not a loopback address",
+                                 "vllm_listen_beyond_loopback=true"], None),
+        (['api_keys=["sk-short-SECRET1"]'],
+         ["api_keys = <secret>: api_keys[0] is shorter than 32 characters"], "SECRET1"),
+        ([], ["api_keys is empty: the gateway would serve /v1/ to anyone; set api_keys or "
+              "api_keys_file, or gateway_open=true to serve without a key"], None),
+        (["model_dir=/etc"], ["model_dir = '/etc': is / or a system directory"], None),
+        (['sysctl={"vm.swappiness": "1; reboot"}'],
+         ["the value of vm.swappiness is not words of letters"], None),
+        (['metrics_allow=["all"]'], ["metrics_allow[0] 'all' is not an IPv4 or IPv6 network"],
+         None),
+        (["nvidia_apt_repo=http://10.0.0.1:8787/"],
+         ["nvidia_apt_repo = 'http://10.0.0.1:8787/': a bare URL",
+          "unsigned packages run their scripts as root"], None),
+        (["pip_index_url=https://bob:hunter2-SECRET2@pypi.example/simple;x"],
+         ["pip_index_url = 'https://bob:***@pypi.example/simple;x'", "percent-encode it"],
+         "SECRET2"),
+        (['gateway_extra_directives=["include /etc/nginx/other.conf;"]'],
+         ["uses include, which is refused"], None),
+        (["model_id=Org/.incoming"], ["model_id = 'Org/.incoming': .incoming is a name"], None),
+    ],
+    ids=["vllm_host", "api_keys", "closed", "model_dir", "sysctl", "metrics_allow",
+         "nvidia_apt_repo", "pip_index_url", "gateway_extra_directives", "model_id"],
+)
+def test_unsafe_setting_stops_the_run_before_any_operation(data, words, secret):
+    args = [arg for item in data for arg in ("--data", item)]
+    run = pyinfra("@local", "deploys/full.py", "--dry", *args)
+    assert run.returncode == 1
+    for word in words:
+        assert word in run.stderr
+    assert "Beginning operation run" not in run.stderr
+    assert "Proposed changes" not in run.stderr
+    if secret is not None:
+        assert secret not in run.stdout + run.stderr
+
+
 def test_audit_of_a_machine_without_driver(tmp_path):
-    run = pyinfra("-y", "@local", "deploys/audit.py", "--data", f"audit_report_dir={tmp_path}")
+    run = pyinfra("-y", "@local", "deploys/audit.py", "--data", f"audit_report_dir={tmp_path}",
+                  "--data", "gateway_open=true")
     assert run.returncode == 0, run.stderr
     assert "no NVIDIA driver" in run.stderr
     reports = sorted(tmp_path.iterdir())

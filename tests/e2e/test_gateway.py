@@ -27,7 +27,9 @@ from tests.e2e.conftest import booted
 
 pytestmark = pytest.mark.e2e
 
-KEY = "sk-test-1"
+# At least 32 characters: the settings refuse a shorter key. The sandbox inventory's
+# api_keys_file adds a second key; this one is the one the probes send.
+KEY = "sk-e2e-gateway-0123456789abcdefghijkl"
 DATA = ["--data", f'api_keys=["{KEY}"]']
 STUB = Path(__file__).resolve().parents[2] / "files" / "openai_stub.py"
 CHUNKS, INTERVAL = 10, 0.2  # the stub's stream: 2 s in all

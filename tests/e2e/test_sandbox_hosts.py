@@ -40,7 +40,8 @@ def test_inventory_host_data(sandbox) -> None:
     text = proc.stdout + proc.stderr
     for host in sandbox.hosts:
         assert host.name in text
-    for key in ("ssh_known_hosts_file", "sandbox_scenario", "model_volume_device"):
+    for key in ("ssh_known_hosts_file", "sandbox_scenario", "model_volume_device",
+                "api_keys_file"):
         assert key in text
 
 

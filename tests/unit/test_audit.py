@@ -210,7 +210,7 @@ def test_wrapper_arguments():
 
 
 def test_model_plans_without_a_lock():
-    settings = validate({})
+    settings = validate({"gateway_open": True})
     assert model_plans(settings, None, {}) == {
         "compatibility": None,
         "capacity": None,
@@ -227,7 +227,7 @@ def test_model_plans_qwen36_on_two_a100():
     state = {"driver": {"driver_version": "535.129.03"},
              "gpus": [{"index": 0, "memory_total_mib": 81920},
                       {"index": 1, "memory_total_mib": 81920}]}
-    plans = model_plans(validate({}), lock, state)  # the seed's vLLM 0.6.3
+    plans = model_plans(validate({"gateway_open": True}), lock, state)  # the seed's vLLM 0.6.3
     arch, context_length, fits = plans["compatibility"]
     assert (arch["name"], arch["ok"]) == ("model_architecture", False)
     assert "0.17.0" in arch["detail"]
@@ -246,6 +246,6 @@ def test_model_plans_qwen36_on_two_a100():
 
 
 def test_model_plans_report_a_config_they_cannot_plan():
-    plans = model_plans(validate({}), {"config": {"architectures": ["X"]}, "files": []}, {})
+    plans = model_plans(validate({"gateway_open": True}), {"config": {"architectures": ["X"]}, "files": []}, {})
     assert plans["capacity"]["error"].startswith("config.json cannot be planned: KeyError")
     assert plans["capacity"]["gpu_memory_source"].startswith("min_gpu_memory_mib")

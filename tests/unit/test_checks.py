@@ -61,7 +61,7 @@ def names(checks):
 
 
 def test_the_seed_host_passes_every_check():
-    checks = check_host(seed_state(), validate({}))
+    checks = check_host(seed_state(), validate({"gateway_open": True}))
     assert [c["name"] for c in checks] == [
         "os", "driver_version", "driver_cuda", "gpu_count", "gpu_memory", "tp_nvlink",
     ]
@@ -71,7 +71,7 @@ def test_the_seed_host_passes_every_check():
 
 
 def test_pcie_topology_stops_the_host_naming_code_and_setting():
-    checks = check_host(seed_state(topology=topology("PHB")), validate({}))
+    checks = check_host(seed_state(topology=topology("PHB")), validate({"gateway_open": True}))
     failed = blocking(checks)
     assert [c["name"] for c in failed] == ["tp_nvlink"]
     assert "GPU0-GPU1 PHB" in failed[0]["detail"]
@@ -79,14 +79,14 @@ def test_pcie_topology_stops_the_host_naming_code_and_setting():
 
 
 def test_pcie_topology_is_a_warning_when_accepted():
-    checks = check_host(seed_state(topology=topology("PHB")), validate({"allow_pcie_tensor_parallel": True}))
+    checks = check_host(seed_state(topology=topology("PHB")), validate({"allow_pcie_tensor_parallel": True, "gateway_open": True}))
     link = names(checks)["tp_nvlink"]
     assert link["ok"] is False and link["severity"] == "warning"
     assert blocking(checks) == []
 
 
 def test_too_few_gpus_for_tensor_parallel():
-    checks = check_host(seed_state(gpus=[a100(0)]), validate({}))
+    checks = check_host(seed_state(gpus=[a100(0)]), validate({"gateway_open": True}))
     count = names(checks)["gpu_count"]
     assert count["ok"] is False
     assert count["detail"] == "1 GPU(s); tensor_parallel_size is 2"
@@ -95,7 +95,7 @@ def test_too_few_gpus_for_tensor_parallel():
 
 def test_small_gpus_are_refused():
     small = [a100(0, name="NVIDIA A100-PCIE-40GB", memory_total_mib=40960), a100(1, memory_total_mib=40960)]
-    check = names(check_host(seed_state(gpus=small), validate({})))["gpu_memory"]
+    check = names(check_host(seed_state(gpus=small), validate({"gateway_open": True})))["gpu_memory"]
     assert check["ok"] is False
     assert "smallest 40960 MiB, min_gpu_memory_mib is 81920" in check["detail"]
 
@@ -106,7 +106,7 @@ def test_old_driver_is_refused_with_the_stack_minimum():
         driver={"driver_version": "525.147.05", "cuda_version": "12.0"},
         driver_packages={"nvidia-utils-525-server": "525.147.05-0ubuntu0.22.04.1"},
     )
-    checks = names(check_host(state, validate({})))
+    checks = names(check_host(state, validate({"gateway_open": True})))
     assert checks["driver_version"]["ok"] is False
     assert "needs >= 530.30.02" in checks["driver_version"]["detail"]
     assert checks["driver_cuda"]["ok"] is False
@@ -114,7 +114,7 @@ def test_old_driver_is_refused_with_the_stack_minimum():
 
 def test_no_driver_is_not_a_failure_of_preflight():
     state = seed_state(kernel_module=None, driver=None, driver_packages={}, gpus=None, topology=None, nvlink=None)
-    checks = check_host(state, validate({}))
+    checks = check_host(state, validate({"gateway_open": True}))
     driver = names(checks)["driver_present"]
     assert driver["ok"] is None and driver["detail"] == "no NVIDIA driver"
     assert "nvidia-headless-535-server" in driver["fix"]
@@ -129,7 +129,7 @@ def test_module_package_mismatch_means_reboot():
         topology=None,
         nvml_error={"error": "Failed to initialize NVML: Driver/library version mismatch", "nvml_library_version": "535.129"},
     )
-    failed = blocking(check_host(state, validate({})))
+    failed = blocking(check_host(state, validate({"gateway_open": True})))
     assert failed[0]["name"] == "driver_module_match"
     assert "535.104.05" in failed[0]["detail"] and "535.129.03" in failed[0]["detail"]
     assert failed[0]["fix"].startswith("reboot the host")
@@ -137,7 +137,7 @@ def test_module_package_mismatch_means_reboot():
 
 def test_unsupported_os():
     state = seed_state(os={"name": "CentOS", "major": 7, "minor": 9, "release_meta": {"PRETTY_NAME": "CentOS Linux 7"}})
-    check = names(check_host(state, validate({})))["os"]
+    check = names(check_host(state, validate({"gateway_open": True})))["os"]
     assert check == {
         "name": "os", "ok": False, "severity": "error",
         "detail": "CentOS Linux 7 is not supported",
@@ -146,7 +146,7 @@ def test_unsupported_os():
 
 
 def test_tensor_parallel_one_skips_the_link_check():
-    checks = check_host(seed_state(gpus=[a100(0)]), validate({"tensor_parallel_size": 1}))
+    checks = check_host(seed_state(gpus=[a100(0)]), validate({"tensor_parallel_size": 1, "gateway_open": True}))
     assert "tp_nvlink" not in names(checks)
     assert blocking(checks) == []
 
@@ -171,7 +171,7 @@ def test_installed_but_not_loaded_is_left_to_the_driver_stage():
             "nvml_library_version": None,
         },
     )
-    checks = check_host(state, validate({}))
+    checks = check_host(state, validate({"gateway_open": True}))
     loaded = names(checks)["driver_loaded"]
     assert loaded["ok"] is None
     assert loaded["detail"] == (

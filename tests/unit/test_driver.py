@@ -63,11 +63,22 @@ def test_unheld_packages_only_driver_and_cuda_not_yet_held():
     assert unheld_packages(None, None) == []
 
 
+SIGNED = ("deb [signed-by=/usr/share/keyrings/cuda-archive-keyring.gpg] "
+          "https://developer.download.nvidia.com/compute/cuda/repos/ubuntu2204/x86_64/ /")
+
+
 @pytest.mark.parametrize("value", ["http://10.0.0.1:8787/", "deb [trusted=yes] file:/srv/repo ./"])
-def test_nvidia_apt_repo_setting_accepts_url_or_line(value):
-    assert validate({"nvidia_apt_repo": value}).nvidia_apt_repo == value
+def test_nvidia_apt_repo_setting_accepts_url_or_line_when_trusted(value):
+    settings = validate({"nvidia_apt_repo": value, "nvidia_apt_repo_trusted": True,
+                         "gateway_open": True})
+    assert settings.nvidia_apt_repo == value
+
+
+def test_nvidia_apt_repo_setting_accepts_a_signed_https_line():
+    assert validate({"nvidia_apt_repo": SIGNED, "gateway_open": True}).nvidia_apt_repo == SIGNED
+    assert apt_source_line(SIGNED) == SIGNED
 
 
 def test_nvidia_apt_repo_setting_refuses_other_text():
     with pytest.raises(SettingsError, match="nvidia_apt_repo"):
-        validate({"nvidia_apt_repo": "ppa:graphics-drivers/ppa"})
+        validate({"nvidia_apt_repo": "ppa:graphics-drivers/ppa", "gateway_open": True})

@@ -45,7 +45,7 @@ TWO_A100 = {"gpus": [{"index": 0, "memory_total_mib": 81920},
 
 
 def _gate_settings(**extra):
-    data = {"model_id": MODEL_ID, **extra}
+    data = {"model_id": MODEL_ID, "gateway_open": True, **extra}
     if data.get("vllm_version") == "0.17.0":
         data.setdefault("nvidia_driver_branch", "570-server")  # the stack needs >= 570.124
     return validate(data)

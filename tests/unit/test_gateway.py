@@ -252,11 +252,11 @@ def test_extra_directives_go_inside_the_server_block():
 
 
 def test_settings_defaults_and_directive_check():
-    defaults = Settings()
+    defaults = Settings(gateway_open=True)
     assert defaults.gateway_proxy_timeout_s == 3600
     assert defaults.gateway_max_body_mib is None
     with pytest.raises(Exception, match="ending in ';'"):
-        validate({"gateway_extra_directives": ["no semicolon"]})
+        validate({"gateway_extra_directives": ["no semicolon"], "gateway_open": True})
 
 
 def test_swap_script_tests_before_reload_and_rolls_back():
@@ -351,7 +351,9 @@ def tls_files(tmp_path) -> dict[str, str]:
     cert.write_text(CERT_PEM)
     key.write_text(KEY_PEM)
     key.chmod(0o600)
-    return {"gateway_tls_cert": str(cert), "gateway_tls_key": str(key)}
+    # With a key: a gateway without one is refused before TLS is looked at.
+    return {"gateway_tls_cert": str(cert), "gateway_tls_key": str(key),
+            "api_keys": ["sk-tls-test-" + "0123456789" * 3]}
 
 
 def refusal(data: dict) -> str:
@@ -361,9 +363,9 @@ def refusal(data: dict) -> str:
 
 
 def test_tls_settings_default_off_and_accept_a_pair(tls_files):
-    defaults = Settings()
-    assert defaults.gateway_tls_cert is None and defaults.gateway_tls_key is None
-    assert defaults.gateway_http_redirect_port is None
+    fields = Settings.model_fields
+    assert fields["gateway_tls_cert"].default is None and fields["gateway_tls_key"].default is None
+    assert fields["gateway_http_redirect_port"].default is None
     settings = validate({**tls_files, "gateway_http_redirect_port": 8080})
     assert settings.gateway_tls_key == tls_files["gateway_tls_key"]
 

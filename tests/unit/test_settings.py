@@ -7,9 +7,13 @@ from pydantic import ValidationError
 
 from pyinfra_vllm.settings import STACKS, STAGES, Settings, SettingsError, allowed, validate
 
+# A key of the allowed shape (tests only): 40 characters.
+KEY = "sk-test-0123456789abcdefghijklmnopqrstuv"
+
 
 def test_defaults_are_the_seed_recipe():
-    settings = validate({})
+    # No key and no gateway_open: refused (tests/unit/test_settings_rejected.py).
+    settings = validate({"gateway_open": True})
     assert settings.vllm_version == "0.6.3"
     assert settings.model_id == "Qwen/Qwen3.6-27B"
     assert settings.tensor_parallel_size == 2
@@ -19,6 +23,11 @@ def test_defaults_are_the_seed_recipe():
     assert settings.sysctl == {"vm.swappiness": 1, "net.core.somaxconn": 65535}
     assert settings.model_volume_mount_options == ["noatime"]
     assert settings.stack["min_driver"] == "530.30.02"
+    assert settings.vllm_host == "127.0.0.1" and settings.vllm_host_url_part == "127.0.0.1"
+    assert settings.metrics_allow == ["127.0.0.1/32"]
+    assert Settings.model_fields["gateway_open"].default is False
+    assert Settings.model_fields["vllm_listen_beyond_loopback"].default is False
+    assert Settings.model_fields["nvidia_apt_repo_trusted"].default is False
 
 
 @pytest.mark.parametrize(
@@ -39,7 +48,7 @@ def test_defaults_are_the_seed_recipe():
         ({"model_volume_mount_options": ["noatime", "nobarrier"]}, "disables write barriers"),
         ({"model_volume_mount_options": ["barrier=0"]}, "['barrier=0'] disables write barriers"),
         ({"sysctl": {"vm swappiness": 1}}, "is not a sysctl key"),
-        ({"model_dir": "relative/path"}, "model_dir = 'relative/path': String should match"),
+        ({"model_dir": "relative/path"}, "model_dir = 'relative/path': not an absolute path"),
         ({"max_model_length": 4096}, "max_model_length: unknown setting; did you mean max_model_len?"),
         ({"max_num_seqs": 512, "max_num_batched_tokens": 256}, "must be >= max_num_seqs (512)"),
         (
@@ -78,19 +87,20 @@ def test_secrets_are_never_echoed():
 
 
 def test_secret_values_are_hidden_in_repr():
-    settings = validate({"hf_token": "hf_abc123", "api_keys": ["sk-1"]})
-    assert "hf_abc123" not in repr(settings)
+    settings = validate({"hf_token": "hf_abc123", "api_keys": [KEY]})
+    assert "hf_abc123" not in repr(settings) and KEY not in repr(settings)
     assert settings.hf_token.get_secret_value() == "hf_abc123"
 
 
 def test_connector_and_foreign_data_are_ignored():
-    settings = validate({"ssh_user": "ubuntu", "_sudo": True, "rack": "r12", "sandbox_scenario": "seed"})
+    settings = validate({"ssh_user": "ubuntu", "_sudo": True, "rack": "r12",
+                         "sandbox_scenario": "seed", "gateway_open": True})
     assert settings.tensor_parallel_size == 2
 
 
 def test_settings_are_frozen():
     with pytest.raises(ValidationError):
-        validate({}).block_size = 16  # type: ignore[misc]
+        validate({"gateway_open": True}).block_size = 16  # type: ignore[misc]
 
 
 def test_allowed_words():
@@ -100,9 +110,23 @@ def test_allowed_words():
 
 
 def test_every_stage_name_is_accepted_by_skip_stages():
-    assert validate({"skip_stages": list(STAGES)}).skip_stages == list(STAGES)
+    settings = validate({"skip_stages": list(STAGES), "gateway_open": True})
+    assert settings.skip_stages == list(STAGES)
 
 
 def test_every_setting_is_described():
     for name, field in Settings.model_fields.items():
         assert field.description and len(field.description) > 15, name
+
+
+def test_the_sandbox_key_file_passes_the_settings(tmp_path):
+    from sandbox.hosts import new_api_key
+
+    path = new_api_key(tmp_path / "api-key")
+    assert path.stat().st_mode & 0o777 == 0o600
+    settings = validate({"api_keys_file": str(path)})
+    (key,) = settings.api_keys
+    assert len(key.get_secret_value()) == 48
+    # A new key at every `up`.
+    new_api_key(path)
+    assert validate({"api_keys_file": str(path)}).api_keys[0] != key

@@ -47,7 +47,7 @@ def test_qwen36_plan_on_two_a100():
     lock = {"config": json.loads(QWEN.read_text()),
             "files": [{"path": f"m-{n}.safetensors", "size": 55_600_000_000 // 15}
                       for n in range(15)]}
-    settings = validate({"vllm_version": "0.17.0", "nvidia_driver_branch": "570-server"})
+    settings = validate({"vllm_version": "0.17.0", "nvidia_driver_branch": "570-server", "gateway_open": True})
     gates = model_gates(settings, lock, {"gpus": [{"memory_total_mib": 81920}] * 2})
     text = metrics_text("h", gates["checks"], {}, gates["capacity"])
     assert 'pyinfra_vllm_check_ok{check="model_architecture",severity="error"} 1' in text

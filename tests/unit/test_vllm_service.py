@@ -54,7 +54,7 @@ usage: api_server.py [-h] [--host HOST] [--port PORT] [--model MODEL]
 
 
 def unit(settings: Settings | None = None, **kwargs) -> str:
-    return render_unit(settings or Settings(), python=kwargs.pop("python", PYTHON),
+    return render_unit(settings or Settings(gateway_open=True), python=kwargs.pop("python", PYTHON),
                        model_path=kwargs.pop("model_path", MODEL), **kwargs)
 
 
@@ -117,7 +117,7 @@ def test_guard_ready_and_environment_lines():
 
 
 def test_workaround_switches_and_pcie_and_devices():
-    settings = validate({"nccl_p2p_level": "NVL", "disable_custom_all_reduce": True,
+    settings = validate({"gateway_open": True, "nccl_p2p_level": "NVL", "disable_custom_all_reduce": True,
                          "allow_pcie_tensor_parallel": True})
     text = unit(settings, devices=[2, 3])
     assert '"NCCL_P2P_LEVEL=NVL"' in values(text, "Environment")
@@ -137,7 +137,7 @@ def test_restart_steps_only_where_systemd_has_them():
 
 
 def test_no_secret_in_the_unit():
-    text = unit(validate({"hf_token": "hf_secret-in-unit-0001"}))
+    text = unit(validate({"hf_token": "hf_secret-in-unit-0001", "gateway_open": True}))
     assert "hf_secret" not in text and "HF_TOKEN=" not in text
 
 
@@ -158,7 +158,9 @@ def test_systemd_quote(word, quoted):
 
 
 def test_quoting_of_a_value_with_spaces_percent_and_dollar_in_the_unit():
-    settings = validate({"served_model_name": 'my model 100% $cost "q"'})
+    # The settings refuse such a name (tests/unit/test_settings_rejected.py); the unit
+    # quotes whatever it is given all the same.
+    settings = Settings.model_construct(served_model_name='my model 100% $cost "q"')
     exec_start = values(unit(settings), "ExecStart")[0]
     assert '"--served-model-name" "my model 100%% $$cost \\"q\\""' in exec_start
     argv = systemd_words(exec_start)
@@ -178,8 +180,8 @@ def test_control_characters_and_unsafe_paths_are_refused():
 
 def test_server_flags_choose_spellings_from_the_installed_help():
     accepted_063 = set(help_server_flags(HELP_063))
-    assert unknown_flags(server_flags(Settings(), MODEL), accepted_063) == []
-    off = validate({"enable_chunked_prefill": False, "max_num_batched_tokens": 131072})
+    assert unknown_flags(server_flags(Settings(gateway_open=True), MODEL), accepted_063) == []
+    off = validate({"enable_chunked_prefill": False, "max_num_batched_tokens": 131072, "gateway_open": True})
     # 0.6.3's StoreBoolean takes a value: off must be said, as the flag's value.
     flags = server_flags(off, MODEL, accepted_063)
     assert "--enable-chunked-prefill=false" in flags
@@ -237,16 +239,16 @@ def beyond_loopback(**data):
 
 
 def test_engine_key_only_when_the_engine_listens_beyond_loopback():
-    keys = ["sk-first", "sk-second"]
+    keys = ["sk-first-" + "1" * 32, "sk-second-" + "2" * 32]
     assert engine_api_key(validate({"api_keys": keys})) is None
     assert engine_api_key(validate({"api_keys": keys, "vllm_host": "::1"})) is None
     settings = beyond_loopback(vllm_host="10.0.0.5", api_keys=keys)
-    assert engine_api_key(settings) == "sk-first"
+    assert engine_api_key(settings) == keys[0]
     # In the 0600 environment file, never on the command line (ps shows it to everyone).
     env = render_env(api_key=engine_api_key(settings))
-    assert "VLLM_API_KEY='sk-first'\n" in env
+    assert f"VLLM_API_KEY='{keys[0]}'\n" in env
     unit = render_unit(settings, python=PYTHON, model_path=MODEL)
-    assert "sk-first" not in unit and "--api-key" not in unit
+    assert keys[0] not in unit and "--api-key" not in unit
 
 
 def test_unit_parses_as_ini_with_the_expected_sections():

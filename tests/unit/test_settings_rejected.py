@@ -1,0 +1,523 @@
+"""The bad-input catalogue: every input the settings refuse, one case each.
+
+Each case is validated alone, on top of settings that are otherwise valid, and must give
+exactly one problem line. The line names the key first ("KEY = value: ...", "KEY: ..."
+or a sentence starting with KEY), carries the given fragments of what is allowed and
+what to do, and no secret: neither an API key nor a token nor a URL's password appears
+anywhere in the message.
+
+"{tmp}" in a value or a fragment is the test's temporary directory, where a case's
+files are written first (with the mode the case gives).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pyinfra_vllm.settings import Settings, SettingsError, validate
+
+# Well-formed keys (tests only): 40 characters each.
+KEY = "sk-catalogue-0123456789abcdefghijklmnopq"
+KEY2 = "sk-catalogue-second-456789abcdefghijklmn"
+# Settings that pass on their own: the gateway with a key, or opened on purpose.
+KEYED: dict[str, Any] = {"api_keys": [KEY]}
+OPEN: dict[str, Any] = {"gateway_open": True}
+
+TOKEN = "hf_CatalogueTokenValue0123"
+PASSWORD = "hunter2-Pw0rd"
+SHORT = "sk-short-1234"
+SIGNED = "deb [signed-by=/usr/share/keyrings/nvidia.gpg] https://repo.example/ubuntu2204/x86_64 /"
+CHARS = "letters, digits and ._~+/=:-"
+
+
+@dataclass
+class Case:
+    id: str
+    data: dict[str, Any]
+    key: str
+    fragments: list[str]
+    # Values that must not appear anywhere in the message.
+    secrets: list[str] = field(default_factory=list)
+    # name -> (content, mode); content None makes a directory.
+    files: dict[str, tuple[str | bytes | None, int]] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def case(id: str, data: dict[str, Any], key: str, *fragments: str, base: dict | None = None,
+         **extra: Any) -> Case:
+    return Case(id, {**(OPEN if base is None else base), **data}, key, list(fragments), **extra)
+
+
+NOT_LOOPBACK = ("not a loopback address", "vllm_listen_beyond_loopback=true")
+NOT_IP = ("not an IP address literal", "127.0.0.1 or ::1")
+SYSTEM_DIR = ("is / or a system directory", "use a directory of its own below it")
+NOT_NORMAL = ("not a normalized path", "no '.' or '..' part, no '//', no trailing '/'")
+ONE_DIRECTIVE = "allowed: one simple directive per item ending in ';'"
+UNSIGNED = "unsigned packages run their scripts as root"
+HOST_URL = "write it as http(s)://HOST[:PORT]/PATH"
+
+CASES = [
+    # --- 1. vllm_host: an IP literal, on loopback unless opted in -----------------------
+    case("host-every-ipv4-interface", {"vllm_host": "0.0.0.0"}, "vllm_host", *NOT_LOOPBACK,
+         "vllm_host = '0.0.0.0'"),
+    case("host-every-ipv6-interface", {"vllm_host": "::"}, "vllm_host", *NOT_LOOPBACK),
+    case("host-lan-address", {"vllm_host": "10.0.0.5"}, "vllm_host", *NOT_LOOPBACK),
+    case("host-nginx-injection", {"vllm_host": "127.0.0.1:1; } server { listen 80"},
+         "vllm_host", *NOT_IP),
+    case("host-semicolon", {"vllm_host": "127.0.0.1;"}, "vllm_host", *NOT_IP),
+    case("host-brace", {"vllm_host": "127.0.0.1}"}, "vllm_host", *NOT_IP),
+    case("host-newline", {"vllm_host": "127.0.0.1\ninclude /etc/passwd;"}, "vllm_host",
+         *NOT_IP),
+    case("host-name", {"vllm_host": "localhost"}, "vllm_host", *NOT_IP),
+    case("host-brackets", {"vllm_host": "[::1]"}, "vllm_host", *NOT_IP),
+    case("host-with-port", {"vllm_host": "127.0.0.1:8000"}, "vllm_host", *NOT_IP,
+         "the port is vllm_port"),
+    case("host-scope-id", {"vllm_host": "fe80::1%eth0"}, "vllm_host", *NOT_IP),
+    case("host-not-canonical", {"vllm_host": "0:0:0:0:0:0:0:1"}, "vllm_host",
+         "write the address as ::1"),
+    case("host-beyond-loopback-without-key",
+         {"vllm_listen_beyond_loopback": True, "vllm_host": "10.0.0.5"},
+         "vllm_listen_beyond_loopback", "needs an API key", "set api_keys or api_keys_file"),
+
+    # --- 2. api_keys and api_keys_file --------------------------------------------------
+    case("key-short", {"api_keys": [SHORT]}, "api_keys",
+         "api_keys[0] is shorter than 32 characters", "openssl rand -base64 36",
+         base={}, secrets=[SHORT]),
+    case("key-space", {"api_keys": [KEY, "sk key with a space 0123456789abcdefghij"]},
+         "api_keys", f"api_keys[1] has characters other than {CHARS}", base={},
+         secrets=["sk key with a space"]),
+    case("key-quote", {"api_keys": ['sk"quote0123456789abcdefghijklmnopqrstu']}, "api_keys",
+         f"api_keys[0] has characters other than {CHARS}", base={}, secrets=['sk"quote']),
+    case("key-semicolon-brace", {"api_keys": ["sk;}0123456789abcdefghijklmnopqrstuvwx"]},
+         "api_keys", f"api_keys[0] has characters other than {CHARS}", base={},
+         secrets=["sk;}0123"]),
+    case("key-repeated", {"api_keys": [KEY, KEY2, KEY]}, "api_keys",
+         "api_keys[2] repeats api_keys[0]: keep one of them", base={}),
+    case("key-repeated-but-case", {"api_keys": [KEY, KEY.upper()]}, "api_keys",
+         "api_keys[1] differs only in letter case from api_keys[0]", base={},
+         secrets=[KEY.upper()]),
+    case("keys-not-a-list", {"api_keys": KEY}, "api_keys", "api_keys = <secret>",
+         "Input should be a valid list", base={}),
+    case("keys-file-missing", {"api_keys_file": "{tmp}/absent"}, "api_keys_file",
+         "api_keys_file = '{tmp}/absent': cannot be read (No such file or directory)",
+         "chmod 600", base={}),
+    case("keys-file-world-readable", {"api_keys_file": "{tmp}/keys"}, "api_keys_file",
+         "its mode 0644 lets group or others read the secret in it: chmod 600 {tmp}/keys",
+         base={}, files={"keys": (KEY + "\n", 0o644)}),
+    case("keys-file-group-readable", {"api_keys_file": "{tmp}/keys"}, "api_keys_file",
+         "its mode 0640 lets group or others read", "chmod 600 {tmp}/keys", base={},
+         files={"keys": (KEY + "\n", 0o640)}),
+    case("keys-file-a-directory", {"api_keys_file": "{tmp}/keys"}, "api_keys_file",
+         "is not a regular file", base={}, files={"keys": (None, 0o700)}),
+    case("keys-file-only-comments", {"api_keys_file": "{tmp}/keys"}, "api_keys_file",
+         "holds no key (only blank lines or # comments)", base={},
+         files={"keys": ("# the keys\n\n   \n", 0o600)}),
+    case("keys-file-not-text", {"api_keys_file": "{tmp}/keys"}, "api_keys_file",
+         "cannot be read as text", base={}, files={"keys": (b"\xff\xfe\x00bad", 0o600)}),
+    case("keys-file-short-line", {"api_keys_file": "{tmp}/keys"}, "api_keys_file",
+         "line 3 is shorter than 32 characters", base={}, secrets=[SHORT],
+         files={"keys": (f"# keys\n{KEY}\n{SHORT}\n", 0o600)}),
+    case("keys-file-bad-characters", {"api_keys_file": "{tmp}/keys"}, "api_keys_file",
+         f"line 1 has characters other than {CHARS}", base={}, secrets=["sk key"],
+         files={"keys": ("sk key 0123456789abcdefghijklmnopqrstuvw # web\n", 0o600)}),
+    case("keys-file-repeats-itself", {"api_keys_file": "{tmp}/keys"}, "api_keys_file",
+         "line 2 repeats line 1", base={}, files={"keys": (f"{KEY}\n{KEY}\n", 0o600)}),
+    case("keys-file-repeats-inline", {"api_keys": [KEY], "api_keys_file": "{tmp}/keys"},
+         "api_keys_file", "line 1 repeats api_keys[0]", "keep the key in one place",
+         base={}, files={"keys": (KEY.upper() + "\n", 0o600)}, secrets=[KEY.upper()]),
+    case("hf-token-file-world-readable", {"hf_token_file": "{tmp}/token"}, "hf_token_file",
+         "its mode 0644 lets group or others read", "chmod 600 {tmp}/token",
+         files={"token": (TOKEN + "\n", 0o644)}, secrets=[TOKEN]),
+    case("hf-token-file-missing", {"hf_token_file": "{tmp}/absent"}, "hf_token_file",
+         "cannot be read (No such file or directory)"),
+    case("hf-token-quote", {"hf_token": TOKEN + "'"}, "hf_token", "hf_token = <secret>",
+         "has characters other than letters", secrets=[TOKEN]),
+
+    # --- 3. closed by default -----------------------------------------------------------
+    case("no-key-no-open", {}, "api_keys",
+         "api_keys is empty: the gateway would serve /v1/ to anyone; set api_keys or "
+         "api_keys_file, or gateway_open=true to serve without a key", base={}),
+    case("no-key-empty-list", {"api_keys": []}, "api_keys", "api_keys is empty", base={}),
+    case("open-with-keys", {"gateway_open": True, "api_keys": [KEY]}, "gateway_open",
+         "an open gateway with keys is a contradiction", base={}),
+    case("open-with-key-file", {"gateway_open": True, "api_keys_file": "{tmp}/keys"},
+         "gateway_open", "contradiction", "remove gateway_open", base={},
+         files={"keys": (KEY + "\n", 0o600)}),
+
+    # --- 4. paths on the host, model_id, served_model_name ------------------------------
+    case("model-dir-relative", {"model_dir": "srv/models"}, "model_dir",
+         "not an absolute path; e.g. /srv/models"),
+    case("model-dir-root", {"model_dir": "/"}, "model_dir", *SYSTEM_DIR),
+    case("model-dir-etc", {"model_dir": "/etc"}, "model_dir", *SYSTEM_DIR),
+    case("model-dir-srv", {"model_dir": "/srv"}, "model_dir", *SYSTEM_DIR, "e.g. /srv/models"),
+    case("model-dir-var-lib", {"model_dir": "/var/lib"}, "model_dir", *SYSTEM_DIR),
+    case("model-dir-home", {"model_dir": "/home"}, "model_dir", *SYSTEM_DIR),
+    case("model-dir-boot", {"model_dir": "/boot"}, "model_dir", *SYSTEM_DIR),
+    case("model-dir-dotdot", {"model_dir": "/srv/../etc"}, "model_dir", *NOT_NORMAL),
+    case("model-dir-dot", {"model_dir": "/srv/./models"}, "model_dir", *NOT_NORMAL),
+    case("model-dir-double-slash", {"model_dir": "//srv/models"}, "model_dir", *NOT_NORMAL),
+    case("model-dir-inner-double-slash", {"model_dir": "/srv//models"}, "model_dir",
+         *NOT_NORMAL),
+    case("model-dir-trailing-slash", {"model_dir": "/srv/models/"}, "model_dir", *NOT_NORMAL),
+    case("model-dir-space", {"model_dir": "/srv/my models"}, "model_dir",
+         "has characters other than letters, digits and _./-"),
+    case("model-dir-newline", {"model_dir": "/srv/models\nExecStartPre=/bin/sh"}, "model_dir",
+         "has characters other than letters, digits and _./-"),
+    case("model-dir-proc", {"model_dir": "/proc/models"}, "model_dir",
+         "is on a kernel file system"),
+    case("env-root-opt", {"python_env_root": "/opt"}, "python_env_root", *SYSTEM_DIR,
+         "e.g. /opt/vllm"),
+    case("env-root-usr", {"python_env_root": "/usr"}, "python_env_root", *SYSTEM_DIR),
+    case("env-root-tmp", {"python_env_root": "/tmp"}, "python_env_root", *SYSTEM_DIR),
+    case("env-root-root", {"python_env_root": "/root"}, "python_env_root", *SYSTEM_DIR),
+    case("env-root-relative", {"python_env_root": "opt/vllm"}, "python_env_root",
+         "not an absolute path"),
+    case("collector-var-lib", {"textfile_collector_dir": "/var/lib"}, "textfile_collector_dir",
+         *SYSTEM_DIR),
+    case("collector-trailing-slash",
+         {"textfile_collector_dir": "/var/lib/prometheus/node-exporter/"},
+         "textfile_collector_dir", *NOT_NORMAL),
+    case("ca-bundle-relative", {"pip_ca_bundle": "certs/corp.pem"}, "pip_ca_bundle",
+         "not an absolute path"),
+    case("ca-bundle-dotdot", {"pip_ca_bundle": "/etc/ssl/../shadow"}, "pip_ca_bundle",
+         *NOT_NORMAL),
+    case("device-dotdot", {"model_volume_device": "/dev/../etc/passwd"}, "model_volume_device",
+         "not a normalized device path"),
+    case("model-id-incoming", {"model_id": "Org/.incoming"}, "model_id",
+         ".incoming is a name the model downloader keeps for itself"),
+    case("model-id-verified", {"model_id": ".verified.json"}, "model_id",
+         ".verified.json is a name the model downloader keeps for itself"),
+    case("model-id-dotdot", {"model_id": "../etc"}, "model_id",
+         "not a Hugging Face model id", "not starting with '.' or '-' (no '..')"),
+    case("model-id-dotdot-name", {"model_id": "Org/.."}, "model_id",
+         "not a Hugging Face model id"),
+    case("model-id-hidden", {"model_id": "Org/.hidden"}, "model_id",
+         "not a Hugging Face model id"),
+    case("model-id-dash", {"model_id": "-rf"}, "model_id", "not a Hugging Face model id"),
+    case("model-id-three-parts", {"model_id": "Org/name/extra"}, "model_id",
+         "not a Hugging Face model id", "org/name (or name)"),
+    case("model-id-space", {"model_id": "Org/my model"}, "model_id",
+         "not a Hugging Face model id"),
+    case("model-id-non-ascii", {"model_id": "Org/mödel"}, "model_id",
+         "not a Hugging Face model id"),
+    case("served-name-space", {"served_model_name": "my model"}, "served_model_name",
+         "has a space or a character other than letters, digits and ._/:-"),
+    case("served-name-dash", {"served_model_name": "-x"}, "served_model_name",
+         "or starts with '-'"),
+    case("served-name-semicolon", {"served_model_name": "name;rm"}, "served_model_name",
+         "letters, digits and ._/:-"),
+    case("served-name-newline", {"served_model_name": "name\nX=1"}, "served_model_name",
+         "letters, digits and ._/:-"),
+    case("revision-dotdot", {"model_revision": "../main"}, "model_revision",
+         "not a branch, tag or commit"),
+    case("revision-dash", {"model_revision": "-x"}, "model_revision",
+         "not a branch, tag or commit"),
+    case("revision-space", {"model_revision": "main branch"}, "model_revision",
+         "not a branch, tag or commit"),
+
+    # --- 5. sysctl and mount options ----------------------------------------------------
+    case("sysctl-key-space", {"sysctl": {"vm swappiness": 1}}, "sysctl",
+         "'vm swappiness' is not a sysctl key like vm.swappiness"),
+    case("sysctl-key-equals", {"sysctl": {"vm.swappiness=1": 1}}, "sysctl",
+         "is not a sysctl key", "no '=', '/' or space"),
+    case("sysctl-key-slashes", {"sysctl": {"net/ipv4/ip_forward": 1}}, "sysctl",
+         "is not a sysctl key"),
+    case("sysctl-key-undotted", {"sysctl": {"swappiness": 1}}, "sysctl", "is not a sysctl key"),
+    case("sysctl-key-leading-dot", {"sysctl": {".vm.swappiness": 1}}, "sysctl",
+         "is not a sysctl key"),
+    case("sysctl-key-upper", {"sysctl": {"VM.swappiness": 1}}, "sysctl", "is not a sysctl key"),
+    case("sysctl-key-newline", {"sysctl": {"vm.swappiness\nkernel.x": 1}}, "sysctl",
+         "is not a sysctl key"),
+    case("sysctl-value-semicolon", {"sysctl": {"vm.swappiness": "1; reboot"}}, "sysctl",
+         "the value of vm.swappiness is not words of letters, digits and _.:/- separated by "
+         "single spaces"),
+    case("sysctl-value-newline", {"sysctl": {"vm.swappiness": "1\nkernel.panic = 1"}},
+         "sysctl", "the value of vm.swappiness is not words"),
+    case("sysctl-value-quote", {"sysctl": {"kernel.core_pattern": "'x'"}},
+         "sysctl", "is not words", 'no ";", quote or newline'),
+    case("sysctl-value-double-space", {"sysctl": {"net.ipv4.tcp_rmem": "4096  87380 6291456"}},
+         "sysctl", "separated by single spaces", '"4096 87380 6291456"'),
+    case("sysctl-value-trailing-space", {"sysctl": {"net.ipv4.tcp_rmem": "4096 87380 "}},
+         "sysctl", "separated by single spaces"),
+    case("mount-options-comma", {"model_volume_mount_options": ["noatime,nodev"]},
+         "model_volume_mount_options", "is not one mount option each",
+         'give each option as its own item, e.g. ["noatime", "nodev"]'),
+    case("mount-options-space", {"model_volume_mount_options": ["noatime nodev"]},
+         "model_volume_mount_options", "is not one mount option each"),
+    case("mount-options-newline", {"model_volume_mount_options": ["noatime\n"]},
+         "model_volume_mount_options", "is not one mount option each"),
+    case("mount-options-upper", {"model_volume_mount_options": ["NOATIME"]},
+         "model_volume_mount_options", "a lowercase name"),
+    case("mount-options-quote", {"model_volume_mount_options": ['context="x"']},
+         "model_volume_mount_options", "=value of letters, digits and _.:/-"),
+    case("mount-options-nobarrier", {"model_volume_mount_options": ["nobarrier"]},
+         "model_volume_mount_options", "disables write barriers"),
+
+    # --- 6. metrics_allow ---------------------------------------------------------------
+    case("metrics-bad-octet", {"metrics_allow": ["10.0.0.300/8"]}, "metrics_allow",
+         "metrics_allow[0] '10.0.0.300/8' is not an IPv4 or IPv6 network",
+         "allowed: an address or CIDR such as 10.20.0.0/16"),
+    case("metrics-scope-id", {"metrics_allow": ["127.0.0.1/32", "fe80::1%eth0/64"]},
+         "metrics_allow", "metrics_allow[1] 'fe80::1%eth0/64' has an IPv6 scope id"),
+    case("metrics-word", {"metrics_allow": ["all"]}, "metrics_allow",
+         "is not an IPv4 or IPv6 network"),
+    case("metrics-semicolon", {"metrics_allow": ["10.0.0.0/8; allow all"]}, "metrics_allow",
+         "is not an IPv4 or IPv6 network"),
+    case("metrics-prefix-too-long", {"metrics_allow": ["10.0.0.0/33"]}, "metrics_allow",
+         "is not an IPv4 or IPv6 network"),
+
+    # --- 7. nvidia_apt_repo -------------------------------------------------------------
+    case("apt-bare-http-url", {"nvidia_apt_repo": "http://10.0.0.1:8787/"}, "nvidia_apt_repo",
+         'a bare URL is written as "deb [trusted=yes] URL ./"', UNSIGNED,
+         "nvidia_apt_repo_trusted=true"),
+    case("apt-bare-https-url", {"nvidia_apt_repo": "https://repo.example/"}, "nvidia_apt_repo",
+         "a bare URL", UNSIGNED, "signed-by="),
+    case("apt-line-unsigned-http", {"nvidia_apt_repo": "deb http://repo.example/ ./"},
+         "nvidia_apt_repo", "it names no keyring (signed-by=); its URL is not https",
+         "unsigned or unverified packages run their scripts as root"),
+    case("apt-line-unsigned-https", {"nvidia_apt_repo": "deb https://repo.example/ ./"},
+         "nvidia_apt_repo", "it names no keyring (signed-by=)", "nvidia_apt_repo_trusted=true"),
+    case("apt-line-signed-http",
+         {"nvidia_apt_repo": "deb [signed-by=/usr/share/keyrings/n.gpg] http://repo.example/ ./"},
+         "nvidia_apt_repo", "its URL is not https"),
+    case("apt-line-trusted-yes",
+         {"nvidia_apt_repo": "deb [signed-by=/k.gpg trusted=yes] https://repo.example/ ./"},
+         "nvidia_apt_repo", "it turns verification off (trusted=yes)"),
+    case("apt-line-allow-insecure",
+         {"nvidia_apt_repo": "deb [signed-by=/k.gpg allow-insecure=yes] https://r.example/ ./"},
+         "nvidia_apt_repo", "it turns verification off (allow-insecure=yes)"),
+    case("apt-line-empty-signed-by",
+         {"nvidia_apt_repo": "deb [signed-by=] https://repo.example/ ./"},
+         "nvidia_apt_repo", "it names no keyring"),
+    case("apt-line-second-line",
+         {"nvidia_apt_repo": SIGNED + "\ndeb [trusted=yes] http://evil.example/ ./"},
+         "nvidia_apt_repo", "has a newline or another control character: give one line"),
+    case("apt-ppa", {"nvidia_apt_repo": "ppa:graphics-drivers/ppa"}, "nvidia_apt_repo",
+         "not an apt source", "signed-by="),
+    case("apt-line-without-suite", {"nvidia_apt_repo": "deb https://repo.example/"},
+         "nvidia_apt_repo", "not an apt source"),
+    case("apt-trusted-url-with-space",
+         {"nvidia_apt_repo": "http://10.0.0.1:8787/ x", "nvidia_apt_repo_trusted": True},
+         "nvidia_apt_repo", "has a character a URL here cannot carry"),
+
+    # --- 8. URLs: the token's way, and credentials never shown --------------------------
+    case("base-url-http-with-token", {"model_base_url": "http://10.0.0.1:8788",
+                                      "hf_token": TOKEN},
+         "model_base_url", "model_base_url = 'http://10.0.0.1:8788' is plain http",
+         "the Hugging Face token (hf_token) would travel with every download",
+         "use an https URL", secrets=[TOKEN]),
+    case("base-url-http-with-token-file", {"model_base_url": "http://10.0.0.1:8788",
+                                           "hf_token_file": "{tmp}/token"},
+         "model_base_url", "(hf_token_file)", "use an https URL", secrets=[TOKEN],
+         files={"token": (TOKEN + "\n", 0o600)}),
+    case("base-url-http-with-token-variable", {"model_base_url": "http://10.0.0.1:8788"},
+         "model_base_url", "(HF_TOKEN in the environment)", secrets=[TOKEN],
+         env={"HF_TOKEN": TOKEN}),
+    case("base-url-http-credentials-with-token",
+         {"model_base_url": f"http://mirror:{PASSWORD}@10.0.0.1:8788", "hf_token": TOKEN},
+         "model_base_url", "'http://mirror:***@10.0.0.1:8788' is plain http",
+         secrets=[TOKEN, PASSWORD]),
+    case("base-url-ftp", {"model_base_url": "ftp://mirror.example"}, "model_base_url",
+         "its scheme is 'ftp'; allowed: http or https"),
+    case("base-url-no-scheme", {"model_base_url": "huggingface.co"}, "model_base_url",
+         "not a URL", HOST_URL),
+    case("base-url-no-host", {"model_base_url": "https:///models"}, "model_base_url",
+         "has no host", HOST_URL),
+    case("index-url-space-with-password",
+         {"pip_index_url": f"https://bob:{PASSWORD}@pypi.example/simple x"}, "pip_index_url",
+         "pip_index_url = 'https://bob:***@pypi.example/simple x'",
+         "has a character a URL here cannot carry", "percent-encode it", secrets=[PASSWORD]),
+    case("index-url-ftp-with-password", {"pip_index_url": f"ftp://bob:{PASSWORD}@pypi.example/"},
+         "pip_index_url", "'ftp://bob:***@pypi.example/'", "allowed: http or https",
+         secrets=[PASSWORD]),
+    case("index-url-semicolon", {"pip_index_url": "https://pypi.example/simple;reboot"},
+         "pip_index_url", "has a character a URL here cannot carry"),
+    case("index-url-quote", {"pip_index_url": "https://pypi.example/simple'"},
+         "pip_index_url", "has a character a URL here cannot carry"),
+    case("index-url-bad-port", {"pip_index_url": "https://pypi.example:port/simple"},
+         "pip_index_url", "its host or port cannot be read"),
+    case("proxy-newline-with-password", {"http_proxy": f"http://bob:{PASSWORD}@proxy:3128\n"},
+         "http_proxy", "'http://bob:***@proxy:3128\\n'", "cannot carry", secrets=[PASSWORD]),
+    case("proxy-dollar-with-token-user", {"http_proxy": f"http://{PASSWORD}@proxy:3128/$x"},
+         "http_proxy", "'http://***@proxy:3128/$x'", "cannot carry", secrets=[PASSWORD]),
+    case("proxy-socks", {"http_proxy": "socks5://proxy:1080"}, "http_proxy",
+         "its scheme is 'socks5'; allowed: http or https"),
+    case("proxy-no-scheme", {"http_proxy": "proxy.example:3128"}, "http_proxy", "not a URL"),
+
+    # --- 9. gateway_extra_directives ----------------------------------------------------
+    case("directive-no-semicolon", {"gateway_extra_directives": ["add_header X 1"]},
+         "gateway_extra_directives", "is not one nginx directive ending in ';'", ONE_DIRECTIVE),
+    case("directive-two", {"gateway_extra_directives": ["add_header X 1; add_header Y 2;"]},
+         "gateway_extra_directives", "holds more than one directive", ONE_DIRECTIVE),
+    case("directive-newline", {"gateway_extra_directives": ["add_header X 1;\ninclude /x;"]},
+         "gateway_extra_directives", "has a newline or another control character"),
+    case("directive-close-brace", {"gateway_extra_directives": ["add_header X 1; }"]},
+         "gateway_extra_directives", "is not one nginx directive ending in ';'"),
+    case("directive-brace-in-value", {"gateway_extra_directives": ['add_header X "}";']},
+         "gateway_extra_directives", "has '}'", "could close the server block"),
+    case("directive-open-brace", {"gateway_extra_directives": ["location /x { return 200;"]},
+         "gateway_extra_directives", "has '{'"),
+    case("directive-comment", {"gateway_extra_directives": ["add_header X #1;"]},
+         "gateway_extra_directives", "has '#'", "hide the rest of the line"),
+    case("directive-include", {"gateway_extra_directives": ["include /etc/nginx/other.conf;"]},
+         "gateway_extra_directives", "uses include, which is refused", ONE_DIRECTIVE),
+    case("directive-include-upper", {"gateway_extra_directives": ["INCLUDE /x.conf;"]},
+         "gateway_extra_directives", "uses include, which is refused"),
+    case("directive-listen", {"gateway_extra_directives": ["listen 80;"]},
+         "gateway_extra_directives", "uses listen, which is refused"),
+    case("directive-server", {"gateway_extra_directives": ["server 10.0.0.1:8000;"]},
+         "gateway_extra_directives", "uses server, which is refused"),
+    case("directive-location", {"gateway_extra_directives": ["location /admin;"]},
+         "gateway_extra_directives", "uses location, which is refused",
+         "would route around the key check"),
+    case("directive-map", {"gateway_extra_directives": ["map $a $b;"]},
+         "gateway_extra_directives", "uses map, which is refused"),
+    case("directive-upstream", {"gateway_extra_directives": ["upstream other;"]},
+         "gateway_extra_directives", "uses upstream, which is refused"),
+    case("directive-if", {"gateway_extra_directives": ["if ($x) return 200;"]},
+         "gateway_extra_directives", "uses if, which is refused"),
+    case("directive-ssl", {"gateway_extra_directives": ["ssl_certificate /etc/x.pem;"]},
+         "gateway_extra_directives", "uses ssl_certificate, which is refused"),
+    case("directive-unbalanced-quote", {"gateway_extra_directives": ['add_header X "1;']},
+         "gateway_extra_directives", "has a backslash or an unbalanced quote"),
+    case("directive-backslash", {"gateway_extra_directives": ["add_header X 1\\;"]},
+         "gateway_extra_directives", "has a backslash or an unbalanced quote"),
+]
+
+
+def _fill(value: Any, tmp: str) -> Any:
+    if isinstance(value, str):
+        return value.replace("{tmp}", tmp)
+    if isinstance(value, list):
+        return [_fill(item, tmp) for item in value]
+    if isinstance(value, dict):
+        return {key: _fill(item, tmp) for key, item in value.items()}
+    return value
+
+
+def _write(files: dict[str, tuple[str | bytes | None, int]], tmp_path: Path) -> None:
+    for name, (content, mode) in files.items():
+        path = tmp_path / name
+        if content is None:
+            path.mkdir()
+        elif isinstance(content, bytes):
+            path.write_bytes(content)
+        else:
+            path.write_text(content)
+        path.chmod(mode)
+
+
+def test_the_catalogue_has_one_case_per_input():
+    assert len({c.id for c in CASES}) == len(CASES)
+
+
+@pytest.mark.parametrize("bad", CASES, ids=[c.id for c in CASES])
+def test_rejected(bad: Case, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    for name, value in bad.env.items():
+        monkeypatch.setenv(name, value)
+    _write(bad.files, tmp_path)
+    with pytest.raises(SettingsError) as refused:
+        validate(_fill(bad.data, str(tmp_path)), where="host gpu-1")
+    message = str(refused.value)
+    lines = message.splitlines()
+    assert lines[0] == "invalid settings for host gpu-1:"
+    problems = lines[1:-1]
+    assert len(problems) == 1, message
+    assert re.match(rf"  {re.escape(bad.key)}\b", problems[0]), problems[0]
+    for fragment in bad.fragments:
+        assert _fill(fragment, str(tmp_path)) in problems[0]
+    for secret in (KEY, KEY2, *bad.secrets):
+        assert secret not in message
+
+
+# --- what the rules accept ---------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("data", "name", "expected"),
+    [
+        ({"vllm_host": "127.0.0.1"}, "vllm_host_url_part", "127.0.0.1"),
+        ({"vllm_host": "127.0.0.53"}, "vllm_host_url_part", "127.0.0.53"),
+        ({"vllm_host": "::1"}, "vllm_host_url_part", "[::1]"),
+        ({"vllm_host": "10.0.0.5", "vllm_listen_beyond_loopback": True, **KEYED},
+         "vllm_host_url_part", "10.0.0.5"),
+        ({"vllm_host": "fd00::5", "vllm_listen_beyond_loopback": True, **KEYED},
+         "vllm_host_url_part", "[fd00::5]"),
+        ({"metrics_allow": ["10.0.0.7/24", "::1", "fd00::/8"]}, "metrics_allow",
+         ["10.0.0.0/24", "::1/128", "fd00::/8"]),
+        ({"sysctl": {"net.ipv4.tcp_rmem": "4096 87380 6291456", "kernel.pid_max": 4194304,
+                     "net.ipv4.conf.all.rp_filter": 1, "net.ipv4.conf.*.rp_filter": "2",
+                     "kernel.perf_event_paranoid": -1, "net.ipv4.tcp_wmem": "4096\t65536 1"}},
+         "sysctl", {"net.ipv4.tcp_rmem": "4096 87380 6291456", "kernel.pid_max": 4194304,
+                    "net.ipv4.conf.all.rp_filter": 1, "net.ipv4.conf.*.rp_filter": "2",
+                    "kernel.perf_event_paranoid": -1, "net.ipv4.tcp_wmem": "4096\t65536 1"}),
+        ({"sysctl": {"net.ipv4.tcp_congestion_control": "bbr", "net.core.default_qdisc":
+                     "fq"}}, "sysctl",
+         {"net.ipv4.tcp_congestion_control": "bbr", "net.core.default_qdisc": "fq"}),
+        ({"model_volume_mount_options": ["noatime", "nodev", "logbsize=256k", "inode64"]},
+         "model_volume_mount_options", ["noatime", "nodev", "logbsize=256k", "inode64"]),
+        ({"model_dir": "/srv/models", "python_env_root": "/opt/vllm"}, "model_dir",
+         "/srv/models"),
+        ({"model_dir": "/data/hf-models/v1.2"}, "model_dir", "/data/hf-models/v1.2"),
+        ({"python_env_root": "/opt/vllm"}, "python_env_root", "/opt/vllm"),
+        ({"textfile_collector_dir": "/var/lib/node_exporter/textfile"},
+         "textfile_collector_dir", "/var/lib/node_exporter/textfile"),
+        ({"model_id": "gpt2"}, "model_id", "gpt2"),
+        ({"model_id": "meta-llama/Llama-3.1-8B-Instruct"}, "model_id",
+         "meta-llama/Llama-3.1-8B-Instruct"),
+        ({"served_model_name": "org/qwen3.6-27b:bf16"}, "served_model_name",
+         "org/qwen3.6-27b:bf16"),
+        ({"model_revision": "refs/pr/1"}, "model_revision", "refs/pr/1"),
+        ({"nvidia_apt_repo": SIGNED}, "nvidia_apt_repo", SIGNED),
+        ({"nvidia_apt_repo": "http://10.0.0.1:8787/", "nvidia_apt_repo_trusted": True},
+         "nvidia_apt_repo", "http://10.0.0.1:8787/"),
+        ({"model_base_url": "http://10.0.0.1:8788"}, "model_base_url", "http://10.0.0.1:8788"),
+        ({"model_base_url": "https://mirror.example/hf", "hf_token": TOKEN}, "model_base_url",
+         "https://mirror.example/hf"),
+        ({"pip_index_url": f"https://bob:{PASSWORD}@pypi.example/simple"}, "pip_index_url",
+         f"https://bob:{PASSWORD}@pypi.example/simple"),
+        ({"http_proxy": "http://proxy.example.internal:3128"}, "http_proxy",
+         "http://proxy.example.internal:3128"),
+        ({"gateway_extra_directives": ["add_header X-Served-By gpu1;",
+                                       'add_header X-Note "a b" always;',
+                                       "server_tokens off;"]},
+         "gateway_extra_directives", ["add_header X-Served-By gpu1;",
+                                      'add_header X-Note "a b" always;', "server_tokens off;"]),
+    ],
+)
+def test_accepted(data, name, expected, monkeypatch):
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    base = {} if "api_keys" in data else OPEN
+    assert getattr(validate({**base, **data}), name) == expected
+
+
+def test_keys_of_the_key_file_join_api_keys(tmp_path):
+    keys = tmp_path / "keys"
+    keys.write_text(f"# gateway keys\n\n  {KEY2}  \n# retired: none\n")
+    keys.chmod(0o600)
+    settings = validate({"api_keys": [KEY], "api_keys_file": str(keys)})
+    assert [key.get_secret_value() for key in settings.api_keys] == [KEY, KEY2]
+    assert KEY2 not in repr(settings)
+    only_file = validate({"api_keys_file": str(keys)})
+    assert [key.get_secret_value() for key in only_file.api_keys] == [KEY2]
+
+
+def test_every_problem_of_independent_settings_is_listed_at_once():
+    with pytest.raises(SettingsError) as refused:
+        validate({"vllm_host": "0.0.0.0", "model_dir": "/", "api_keys": [SHORT],
+                  "metrics_allow": ["all"], "sysctl": {"vm.swappiness": "1;"}})
+    named = [line.split(" = ")[0].strip() for line in str(refused.value).splitlines()[1:-1]]
+    assert sorted(named) == ["api_keys", "metrics_allow", "model_dir", "sysctl", "vllm_host"]
+    assert SHORT not in str(refused.value)
+
+
+def test_the_rules_hold_for_settings_built_directly():
+    # Settings(...) runs the same rules as validate(): no way around them in code.
+    with pytest.raises(ValueError, match="api_keys is empty"):
+        Settings()
+    with pytest.raises(ValueError, match="not a loopback address"):
+        Settings(vllm_host="0.0.0.0", gateway_open=True)
