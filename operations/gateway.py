@@ -20,12 +20,10 @@ import ipaddress
 import math
 import re
 import shlex
-from io import StringIO
 from typing import Any
 
 from pyinfra import host
 from pyinfra.api import (
-    FileUploadCommand,
     OperationValueError,
     QuoteString,
     StringCommand,
@@ -33,6 +31,8 @@ from pyinfra.api import (
 )
 from pyinfra.facts.files import File, Sha1File
 
+from operations.uploads import private_upload
+from pyinfra_vllm.settings import API_KEY_ALPHABET, API_KEY_CHARS
 from pyinfra_vllm.templating import render
 
 SITE_TEMPLATE = "nginx-vllm.conf.j2"
@@ -63,7 +63,6 @@ MIB = 1024 * 1024
 
 # Characters allowed in an API key: the map line is `"~^Bearer <key>\z" 1;` and nginx
 # would read a quote, backslash, semicolon, brace, dollar or space in it as syntax.
-_KEY_RE = re.compile(r"^[A-Za-z0-9._~+/=:-]+$")
 # Of those, the ones PCRE reads as operators outside a character class.
 _KEY_REGEX_META = re.compile(r"([.+])")
 
@@ -97,9 +96,9 @@ def check_keys(keys: list[str]) -> None:
     """Refuse a key nginx would read as syntax, and a repeated key; by position only."""
     seen: dict[str, int] = {}
     for index, key in enumerate(keys):
-        if not _KEY_RE.match(key):
+        if not API_KEY_CHARS.fullmatch(key):
             raise OperationValueError(
-                f"api_keys[{index}] has characters other than letters, digits and ._~+/=:-"
+                f"api_keys[{index}] has characters other than {API_KEY_ALPHABET}"
             )
         if key in seen:
             raise OperationValueError(f"api_keys[{index}] repeats api_keys[{seen[key]}]")
@@ -117,9 +116,9 @@ def render_keys_map(keys: list[str], upstream_key: str | None = None) -> str:
     A bad key is named by its position only: its value is never printed.
     """
     check_keys(keys)
-    if upstream_key is not None and not _KEY_RE.match(upstream_key):
+    if upstream_key is not None and not API_KEY_CHARS.fullmatch(upstream_key):
         raise OperationValueError(
-            "the engine's key has characters other than letters, digits and ._~+/=:-"
+            f"the engine's key has characters other than {API_KEY_ALPHABET}"
         )
     return render(
         KEYS_TEMPLATE,
@@ -354,12 +353,13 @@ def site(
             yield StringCommand("install", "-d", "-m", "755", "-o", "root", "-g", "root",
                                 QuoteString(parent))
         for name, _live, content, _mode in changed:
-            # From memory: the content never exists on this machine's disk nor in output.
-            yield FileUploadCommand(StringIO(content), f"{staging_dir}/{name}")
+            # From memory: the content never exists on this machine's disk nor in output,
+            # and on the host no other user can read it, not even during the upload.
+            yield from private_upload(content.encode(), f"{staging_dir}/{name}")
         redact = redactions(list(secrets or []))
         if redact:
-            yield FileUploadCommand(StringIO("".join(f"{text}\n" for text in redact)),
-                                    f"{staging_dir}/{REDACT_NAME}")
+            yield from private_upload("".join(f"{text}\n" for text in redact).encode(),
+                                      f"{staging_dir}/{REDACT_NAME}")
         yield StringCommand(
             swap_script(
                 [(n, live, mode) for n, live, _c, mode in changed], staging_dir, service,

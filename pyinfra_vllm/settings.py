@@ -78,7 +78,10 @@ SECRET_KEYS = ("hf_token", "api_keys")
 # bits), and only characters nginx reads as part of a word in the key map's line
 # `"Bearer <key>" 1;` (a quote, backslash, semicolon, brace or space would be syntax).
 API_KEY_MIN_LENGTH = 32
-API_KEY_CHARS = re.compile(r"[A-Za-z0-9._~+/=:-]+")
+# What a key may hold: a token from secrets.token_urlsafe, a base64 key, an OpenAI-style
+# "sk-..." key. No quote, blank or "$": the key sits in nginx config and an env file.
+API_KEY_ALPHABET = "letters, digits and _.~+/=:-"
+API_KEY_CHARS = re.compile(r"[A-Za-z0-9_.~+/=:-]+")
 
 # Directories the deploy must never take as its own (it creates, mounts over and chowns
 # model_dir, python_env_root and textfile_collector_dir). A directory below one of them,
@@ -147,7 +150,7 @@ def _key_problems(keys: list[tuple[str, str]]) -> list[str]:
             )
         if not API_KEY_CHARS.fullmatch(key):
             problems.append(
-                f"{where} has characters other than letters, digits and ._~+/=:- (nginx "
+                f"{where} has characters other than {API_KEY_ALPHABET} (nginx "
                 "would read a quote, space, ';' or brace in it as syntax)"
             )
         if key.lower() in first_seen:
@@ -433,7 +436,7 @@ class Settings(BaseModel):
     """Port nginx listens on for clients (the seed's 8001)."""
     api_keys: list[SecretStr] = Field(default_factory=list)
     """API keys clients send as "Authorization: Bearer <key>"; never logged. Each at least
-    32 characters (so it cannot be guessed) of letters, digits and ._~+/=:-, no two alike
+    32 characters (so it cannot be guessed) of letters, digits and _.~+/=:-, no two alike
     (ignoring case). After validation it holds the keys of api_keys_file too. Prefer
     api_keys_file, which keeps them out of the inventory.
     """
@@ -647,7 +650,7 @@ class Settings(BaseModel):
         token = value.get_secret_value() if value is not None else ""
         if token and not API_KEY_CHARS.fullmatch(token):
             raise ValueError(
-                "has characters other than letters, digits and ._~+/=:- (a Hugging Face "
+                f"has characters other than {API_KEY_ALPHABET} (a Hugging Face "
                 "token is hf_ and letters); it is written into an environment file"
             )
         return value

@@ -48,6 +48,11 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="host data model_base_url; '{gateway}' becomes the host-side address",
     )
+    up.add_argument(
+        "--tls",
+        action="store_true",
+        help="gateways serve HTTPS with a self-signed certificate (.sandbox/tls/cert.pem)",
+    )
     sub.add_parser("down", help="tear the sandbox down")
     st = sub.add_parser("status", help="show hosts and leftovers")
     st.add_argument("--json", action="store_true")
@@ -65,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
                 _scenarios(args.scenario),
                 disk_size=args.disk_size,
                 model_base_url=args.model_base_url,
+                tls=args.tls,
             )
         elif args.command == "down":
             problems = hosts.down()

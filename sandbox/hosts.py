@@ -41,6 +41,10 @@ KEY_FILE = STATE_DIR / "id_ed25519"
 # The gateway's API key of this sandbox (the settings refuse a gateway without one):
 # new at every `up`, mode 0600, named by the inventory's api_keys_file.
 API_KEY_FILE = STATE_DIR / "api-key"
+# With `up --tls`: a self-signed certificate for the hosts' gateways (their addresses and
+# names in it), and its key, mode 0600; clients trust the certificate with curl --cacert.
+TLS_CERT_FILE = STATE_DIR / "tls" / "cert.pem"
+TLS_KEY_FILE = STATE_DIR / "tls" / "key.pem"
 KNOWN_HOSTS = STATE_DIR / "known_hosts"
 LOG_DIR = STATE_DIR / "logs"
 DEFAULT_DISK_SIZE = "4G"
@@ -393,11 +397,14 @@ def up(
     *,
     disk_size: str = DEFAULT_DISK_SIZE,
     model_base_url: str | None = None,
+    tls: bool = False,
     log=print,
 ) -> list[Host]:
-    """Boot `count` hosts and write .sandbox/inventory.py; tears down a previous sandbox first."""
+    """Boot `count` hosts and write .sandbox/inventory.py; tears down a previous sandbox first.
+    With ``tls`` the gateways serve HTTPS with a self-signed certificate made for them."""
     with _exclusive():
-        return _up(count, scenarios, disk_size=disk_size, model_base_url=model_base_url, log=log)
+        return _up(count, scenarios, disk_size=disk_size, model_base_url=model_base_url,
+                   tls=tls, log=log)
 
 
 def down(log=print) -> list[str]:
@@ -412,6 +419,7 @@ def _up(
     *,
     disk_size: str = DEFAULT_DISK_SIZE,
     model_base_url: str | None = None,
+    tls: bool = False,
     log=print,
 ) -> list[Host]:
     """Boot `count` hosts and write .sandbox/inventory.py; tears down a previous sandbox first."""
@@ -460,8 +468,13 @@ def _up(
             for host in hosts:
                 host.boot_seconds = round(waits[host.name].result(), 1)
         new_api_key()
+        if tls:
+            new_certificate(hosts)
         for host in hosts:
             host.data = host_data(host, gpu_plan, model_base_url, mirror_url)
+            if tls:
+                host.data.update(gateway_tls_cert=str(TLS_CERT_FILE),
+                                 gateway_tls_key=str(TLS_KEY_FILE))
         state["hosts"] = [asdict(h) for h in hosts]
         save_state(state)
         write_inventory(hosts)
@@ -480,6 +493,21 @@ def _up(
 
 
 # --------------------------------------------------------------------------- inventory
+
+
+def new_certificate(hosts: list[Host]) -> None:
+    """A self-signed certificate (P-256, 30 days) naming every host's address and name,
+    and its key, created 0600 before a byte is written to it."""
+    TLS_CERT_FILE.parent.mkdir(parents=True, exist_ok=True)
+    TLS_KEY_FILE.unlink(missing_ok=True)
+    os.close(os.open(TLS_KEY_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    names = ",".join([f"IP:{h.address}" for h in hosts] + [f"DNS:{h.name}" for h in hosts]
+                     + ["IP:127.0.0.1", "DNS:localhost"])
+    run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+         "-nodes", "-days", "30", "-subj", "/CN=pyinfra-vllm sandbox", "-addext",
+         f"subjectAltName={names}", "-keyout", str(TLS_KEY_FILE), "-out", str(TLS_CERT_FILE)],
+        step="sandbox: self-signed certificate for the gateways")
+    TLS_KEY_FILE.chmod(0o600)
 
 
 def new_api_key(path: Path = API_KEY_FILE) -> Path:

@@ -32,7 +32,7 @@ TOKEN = "hf_CatalogueTokenValue0123"
 PASSWORD = "hunter2-Pw0rd"
 SHORT = "sk-short-1234"
 SIGNED = "deb [signed-by=/usr/share/keyrings/nvidia.gpg] https://repo.example/ubuntu2204/x86_64 /"
-CHARS = "letters, digits and ._~+/=:-"
+CHARS = "letters, digits and _.~+/=:-"
 
 
 @dataclass
@@ -521,3 +521,12 @@ def test_the_rules_hold_for_settings_built_directly():
         Settings()
     with pytest.raises(ValueError, match="not a loopback address"):
         Settings(vllm_host="0.0.0.0", gateway_open=True)
+
+
+def test_keys_and_tokens_as_generators_make_them_are_accepted():
+    # secrets.token_urlsafe (the sandbox's keys) and Hugging Face tokens ("hf_...") use "_".
+    key = "Ab_" + "x-Y_z" * 8
+    token = "hf_" + "AbCdEfGhIj" * 3 + "kLmN"
+    settings = validate({"api_keys": [key], "hf_token": token})
+    assert [k.get_secret_value() for k in settings.api_keys] == [key]
+    assert settings.hf_token is not None and settings.hf_token.get_secret_value() == token
