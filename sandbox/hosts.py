@@ -548,6 +548,10 @@ def host_data(
         "model_volume_mkfs": True,
         # conda-forge is not reachable from here (PyPI is): uv builds the environment.
         "python_env_manager": "uv",
+        # The bundle the rootfs baked (Debian's CAs plus this machine's, for a
+        # TLS-intercepting proxy): what an operator behind such a proxy sets. sudo resets
+        # the login environment, so the hosts' /etc/environment does not reach pip or uv.
+        "pip_ca_bundle": "/etc/ssl/certs/ca-certificates.crt",
         # No real GPU: the unit is installed and enabled, not started (the GPU guard would
         # refuse; tests/e2e/test_serving.py starts it on purpose to see that).
         "vllm_start": False,

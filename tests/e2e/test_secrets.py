@@ -67,7 +67,8 @@ def test_the_watcher_sees_what_pyinfra_leaves_in_tmp(host_sandbox, tmp_path):
     deploy.write_text(
         "from io import StringIO\n"
         "from pyinfra.operations import files\n"
-        f"files.put(src=StringIO({DECOY!r}), dest='/nonexistent/dir/decoy', mode='600')\n"
+        f"files.put(src=StringIO({DECOY!r}), dest='/nonexistent/dir/decoy', mode='600', "
+        "create_remote_dir=False)\n"
     )
     start_watcher(sandbox, host)
     run = sandbox.pyinfra(str(deploy), timeout=120)

@@ -160,3 +160,14 @@ def test_the_layout_names_every_module_of_the_library():
     modules = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "pyinfra_vllm").rglob("*.py"))
     missing = [m for m in modules if f"`{m}`" not in doc]
     assert missing == [], "docs/layout.md does not name these modules"
+
+
+def test_the_security_catalogue_is_the_tests_own():
+    from tests.catalogue import markdown
+
+    text = Path("docs/security.md").read_text()
+    start = text.index("<!-- catalogue:start -->\n") + len("<!-- catalogue:start -->\n")
+    end = text.index("<!-- catalogue:end -->")
+    assert text[start:end] == markdown(), (
+        "docs/security.md's catalogue is stale: run `python -m tests.catalogue` and paste it"
+    )
