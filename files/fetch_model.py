@@ -52,6 +52,7 @@ NETWORK_RETRIES = 5  # resumes per attempt after a dropped connection
 PROGRESS_SECONDS = 10.0  # a progress line for a long file at most this often
 VERIFIED_NAME = ".verified.json"
 INCOMING = ".incoming"
+FETCH_LOCK = ".fetch.lock"
 LOCK_VERSION = 1
 ALGOS = ("sha256", "git-blob-sha1")
 
@@ -75,7 +76,8 @@ def safe_relpath(path: str) -> str:
     """Refuse absolute paths and '..': a lock must not write outside --dest."""
     norm = os.path.normpath(path)
     if (not path or os.path.isabs(path) or norm.startswith("..") or norm == "."
-            or norm.split(os.sep)[0] in (INCOMING, VERIFIED_NAME)):
+            or norm.split(os.sep)[0] in (INCOMING, FETCH_LOCK)
+            or norm.split(os.sep)[0].startswith(VERIFIED_NAME)):
         raise UsageError(f"lock file path {path!r} is not a plain relative path")
     return norm
 
@@ -154,15 +156,19 @@ def hash_file(path: str, algo: str, size: int, counters: Counters,
 class SameHostAuthRedirect(urllib.request.HTTPRedirectHandler):
     """Follow redirects, but send the token only to the host it was meant for."""
 
-    def __init__(self, auth_host: str, token: str | None) -> None:
+    def __init__(self, auth_host: str, token: str | None, auth_scheme: str = "https") -> None:
         self.auth_host = auth_host
+        self.auth_scheme = auth_scheme
         self.token = token
 
     def redirect_request(self, req, fp, code, msg, headers, newurl):  # noqa: N802 (stdlib)
         new = super().redirect_request(req, fp, code, msg, headers, newurl)
         if new is not None:
+            # urllib copies every header to the new request, whatever its host or scheme.
             new.remove_header("Authorization")
-            if self.token and urllib.parse.urlsplit(newurl).netloc == self.auth_host:
+            target = urllib.parse.urlsplit(newurl)
+            if self.token and (target.scheme, target.netloc) == (self.auth_scheme,
+                                                                self.auth_host):
                 new.add_header("Authorization", f"Bearer {self.token}")
         return new
 
@@ -176,11 +182,11 @@ class Http:
         self.token = token
         self.timeout = timeout
         context = ssl.create_default_context(cafile=ca_bundle)
-        host = urllib.parse.urlsplit(self.base_url).netloc
+        base = urllib.parse.urlsplit(self.base_url)
         self.opener = urllib.request.build_opener(
             urllib.request.ProxyHandler(),  # http(s)_proxy / no_proxy from the environment
             urllib.request.HTTPSHandler(context=context),
-            SameHostAuthRedirect(host, token),
+            SameHostAuthRedirect(base.netloc, token, base.scheme),
         )
 
     def url(self, model_id: str, commit: str, path: str) -> str:
@@ -468,7 +474,7 @@ def main(argv: list[str] | None = None) -> int:
         lock = load_lock(args.lock)
         http = Http(args.base_url, read_token(args.token_file), args.ca_bundle, args.timeout)
         os.makedirs(args.dest, exist_ok=True)
-        with open(os.path.join(args.dest, ".fetch.lock"), "w") as guard:
+        with open(os.path.join(args.dest, FETCH_LOCK), "w") as guard:
             # One run per directory: two would race on the same .part files.
             fcntl.flock(guard, fcntl.LOCK_EX)
             summary = run(lock, args.dest, http, args.jobs, log)

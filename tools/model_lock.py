@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from pyinfra_vllm.locks import LOCK_VERSION, default_out
+from pyinfra_vllm.model_files import unsafe_model_path
 
 _HEX40 = re.compile(r"^[0-9a-f]{40}$")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
@@ -86,6 +87,9 @@ def file_entry(sibling: dict[str, Any]) -> dict[str, Any]:
     path = sibling.get("rfilename")
     if not path:
         raise LockError(f"sibling without rfilename: {sibling}")
+    problem = unsafe_model_path(path)
+    if problem is not None:
+        raise LockError(f"{path!r}: {problem}; refusing to lock it")
     lfs = sibling.get("lfs")
     if lfs:
         digest = str(lfs.get("sha256") or lfs.get("oid") or "")

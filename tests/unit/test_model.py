@@ -14,7 +14,7 @@ from pyinfra_testing.util import FakeState, create_host
 from facts.model import mtime_ns, unverified
 from operations import model as model_ops
 from pyinfra_vllm.locks import LockFileError, load_lock, lock_path, safetensors_bytes
-from pyinfra_vllm.model_files import INCOMING, VERIFIED_NAME
+from pyinfra_vllm.model_files import FETCH_LOCK, INCOMING, VERIFIED_NAME, unsafe_model_path
 from pyinfra_vllm.settings import Settings, validate
 
 _SPEC = importlib.util.spec_from_file_location(
@@ -239,4 +239,33 @@ def test_hf_token_from_setting_then_file_then_environment(tmp_path, monkeypatch)
 
 def test_the_downloader_reserves_the_names_the_model_fact_skips():
     # files/fetch_model.py runs alone on the host: its copy of the names must be ours.
-    assert (fetch_model.VERIFIED_NAME, fetch_model.INCOMING) == (VERIFIED_NAME, INCOMING)
+    assert (fetch_model.VERIFIED_NAME, fetch_model.INCOMING, fetch_model.FETCH_LOCK) == (
+        VERIFIED_NAME, INCOMING, FETCH_LOCK)
+
+
+@pytest.mark.parametrize("path", ["/etc/passwd", "../x", "a/../../x", ".", "",
+                                  ".incoming/x.part", ".fetch.lock", ".verified.json",
+                                  ".verified.json.tmp"])
+def test_the_lock_and_the_downloader_refuse_paths_outside_or_reserved(path):
+    assert unsafe_model_path(path) is not None
+    with pytest.raises(fetch_model.UsageError):
+        fetch_model.safe_relpath(path)
+
+
+def test_plain_model_paths_pass():
+    for path in ("config.json", "model-00001-of-00015.safetensors", "tokenizer/vocab.json"):
+        assert unsafe_model_path(path) is None
+        assert fetch_model.safe_relpath(path) == path
+
+
+def test_the_token_follows_a_redirect_only_to_the_same_scheme_and_host():
+    import urllib.request
+
+    handler = fetch_model.SameHostAuthRedirect("hub.example", "hf_tok", "https")
+    request = urllib.request.Request("https://hub.example/m/resolve/main/a")
+    request.add_header("Authorization", "Bearer hf_tok")
+    for target, sent in (("https://hub.example/other", True),
+                         ("http://hub.example/other", False),   # https -> http: dropped
+                         ("https://cdn.example/signed", False)):
+        new = handler.redirect_request(request, None, 302, "Found", {}, target)
+        assert new.has_header("Authorization") is sent, target
