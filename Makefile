@@ -47,8 +47,8 @@ test: system-deps venv
 
 # The main job against the embedded default target: one sandbox host (Debian 12,
 # systemd, sshd, two simulated NVLink-joined A100s), provisioned with the whole run
-# (the real vLLM 0.6.3 from PyPI and the sandbox mirror's model included), then audited
-# with drift (exit 0: converged).
+# (vLLM 0.17.0's CPU build from PyPI, started, and the sandbox mirror's model included),
+# then audited with drift (exit 0: converged).
 demo: system-deps venv
 	$(PY) -m sandbox up --hosts 1 --scenario seed
 	$(PYINFRA) -y .sandbox/inventory.py deploys/full.py

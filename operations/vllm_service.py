@@ -29,6 +29,7 @@ from collections.abc import Iterable, Sequence
 from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, OperationValueError, QuoteString, StringCommand, operation
 
+from facts.cpu_host import cpu_ranges
 from facts.units import UnitActivation
 from pyinfra_vllm.settings import Settings
 from pyinfra_vllm.templating import render
@@ -125,7 +126,13 @@ def server_flags(settings: Settings, model_path: str, accepted: set[str] | None 
     Chunked prefill is always explicit: 0.6.3 turns it on by itself above 32K tokens, so
     "off" must be said (``--enable-chunked-prefill=false``). Request logging is off where
     the flag exists (``--disable-log-requests``): it writes every prompt to the journal.
+    On vllm_device "cpu" there is no ``--gpu-memory-utilization``: the CPU build sizes its
+    KV cache from VLLM_CPU_KVCACHE_SPACE (the unit's environment), never from it. The CPU
+    build needs no device flag: vLLM picks its CPU platform from the vllm-cpu
+    distribution (0.17 has no ``--device``).
     """
+    memory = [] if settings.vllm_device == "cpu" else [
+        "--gpu-memory-utilization", str(settings.gpu_memory_utilization)]
     flags = [
         "--model", model_path,
         "--served-model-name", settings.model_name,
@@ -134,7 +141,7 @@ def server_flags(settings: Settings, model_path: str, accepted: set[str] | None 
         "--tensor-parallel-size", str(settings.tensor_parallel_size),
         "--dtype", settings.dtype,
         "--max-model-len", str(settings.max_model_len),
-        "--gpu-memory-utilization", str(settings.gpu_memory_utilization),
+        *memory,
         "--block-size", str(settings.block_size),
         "--max-num-seqs", str(settings.max_num_seqs),
         "--max-num-batched-tokens", str(settings.max_num_batched_tokens),
@@ -183,8 +190,28 @@ def health_url(host: str, port: int) -> str:
     return f"http://{host}:{port}/health"
 
 
-def unit_environment(settings: Settings, devices: Sequence[int]) -> list[str]:
-    """The unit's ``Environment=`` assignments (not secrets), in order."""
+def cpu_threads_bind(cpus: Sequence[int], numa_nodes: int | None, tp: int) -> str | None:
+    """VLLM_CPU_OMP_THREADS_BIND for ``tp`` CPU workers on a host with online ``cpus``.
+
+    "auto" when the host has a NUMA node per worker (vLLM then binds each worker to one
+    node, one CPU per physical core); else the CPUs split into ``tp`` equal runs in id
+    order, one per worker, separated by "|" ("0|1", "0-7|8-15"); CPUs left over by the
+    split stay unbound (the API server and the engine core use them). None when there
+    are fewer CPUs than workers (preflight refuses that host).
+    """
+    if tp < 1 or len(cpus) < tp:
+        return None
+    if (numa_nodes or 1) >= tp:
+        return "auto"
+    ordered = sorted(cpus)
+    size = len(ordered) // tp
+    return "|".join(cpu_ranges(ordered[rank * size:(rank + 1) * size]) for rank in range(tp))
+
+
+def unit_environment(settings: Settings, devices: Sequence[int],
+                     threads_bind: str | None = None) -> list[str]:
+    """The unit's ``Environment=`` assignments (not secrets), in order. On vllm_device
+    "cpu": no CUDA or NCCL variable, the CPU build's thread binding and KV cache size."""
     pairs = [
         ("HOME", STATE_DIR),
         ("VLLM_CACHE_ROOT", f"{STATE_DIR}/cache/vllm"),
@@ -195,6 +222,20 @@ def unit_environment(settings: Settings, devices: Sequence[int]) -> list[str]:
         ("VLLM_NO_USAGE_STATS", "1"),
         ("DO_NOT_TRACK", "1"),
         ("PYTHONUNBUFFERED", "1"),
+    ]
+    if settings.vllm_device == "cpu":
+        pairs += [
+            ("VLLM_CPU_OMP_THREADS_BIND", threads_bind or "auto"),
+            ("VLLM_CPU_KVCACHE_SPACE", str(settings.vllm_cpu_kvcache_space_gib)),
+            # --enforce-eager (required on CPU) stops vLLM's own compilation, but not the
+            # torch.compile of single helpers: with tensor parallel, the vocabulary
+            # embedding's mask (vocab_parallel_embedding.get_masked_input_and_mask) goes
+            # through torch inductor, which needs a C++ compiler on the host ("No working
+            # C++ compiler found": tests/fixtures/vllm-cpu/README.md). Off, they run eager.
+            ("TORCH_COMPILE_DISABLE", "1"),
+        ]
+        return [systemd_quote(f"{name}={value}", exec_line=False) for name, value in pairs]
+    pairs += [
         # CUDA numbers GPUs fastest-first by default; NVML and nvidia-smi by PCI bus id.
         ("CUDA_DEVICE_ORDER", "PCI_BUS_ID"),
         ("CUDA_VISIBLE_DEVICES", ",".join(str(d) for d in devices)),
@@ -223,6 +264,7 @@ def render_unit(
     ready_path: str = READY_PATH,
     env_path: str = ENV_PATH,
     systemd_version: int = 249,
+    threads_bind: str | None = None,
 ) -> str:
     """The unit file ``vllm.service``.
 
@@ -235,9 +277,18 @@ def render_unit(
     + guard_path, ready_path: where the deploy put files/gpu_guard.py and files/wait_ready.py
     + env_path: the secret EnvironmentFile
     + systemd_version: the host's systemd; RestartSteps= only from 254 on
+    + threads_bind: vllm_device "cpu": VLLM_CPU_OMP_THREADS_BIND (``cpu_threads_bind``
+      of the host's CPUs, or the vllm_cpu_threads_bind setting); devices is then unused
+
+    On vllm_device "cpu" the unit has no GPU guard, no nvidia-modprobe and no NVIDIA
+    device or unit (the template says why).
     """
     tp = settings.tensor_parallel_size
-    devices = list(range(tp)) if devices is None else list(devices)
+    cpu = settings.vllm_device == "cpu"
+    if cpu and threads_bind is None:
+        raise OperationValueError(
+            f"no CPU binding for {tp} CPU worker(s): set vllm_cpu_threads_bind")
+    devices = list(range(tp)) if devices is None or cpu else list(devices)
     if len(devices) != tp:
         raise OperationValueError(
             f"{len(devices)} GPU(s) {devices} for tensor_parallel_size {tp}"
@@ -260,7 +311,8 @@ def render_unit(
         state_dir=STATE_DIR,
         state_dir_name=STATE_DIR.removeprefix("/var/lib/"),
         env_path=env_path,
-        environment=unit_environment(settings, devices),
+        environment=unit_environment(settings, devices, threads_bind),
+        cpu=cpu,
         guard_command=exec_command(guard),
         exec_start=exec_command(start, continued=True),
         ready_command=exec_command(ready),

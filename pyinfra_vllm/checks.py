@@ -187,8 +187,90 @@ def check_tp_link(state: dict[str, Any], settings: Settings) -> dict[str, Any] |
     )
 
 
+# vllm_device "cpu": memory each process of the engine holds besides the weights and the
+# KV cache: the API server, the engine core and each tensor-parallel worker. Measured
+# resident on the tiny model, serving (tests/fixtures/vllm-cpu/processes.txt): API server
+# 0.88 GiB, engine core 0.85 GiB, each worker 2.10 GiB less its 1 GiB KV cache = 1.10 GiB
+# (python, torch, vLLM, the tokenizer); 1.25 GiB each.
+CPU_PROCESS_BYTES = 5 * 1024**3 // 4
+
+
+def cpu_reserve_bytes(tensor_parallel_size: int) -> int:
+    """What the engine's processes take on CPU besides weights and KV cache."""
+    return (tensor_parallel_size + 2) * CPU_PROCESS_BYTES
+
+
+def _bind_groups(bind: str) -> list[list[int]]:
+    groups = []
+    for group in bind.split("|"):
+        ids: list[int] = []
+        for part in group.split(","):
+            low, _, high = part.partition("-")
+            ids.extend(range(int(low), int(high or low) + 1))
+        groups.append(ids)
+    return groups
+
+
+def check_cpu_host(state: dict[str, Any], settings: Settings) -> list[dict[str, Any]]:
+    """vllm_device "cpu": CPUs for the workers, their thread binding, memory for the KV
+    cache (``state["cpu"]``: facts.cpu_host.CpuHostState)."""
+    cpu = state.get("cpu") or {}
+    cpus = cpu.get("cpus") or []
+    tp = settings.tensor_parallel_size
+    checks = []
+    if not cpus:
+        checks.append(check("cpu_count", None, "the host's online CPUs could not be read",
+                            severity="warning"))
+    else:
+        ok = len(cpus) >= tp
+        checks.append(check(
+            "cpu_count", ok,
+            f"{len(cpus)} online CPU(s); tensor_parallel_size {tp} runs {tp} CPU worker(s), "
+            "each with at least one CPU of its own",
+            "" if ok else f"set tensor_parallel_size to at most {len(cpus)}",
+        ))
+    bind = settings.vllm_cpu_threads_bind
+    nodes = cpu.get("numa_nodes") or 1
+    if bind == "auto" and tp > nodes:
+        checks.append(check(
+            "cpu_threads_bind", False,
+            f"vllm_cpu_threads_bind auto binds one NUMA node per worker; the host has {nodes} "
+            f"for {tp} workers (vLLM stops: Not enough allowed NUMA nodes to bind threads)",
+            "leave vllm_cpu_threads_bind unset (computed from the host's CPUs) or list the "
+            "CPUs per worker (0-7|8-15)",
+        ))
+    elif bind not in (None, "auto", "nobind"):
+        groups = _bind_groups(bind)
+        unknown = sorted({c for g in groups for c in g} - set(cpus)) if cpus else []
+        ok = len(groups) == tp and not unknown
+        detail = f"vllm_cpu_threads_bind {bind}: {len(groups)} CPU set(s) for {tp} worker(s)"
+        if unknown:
+            detail += f"; CPU(s) {unknown} are not online"
+        checks.append(check("cpu_threads_bind", ok, detail,
+                            "" if ok else f"give one CPU set per worker ({tp}), online CPUs only"))
+    total_mib = cpu.get("memory_total_mib")
+    kv_gib = settings.vllm_cpu_kvcache_space_gib
+    need_mib = tp * kv_gib * 1024 + cpu_reserve_bytes(tp) // 1024**2
+    if total_mib is None:
+        checks.append(check("cpu_kv_space", None, "the host's memory could not be read",
+                            severity="warning"))
+    else:
+        ok = need_mib <= total_mib
+        checks.append(check(
+            "cpu_kv_space", ok,
+            f"KV cache {tp} worker(s) x {kv_gib} GiB (vllm_cpu_kvcache_space_gib) + "
+            f"{cpu_reserve_bytes(tp) / 1024**3:g} GiB for the engine's {tp + 2} processes = "
+            f"{need_mib} MiB of the host's {total_mib} MiB, before the weights",
+            "" if ok else "lower vllm_cpu_kvcache_space_gib or tensor_parallel_size",
+        ))
+    return checks
+
+
 def check_host(state: dict[str, Any], settings: Settings) -> list[dict[str, Any]]:
-    """Every preflight check for one host, in the order an operator reads them."""
+    """Every preflight check for one host, in the order an operator reads them. On
+    vllm_device "cpu" the driver, GPU and NVLink checks give way to the CPU ones."""
+    if settings.vllm_device == "cpu":
+        return [check_os(state), *check_cpu_host(state, settings)]
     checks = [check_os(state), *check_driver(state, settings), *check_gpus(state, settings)]
     too_few = any(c["name"] == "gpu_count" and c["ok"] is False for c in checks)
     link = None if too_few else check_tp_link(state, settings)

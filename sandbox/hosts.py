@@ -495,6 +495,25 @@ def _up(
 # --------------------------------------------------------------------------- inventory
 
 
+# The engine on sandbox hosts: vLLM 0.17.0's CPU build (pyinfra_vllm/stacks.py CPU_STACKS),
+# tensor parallel 2 over the machine's CPUs, serving the mirror's tiny model
+# (sandbox/mirror/model.py: head_dim 64, which vLLM's CPU attention supports, bfloat16).
+# Each worker's KV cache is 1 GiB (1,048,576 tokens of the tiny model: 4 layers x 1 KV head
+# per worker x 64 x 2 (K, V) x 2 bytes = 1 KiB per token), so one host takes 2 GiB of KV
+# cache and about 4 GiB for its four engine processes (measured: 0.9 GiB for the API server
+# and the engine core, 1.1 GiB per worker besides its KV: tests/fixtures/vllm-cpu): about
+# 6 GiB per serving host, three at once on a 24 GiB machine. max_model_len is the model's
+# own 131072 positions (the settings' default too, which the gateway's body limit and its
+# e2e test follow); one such sequence needs 128 MiB of a worker's 1 GiB.
+SERVING_DATA = {
+    "vllm_device": "cpu",
+    "vllm_version": "0.17.0",
+    "vllm_start": True,
+    "vllm_cpu_kvcache_space_gib": 1,
+    "max_model_len": 131072,
+}
+
+
 def new_certificate(hosts: list[Host]) -> None:
     """A self-signed certificate (P-256, 30 days) naming every host's address and name,
     and its key, created 0600 before a byte is written to it."""
@@ -552,9 +571,10 @@ def host_data(
         # TLS-intercepting proxy): what an operator behind such a proxy sets. sudo resets
         # the login environment, so the hosts' /etc/environment does not reach pip or uv.
         "pip_ca_bundle": "/etc/ssl/certs/ca-certificates.crt",
-        # No real GPU: the unit is installed and enabled, not started (the GPU guard would
-        # refuse; tests/e2e/test_serving.py starts it on purpose to see that).
-        "vllm_start": False,
+        # No real GPU (the simulated one has no CUDA): the engine is vLLM's CPU build, and
+        # it is started. The GPU-path e2e tests say vllm_device=cuda themselves
+        # (tests/e2e/conftest.py CUDA_063).
+        **SERVING_DATA,
         # The gateway's key (new_api_key): the settings refuse a gateway without one.
         "api_keys_file": str(API_KEY_FILE),
     }

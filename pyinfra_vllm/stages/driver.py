@@ -13,6 +13,8 @@ an unattended-upgrades blacklist drop-in, so an upgrade never swaps the userspac
 the loaded module ("Driver/library version mismatch"). The CUDA toolkit, from NVIDIA's
 repository, only with ``install_cuda_toolkit``.
 
+On vllm_device "cpu" (vLLM's CPU build, no GPU) the stage is skipped, the reason logged.
+
     pyinfra inventory.py deploys/driver.py
 """
 
@@ -32,7 +34,7 @@ def driver() -> None:
     """Driver: install the pinned branch on a host without one, and keep it from drifting."""
     ctx = context(host)
 
-    if ctx.proceed("driver"):
+    if ctx.gpu_stage(host, "driver"):
         settings = ctx.settings
         branch = settings.nvidia_driver_branch
         module_loaded = ctx.state.get("kernel_module") is not None

@@ -46,7 +46,7 @@ def metrics() -> None:
         driver = summary["summary"]["driver_version"]
         info = {
             "vllm": settings.vllm_version,
-            "cuda_build": settings.stack["cuda"],
+            "cuda_build": settings.stack["cuda"] or "none",
             "driver": driver or "none",
             "model": settings.model_id,
             "tensor_parallel_size": settings.tensor_parallel_size,

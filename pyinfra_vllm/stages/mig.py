@@ -8,6 +8,8 @@ took effect. Still pending after the reset: reboot (``allow_reboot``) or stop th
 with "reboot required". The operation reads the GPUs when it runs, so it also works
 after the driver stage rebooted a fresh host.
 
+On vllm_device "cpu" (vLLM's CPU build, no GPU) the stage is skipped, the reason logged.
+
     pyinfra inventory.py deploys/mig.py
 """
 
@@ -25,7 +27,7 @@ def mig() -> None:
     """MIG: off on every GPU, so vLLM's tensor parallelism gets whole GPUs."""
     ctx = context(host)
 
-    if ctx.proceed("mig"):
+    if ctx.gpu_stage(host, "mig"):
         # mig_mode allows only "disabled" (vLLM tensor parallelism needs whole GPUs).
         mig_ops.mig_disabled(
             name="MIG: disabled on every GPU",

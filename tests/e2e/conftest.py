@@ -26,6 +26,12 @@ from sandbox.util import REPO_ROOT, SandboxError
 
 PYINFRA = str(Path(sys.executable).with_name("pyinfra"))
 
+# Sandbox hosts serve with vLLM's CPU build by default (sandbox/hosts.py SERVING_DATA).
+# The modules that test the GPU path (the simulated NVIDIA stack: driver, MIG, persistence,
+# NVLink, the GPU guard, vLLM 0.6.3's CUDA environment) say so with these overrides.
+CUDA_063 = ("--data", "vllm_device=cuda", "--data", "vllm_version=0.6.3",
+            "--data", "vllm_start=false")
+
 
 @dataclass
 class SandboxHost:

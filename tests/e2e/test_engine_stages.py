@@ -18,6 +18,10 @@ One `seed` host (Debian 12, two simulated A100 80GB). In order:
 
 The wheels come through the sandbox's shared uv cache (sandbox/hosts.py PACKAGE_CACHES):
 several GB from PyPI the first time on a machine, from disk afterwards.
+
+Every run here says vllm_device=cuda, vllm_version=0.6.3, vllm_start=false itself
+(conftest.CUDA_063): the sandbox's own data serves with the CPU build
+(tests/e2e/test_serving.py), and this module is about the CUDA path.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import booted
+from tests.e2e.conftest import CUDA_063, booted
 
 pytestmark = pytest.mark.e2e
 
@@ -66,7 +70,7 @@ def mirror(url: str, path: str, body: object | None = None, method: str | None =
 
 
 def run(sandbox, *args: str, timeout: float = 300):
-    proc = sandbox.pyinfra("--json", *args, "deploys/full.py", timeout=timeout)
+    proc = sandbox.pyinfra("--json", *CUDA_063, *args, "deploys/full.py", timeout=timeout)
     data = json.loads(proc.stdout) if proc.stdout.strip() else None
     return proc, data
 

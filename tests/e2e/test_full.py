@@ -7,7 +7,8 @@ the seed hosts converge, the real vLLM 0.6.3 and the model included, and every o
 host stops alone with its scenario's reason; the second run changes nothing. Then the
 audit with drift (`python -m tools.audit`): no drift on the converged hosts (exit 0),
 and after a sysctl is changed by hand on one of them, that host and that operation
-(exit 1).
+(exit 1). Every run and audit says vllm_device=cuda, vllm_version=0.6.3 (conftest.CUDA_063):
+the fleet's scenarios are GPU failure modes, and the sandbox's own data serves on CPU.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import sys
 import pytest
 
 from sandbox.util import REPO_ROOT
-from tests.e2e.conftest import booted
+from tests.e2e.conftest import CUDA_063, booted
 
 pytestmark = pytest.mark.e2e
 
@@ -43,7 +44,7 @@ def fleet():
 
 
 def full_run(sandbox, timeout: float = 300) -> tuple[subprocess.CompletedProcess, dict]:
-    proc = sandbox.pyinfra("--json", "deploys/full.py", timeout=timeout)
+    proc = sandbox.pyinfra("--json", *CUDA_063, "deploys/full.py", timeout=timeout)
     assert proc.stdout.strip(), proc.stderr[-3000:]
     return proc, json.loads(proc.stdout)
 
@@ -54,7 +55,7 @@ def hosts_with(data: dict, outcome: str) -> set[str]:
 
 def audit(sandbox, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "tools.audit", str(sandbox.inventory), *args],
+        [sys.executable, "-m", "tools.audit", str(sandbox.inventory), *CUDA_063, *args],
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
     )
 

