@@ -348,6 +348,13 @@ def render_markdown(report: dict[str, Any]) -> str:
                 ok = "warn"
             lines.append(f"| {check['name']} | {ok} | {check['detail']} | {check['fix']} |")
         lines += ["", f"Verdict: {s['verdict']}", ""]
+        if "engine" in entry:
+            lines += [f"Engine: {_md(engine_words(entry))}", ""]
+            metrics = (entry["engine"] or {}).get("metrics") or {}
+            if metrics:
+                lines += ["| engine metric | value |", "|---|---|"]
+                lines += [f"| `{name}` | {value:g} |" for name, value in sorted(metrics.items())]
+                lines.append("")
         lines += _markdown_drift(entry) + _markdown_model(entry)
     return "\n".join(lines)
 
@@ -416,12 +423,33 @@ def _markdown_model(entry: dict[str, Any]) -> list[str]:
     return lines + [""]
 
 
+def engine_words(entry: dict[str, Any]) -> str:
+    """What the engine says it serves (``EngineServing``), in a few words."""
+    if "engine" not in entry:
+        return "-"  # not asked: vllm_start is off or the stage is skipped
+    engine = entry["engine"]
+    if engine is None:
+        return "not answering"
+    served = ", ".join(f"{m['id']} ({m['max_model_len']})" for m in engine["models"])
+    metrics = engine["metrics"]
+    kv = metrics.get("vllm:kv_cache_usage_perc", metrics.get("vllm:gpu_cache_usage_perc"))
+    words = [served or "no model"]
+    if "vllm:num_requests_running" in metrics:
+        words.append(f"{metrics['vllm:num_requests_running']:.0f} running")
+    if kv is not None:
+        words.append(f"KV {kv:.0%}")
+    return ", ".join(words)
+
+
 def summary_table(report: dict[str, Any]) -> str:
-    header = (
+    header: tuple[str, ...] = (
         "host", "OS", "GPUs", "driver", "CUDA", "MIG", "persistence", "NVLink", "TP GPUs",
         "verdict", "drift",
     )
-    rows = [header]
+    asked = any("engine" in entry for entry in report["hosts"].values())
+    if asked:
+        header += ("engine",)
+    rows: list[tuple[str, ...]] = [header]
     for name, entry in sorted(report["hosts"].items()):
         s = entry["summary"]
         rows.append(
@@ -437,6 +465,7 @@ def summary_table(report: dict[str, Any]) -> str:
                 _link_words(s, entry["state"]),
                 s["verdict"],
                 _drift_words(entry),
+                *([engine_words(entry)] if asked else []),
             )
         )
     widths = [max(len(str(row[i])) for row in rows) for i in range(len(header))]

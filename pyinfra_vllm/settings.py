@@ -984,7 +984,8 @@ class Settings(BaseModel):
     def stack(self) -> dict[str, Any]:
         """The row of pyinfra_vllm/stacks.py for (vllm_version, vllm_device)."""
         row = stack_for(self.vllm_version, self.vllm_device)
-        assert row is not None  # _device_has_stack
+        if row is None:  # validation refuses this pair: only an unvalidated model gets here
+            raise SettingsError(f"no {self.vllm_device} stack for vLLM {self.vllm_version}")
         return row
 
     @property

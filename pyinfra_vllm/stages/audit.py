@@ -24,6 +24,8 @@ from __future__ import annotations
 from pyinfra import host, state
 from pyinfra.api import deploy
 
+from facts.vllm_service import EngineServing
+from operations.gateway import upstream_server
 from pyinfra_vllm.context import context
 from pyinfra_vllm.gates import installed_registry
 from pyinfra_vllm.report import host_plan, model_plans, record, summarize
@@ -47,4 +49,10 @@ def audit() -> None:
         capacity=plans["capacity"],
         model_note=plans["why"],
     )
+    settings = ctx.settings
+    if settings.vllm_start and "vllm_service" not in settings.skip_stages:
+        # What the engine itself says it serves, asked on the host (one more command,
+        # in the audit only).
+        url = "http://" + upstream_server(settings.vllm_host, settings.vllm_port)
+        entry["engine"] = host.get_fact(EngineServing, url=url)
     record(host.name, entry, report_dir=ctx.settings.audit_report_dir)

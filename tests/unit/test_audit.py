@@ -249,3 +249,21 @@ def test_model_plans_report_a_config_they_cannot_plan():
     plans = model_plans(validate({"gateway_open": True}), {"config": {"architectures": ["X"]}, "files": []}, {})
     assert plans["capacity"]["error"].startswith("config.json cannot be planned: KeyError")
     assert plans["capacity"]["gpu_memory_source"].startswith("min_gpu_memory_mib")
+
+
+def test_the_engine_column_shows_what_the_engine_serves():
+    serving = {"models": [{"id": "sandbox/tiny-qwen2", "max_model_len": 131072}],
+               "metrics": {"vllm:num_requests_running": 1.0, "vllm:kv_cache_usage_perc": 0.25,
+                           "vllm:prompt_tokens_total": 6176.0}}
+    report = {**REPORT, "hosts": {name: dict(entry) for name, entry in REPORT["hosts"].items()}}
+    first, *others = sorted(report["hosts"])
+    report["hosts"][first]["engine"] = serving
+    for name in others:
+        report["hosts"][name]["engine"] = None
+    table = summary_table(report).splitlines()
+    assert table[0].split()[-1] == "engine"
+    assert table[1].endswith("sandbox/tiny-qwen2 (131072), 1 running, KV 25%")
+    assert all(line.endswith("not answering") for line in table[2:])
+    markdown = render_markdown(report)
+    assert "Engine: sandbox/tiny-qwen2 (131072), 1 running, KV 25%" in markdown
+    assert "| `vllm:prompt_tokens_total` | 6176 |" in markdown
