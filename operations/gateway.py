@@ -32,6 +32,7 @@ from pyinfra.api import (
 from pyinfra.facts.files import File, Sha1File
 
 from operations.uploads import private_upload
+from operations.vllm_service import engine_address
 from pyinfra_vllm.settings import API_KEY_ALPHABET, API_KEY_CHARS
 from pyinfra_vllm.templating import render
 
@@ -137,21 +138,6 @@ def redactions(secrets: list[str]) -> list[str]:
     return found
 
 
-def upstream_server(host: str, port: int) -> str:
-    """The upstream's ``server`` address: an IPv6 address in brackets, a wildcard bind
-    (the engine on every address) reached on loopback."""
-    if host in ("", "0.0.0.0"):
-        host = "127.0.0.1"
-    elif host == "::":
-        host = "::1"
-    try:
-        if ipaddress.ip_address(host).version == 6:
-            host = f"[{host}]"
-    except ValueError:
-        pass  # a host name
-    return f"{host}:{port}"
-
-
 def metrics_networks(cidrs: list[str]) -> list[str]:
     """``metrics_allow`` normalized for nginx allow lines (host bits cleared)."""
     networks = []
@@ -191,7 +177,7 @@ def render_site(
         raise OperationValueError("http_redirect_port must differ from gateway_port")
     return render(
         SITE_TEMPLATE,
-        upstream=upstream_server(vllm_host, vllm_port),
+        upstream=engine_address(vllm_host, vllm_port),
         gateway_port=gateway_port,
         metrics_allow=metrics_networks(metrics_allow),
         body_mib=body_mib,

@@ -176,8 +176,9 @@ def unknown_flags(flags: Iterable[str], accepted: set[str]) -> list[str]:
 
 
 # --- unit and environment file -------------------------------------------------------
-def health_url(host: str, port: int) -> str:
-    """The URL the readiness wait polls: a wildcard bind is reached on loopback."""
+def engine_address(host: str, port: int) -> str:
+    """``host:port`` where a client on the host reaches the engine listening on ``host``:
+    an IPv6 address in brackets, a wildcard bind (every address) reached on loopback."""
     if host in ("", "0.0.0.0"):
         host = "127.0.0.1"
     elif host == "::":
@@ -187,7 +188,12 @@ def health_url(host: str, port: int) -> str:
             host = f"[{host}]"
     except ValueError:
         pass  # a host name
-    return f"http://{host}:{port}/health"
+    return f"{host}:{port}"
+
+
+def health_url(host: str, port: int) -> str:
+    """The URL the readiness wait polls."""
+    return f"http://{engine_address(host, port)}/health"
 
 
 def cpu_threads_bind(cpus: Sequence[int], numa_nodes: int | None, tp: int) -> str | None:

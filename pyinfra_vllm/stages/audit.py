@@ -25,7 +25,7 @@ from pyinfra import host, state
 from pyinfra.api import deploy
 
 from facts.vllm_service import EngineServing
-from operations.gateway import upstream_server
+from operations.vllm_service import engine_address
 from pyinfra_vllm.context import context
 from pyinfra_vllm.gates import installed_registry
 from pyinfra_vllm.report import host_plan, model_plans, record, summarize
@@ -53,6 +53,6 @@ def audit() -> None:
     if settings.vllm_start and "vllm_service" not in settings.skip_stages:
         # What the engine itself says it serves, asked on the host (one more command,
         # in the audit only).
-        url = "http://" + upstream_server(settings.vllm_host, settings.vllm_port)
+        url = "http://" + engine_address(settings.vllm_host, settings.vllm_port)
         entry["engine"] = host.get_fact(EngineServing, url=url)
     record(host.name, entry, report_dir=ctx.settings.audit_report_dir)

@@ -18,8 +18,8 @@ from operations.gateway import (
     render_keys_map,
     render_site,
     swap_script,
-    upstream_server,
 )
+from operations.vllm_service import engine_address
 from pyinfra_vllm.settings import Settings, validate
 
 
@@ -186,7 +186,7 @@ def test_the_engine_gets_the_key_files_authorization_not_the_clients():
     ("engine.internal", "engine.internal:8000"),
 ])
 def test_upstream_server_brackets_ipv6_and_reaches_a_wildcard_on_loopback(host, server):
-    assert upstream_server(host, 8000) == server
+    assert engine_address(host, 8000) == server
     assert f"    server {server};" in site(vllm_host=host)
 
 
