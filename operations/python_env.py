@@ -124,14 +124,15 @@ _FORGET_DOWNLOAD_ENV = ["; rc=$?; rm -f", QuoteString(DOWNLOAD_ENV), "; exit $rc
 
 
 @operation()
-def uv(root: str, version: str, index_url: str = "https://pypi.org/simple",
-       ca_bundle: str | None = None, proxy: str | None = None,
-       environments: dict | None = None):
+def uv(root: str, version: str, sha256: list[str] | None = None,
+       index_url: str = "https://pypi.org/simple", ca_bundle: str | None = None,
+       proxy: str | None = None, environments: dict | None = None):
     """
     Install uv, pinned, into its own small venv under ``root``.
 
     + root: python_env_root; uv lands in ``{root}/uv``
     + version: the uv release to install (from PyPI or the index)
+    + sha256: the release's wheels' checksums: pip installs only a wheel that has one
     + index_url: Python package index
     + ca_bundle: CA bundle file trusted for the index (replaces certifi's)
     + proxy: HTTP(S) proxy
@@ -144,12 +145,16 @@ def uv(root: str, version: str, index_url: str = "https://pypi.org/simple",
         host.noop(f"uv {version} is installed in {root}/uv")
         return
     venv = f"{root}/uv"
-    yield StringCommand("rm -rf", QuoteString(venv), "&& python3 -m venv", QuoteString(venv))
+    requirement = " ".join([f"uv=={version}", *(f"--hash=sha256:{h}" for h in sha256 or [])])
+    yield StringCommand("rm -rf", QuoteString(venv), "&& python3 -m venv", QuoteString(venv),
+                        "&& echo", QuoteString(requirement), ">",
+                        QuoteString(f"{venv}/requirements.txt"))
     yield from _download_env_file(download_env(index_url, ca_bundle, proxy))
     yield StringCommand(
         *sourced(DOWNLOAD_ENV),
-        QuoteString(f"{venv}/bin/pip"), "install", "-q", QuoteString(f"uv=={version}"),
-        *_FORGET_DOWNLOAD_ENV,
+        QuoteString(f"{venv}/bin/pip"), "install", "-q",
+        *(["--require-hashes", "--only-binary", ":all:"] if sha256 else []),
+        "-r", QuoteString(f"{venv}/requirements.txt"), *_FORGET_DOWNLOAD_ENV,
     )
 
 

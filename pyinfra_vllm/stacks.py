@@ -271,7 +271,17 @@ FIRST_SUPPORTED: dict[str, str] = {
 INSTALLERS: dict[str, dict] = {
     # PyPI: uv 0.13.9 uploaded 2026-11-17, the newest release then (`pip index versions
     # uv`); its wheel carries the static binary, so the index is the only source needed.
-    "uv": {"version": "0.13.9"},
+    # The sha256 of its Linux wheels, from `pip download uv==0.13.9 --no-deps --platform
+    # ... --only-binary=:all:` against PyPI on 2026-12-01, then sha256sum: pip installs
+    # it only with one of them (--require-hashes).
+    "uv": {
+        "version": "0.13.9",
+        "sha256": {
+            "manylinux_2_17_x86_64": "d7f459fe4fd247d830351c75686d3996ace3c6f3f728eb0e85a30b7ada0cef19",
+            "manylinux_2_17_aarch64": "5435c5ce14a56431208ca0996416d310f1598e8c2c8ba707688985a16bb82dbe",
+            "musllinux_1_1_x86_64": "2c45530751517d6c3bbc69a19473f6effe47cce047bede01ffd8af7ea7b36b25",
+        },
+    },
     # conda-forge/miniforge tag 26.3.2-3 (2026-05-29; bundles conda 26.3.2, Python
     # 3.13 for conda itself: Miniforge3/construct.yaml). The checksums are the release's
     # .sha256 values as pinned, identically, by Python-for-HPC/PyOMP

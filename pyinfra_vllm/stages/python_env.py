@@ -76,6 +76,7 @@ def python_env() -> None:
                         name=f"Python env: uv {INSTALLERS['uv']['version']}",
                         root=root,
                         version=INSTALLERS["uv"]["version"],
+                        sha256=sorted(INSTALLERS["uv"]["sha256"].values()),
                         environments=ctx.environments(host),
                         index_url=settings.pip_index_url,
                         ca_bundle=settings.pip_ca_bundle,
