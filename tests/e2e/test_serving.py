@@ -31,7 +31,7 @@ from tests.e2e.conftest import booted
 
 pytestmark = pytest.mark.e2e
 
-KEY = "sk-serve-1"
+KEY = "sk-serve-" + "0123456789abcdef" * 2  # 41 characters: above the minimum
 DATA = ["--data", f'api_keys=["{KEY}"]']
 MODEL = "sandbox/tiny-qwen2"
 INSTALL_TIMEOUT = 2400  # a cold uv cache downloads about 8.5 GB of wheels
