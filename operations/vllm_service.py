@@ -121,11 +121,12 @@ def server_flags(settings: Settings, model_path: str, accepted: set[str] | None 
     + settings: a validated ``pyinfra_vllm.settings.Settings``
     + model_path: directory of the downloaded model on the host (``--model``)
     + accepted: the installed server's options (the flags files/vllm_probe.py
-      records), to pick a spelling where vLLM releases differ; None renders for 0.6.3
+      records), to pick a spelling where vLLM releases differ; None: the stack row's
 
     Chunked prefill is always explicit: 0.6.3 turns it on by itself above 32K tokens, so
     "off" must be said (``--enable-chunked-prefill=false``). Request logging is off where
-    the flag exists (``--disable-log-requests``): it writes every prompt to the journal.
+    the flag exists (``--disable-log-requests``, 0.6.3): it writes every prompt to the
+    journal; 0.17.0 has no such flag: its request logging is off unless asked.
     On vllm_device "cpu" there is no ``--gpu-memory-utilization``: the CPU build sizes its
     KV cache from VLLM_CPU_KVCACHE_SPACE (the unit's environment), never from it. The CPU
     build needs no device flag: vLLM picks its CPU platform from the vllm-cpu
@@ -154,8 +155,12 @@ def server_flags(settings: Settings, model_path: str, accepted: set[str] | None 
     flags += ["--seed", str(settings.seed)]
     if settings.disable_custom_all_reduce:
         flags.append("--disable-custom-all-reduce")
-    if accepted is None or "--disable-log-requests" in accepted:
-        flags.append("--disable-log-requests")
+    # Where the installed server is not known yet (built in this run), the stack says.
+    log_off = settings.stack.get("log_requests_off_flag")
+    if accepted is not None:
+        log_off = "--disable-log-requests" if "--disable-log-requests" in accepted else None
+    if log_off is not None:
+        flags.append(log_off)
     return flags
 
 

