@@ -244,6 +244,11 @@ def unit_environment(settings: Settings, devices: Sequence[int],
             # through torch inductor, which needs a C++ compiler on the host ("No working
             # C++ compiler found": tests/fixtures/vllm-cpu/README.md). Off, they run eager.
             ("TORCH_COMPILE_DISABLE", "1"),
+            # Each tensor-parallel worker polls the engine's shared-memory queue in a busy
+            # loop, a whole CPU each even when idle; the CPUs are the ones it computes on
+            # and the host's own. Idle for 3 s, it polls every 0.1 s instead (vLLM 0.17.0
+            # distributed/device_communicators/shm_broadcast.py SpinSleepTimer).
+            ("VLLM_SLEEP_WHEN_IDLE", "1"),
         ]
         return [systemd_quote(f"{name}={value}", exec_line=False) for name, value in pairs]
     pairs += [
