@@ -147,10 +147,14 @@ def server_flags(settings: Settings, model_path: str, accepted: set[str] | None 
         "--max-num-seqs", str(settings.max_num_seqs),
         "--max-num-batched-tokens", str(settings.max_num_batched_tokens),
     ]
-    flags += _bool_flag("enable-chunked-prefill", settings.enable_chunked_prefill, accepted,
+    # Before the installed server is known (built in this run), the stack row's spellings:
+    # the unit then is the one the next run, which knows the server, renders.
+    spellings = accepted if accepted is not None else set(
+        settings.stack.get("negative_flags", ())) or None
+    flags += _bool_flag("enable-chunked-prefill", settings.enable_chunked_prefill, spellings,
                         explicit_false=True)
-    flags += _bool_flag("enforce-eager", settings.enforce_eager, accepted, explicit_false=False)
-    flags += _bool_flag("enable-prefix-caching", settings.enable_prefix_caching, accepted,
+    flags += _bool_flag("enforce-eager", settings.enforce_eager, spellings, explicit_false=False)
+    flags += _bool_flag("enable-prefix-caching", settings.enable_prefix_caching, spellings,
                         explicit_false=False)
     flags += ["--seed", str(settings.seed)]
     if settings.disable_custom_all_reduce:

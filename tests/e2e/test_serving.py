@@ -185,7 +185,8 @@ def test_second_run_changes_nothing(served):
     before = main_pid(sandbox, host)
     proc, data = run(sandbox)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert data["results"]["totals"]["success"] == 0
+    changed = [op["name"] for op in data["results"]["operations"] if op["success"]]
+    assert data["results"]["totals"]["success"] == 0, changed
     assert data["results"]["totals"]["error"] == 0
     assert main_pid(sandbox, host) == before  # not restarted
     assert KEY not in proc.stdout + proc.stderr

@@ -124,3 +124,20 @@ def test_each_engine_process_fits_the_reserve_preflight_counts():
     server = next(size for args, size in rss if "vllm.entrypoints.openai.api_server" in args)
     assert 0.5 * 1024**3 < core < CPU_PROCESS_BYTES
     assert 0.5 * 1024**3 < server < CPU_PROCESS_BYTES
+
+
+def test_a_fresh_environment_gets_the_unit_the_next_run_renders():
+    # help-all.txt: `python -m vllm.entrypoints.openai.api_server --help=all` of the same
+    # environment. Before the server is known (built in this run) the unit is rendered
+    # from the stack row; the next run knows the server: the same unit, no restart.
+    from files.vllm_probe import server_flags as flags_in_help
+
+    accepted = set(flags_in_help((HERE / "help-all.txt").read_text()))
+    for extra in ({}, {"enable_chunked_prefill": False, "max_num_batched_tokens": 131072},
+                  {"enable_prefix_caching": True}):
+        settings = validate({**SERVING_DATA, "model_id": "sandbox/tiny-qwen2", **extra})
+        before = vllm_service.render_unit(settings, python="/p", model_path="/m",
+                                          threads_bind="0|1")
+        after = vllm_service.render_unit(settings, python="/p", model_path="/m",
+                                         accepted=accepted, threads_bind="0|1")
+        assert before == after, extra
