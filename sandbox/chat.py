@@ -11,6 +11,7 @@ by the shell, so it is neither shown nor on the command line), then the answer.
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import ssl
 import time
@@ -30,6 +31,12 @@ def _key(path: str) -> str:
     return keys[0]
 
 
+def _shown(path: str) -> str:
+    """``path`` as the user would type it from the repository root."""
+    relative = os.path.relpath(path)
+    return path if relative.startswith("..") else relative
+
+
 def request(host: dict, message: str, max_tokens: int = 16) -> tuple[str, dict, float]:
     """(the curl command a user would type, the answer, seconds) for one chat completion."""
     data = host["data"]
@@ -41,9 +48,10 @@ def request(host: dict, message: str, max_tokens: int = 16) -> tuple[str, dict, 
     body = {"model": model, "messages": [{"role": "user", "content": message}],
             "max_tokens": max_tokens, "temperature": 0}
     key_file = data["api_keys_file"]
-    header = f"printf 'header = \"Authorization: Bearer %s\"' \"$(grep -v '^#' {key_file})\""
+    shown_key, shown_cert = _shown(key_file), _shown(tls) if tls else None
+    header = f"printf 'header = \"Authorization: Bearer %s\"' \"$(grep -v '^#' {shown_key})\""
     command = " ".join([
-        "curl", "-sS", *(["--cacert", shlex.quote(tls)] if tls else []),
+        "curl", "-sS", *(["--cacert", shlex.quote(shown_cert)] if shown_cert else []),
         "-K", f"<({header})",
         "-H", "'Content-Type: application/json'", "-d", shlex.quote(json.dumps(body)),
         url,
