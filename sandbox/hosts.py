@@ -38,6 +38,8 @@ HOSTS_DIR = RUN_DIR / "hosts"
 STATE_FILE = STATE_DIR / "state.json"
 INVENTORY_FILE = STATE_DIR / "inventory.py"
 KEY_FILE = STATE_DIR / "id_ed25519"
+# Who pyinfra and the harness log in as (sandbox/rootfs.py creates it, sudo included).
+OPERATOR = rootfs.OPERATOR
 # The gateway's API key of this sandbox (the settings refuse a gateway without one):
 # new at every `up`, mode 0600, named by the inventory's api_keys_file.
 API_KEY_FILE = STATE_DIR / "api-key"
@@ -551,7 +553,7 @@ def host_data(
     data = {
         "ssh_hostname": host.address,
         # The way operators reach servers: a user with passwordless sudo, root login off.
-        "ssh_user": rootfs.OPERATOR,
+        "ssh_user": OPERATOR,
         "_sudo": True,
         "ssh_port": 22,
         "ssh_key": str(KEY_FILE),
