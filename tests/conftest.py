@@ -25,3 +25,24 @@ def mirror(mirror_root: Path):
     """The model mirror serving ``mirror_root`` on 127.0.0.1 (a free port)."""
     with MirrorServer(mirror_root) as server:
         yield server
+
+
+class InventoryHost:
+    """Just what the execute-time checks of the GPU operations use of a pyinfra host: the
+    GPU inventory as its one fact, and the lines it logs."""
+
+    def __init__(self, inventory):
+        self.inventory = inventory
+        self.logged = []
+
+    def get_fact(self, fact, *args, **kwargs):
+        return self.inventory
+
+    def log_styled(self, message, **kwargs):
+        self.logged.append(message)
+
+
+@pytest.fixture
+def inventory_host():
+    """``inventory_host(gpus)``: a host whose GPU inventory is ``gpus``."""
+    return InventoryHost

@@ -35,24 +35,10 @@ def test_busy_gpus_ignores_our_service_and_other_gpus():
     assert "GPU 0: pid 11 (nvtop)" in reason and "nothing was changed" in reason
 
 
-class _Host:
-    """Just what the execute-time checks use of a pyinfra host."""
-
-    def __init__(self, inventory):
-        self.inventory = inventory
-        self.logged = []
-
-    def get_fact(self, fact, *args, **kwargs):
-        return self.inventory
-
-    def log_styled(self, message, **kwargs):
-        self.logged.append(message)
-
-
-def test_mig_verification_messages():
+def test_mig_verification_messages(inventory_host):
     from operations.mig import _verify_mig_disabled
 
-    host = _Host([_gpu(0), _gpu(1, "Enabled", "Disabled")])
+    host = inventory_host([_gpu(0), _gpu(1, "Enabled", "Disabled")])
     assert _verify_mig_disabled(None, host, [0], False) is True
     assert _verify_mig_disabled(None, host, [0, 1], False) is False
     assert host.logged == [
@@ -62,4 +48,4 @@ def test_mig_verification_messages():
     host.logged.clear()
     assert _verify_mig_disabled(None, host, [1], True) is False
     assert host.logged[0].startswith("MIG still enabled on GPU 1 after reset and reboot")
-    assert _verify_mig_disabled(None, _Host(None), [0], False) is False
+    assert _verify_mig_disabled(None, inventory_host(None), [0], False) is False
