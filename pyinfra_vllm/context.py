@@ -29,6 +29,7 @@ from facts.python_env import VllmEnvironments
 from operations import python_env
 from pyinfra_vllm.locks import load_lock
 from pyinfra_vllm.settings import Settings, load_settings
+from pyinfra_vllm.stack_locks import read_lock
 
 # Keyed by pyinfra's Host object: a second run in the same process (pyinfra's API, a
 # test) gets new Host objects and so a new context.
@@ -73,15 +74,16 @@ class HostContext:
             )
         return self.environments_read
 
-    @property
-    def environment_path(self) -> str:
-        """Where this host's environment for the settings' stack and manager lives."""
+    def environment_path(self, host: Any) -> str:
+        """Where this host's environment for the settings' stack and manager is, or is
+        to be built (operations/python_env.py environment_path)."""
         settings = self.settings
         return python_env.environment_path(
             settings.python_env_root,
             settings.stack,
             settings.python_env_manager,
             python_env.interpreter(settings.python_env_manager, settings.stack),
+            self.environments(host),
         )
 
     def required_lock(self) -> dict[str, Any]:
@@ -120,6 +122,8 @@ def context(host: Any, lock_required: bool = True) -> HostContext:
         settings = load_settings(host)
         required = lock_required and "model" not in settings.skip_stages
         lock = load_lock(settings, required=required)
+        # The stack's whole lock, checked against its row before any host changes.
+        read_lock(settings.stack)
         found = HostContext(settings=settings, state=collect(host, settings.vllm_device),
                             lock=lock)
         _CONTEXTS[host] = found

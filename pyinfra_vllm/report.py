@@ -181,6 +181,19 @@ def host_plan(state: Any, host: Any, refused: list[str]) -> dict[str, Any]:
     }
 
 
+def environment_findings(environments: dict[str, Any], path: str) -> list[str]:
+    """What changed by hand in the vLLM environments the host runs or is to run (the one
+    ``current`` points at, and ``path``), as the audit names it; [] when nothing did."""
+    findings = []
+    for where in dict.fromkeys([environments.get("current"), path]):
+        integrity = (environments["envs"].get(where) or {}).get("integrity") or {}
+        if integrity.get("state") == "changed":
+            what = "; ".join(integrity.get("packages") or integrity.get("files") or [])
+            findings.append(f"python_env: {where} changed by hand since it was proven: "
+                            f"{what or 'files differ'}")
+    return findings
+
+
 def host_problems(entry: dict[str, Any]) -> tuple[list[dict[str, Any]], list[str]]:
     """(operations that would change, refusal reasons) of one report entry."""
     return list(entry.get("drift") or []), list(entry.get("refused") or [])
@@ -385,9 +398,11 @@ def _markdown_drift(entry: dict[str, Any]) -> list[str]:
         lines += [f"Only if an operation before them changes: {words}.", ""]
     for reason in refused:
         lines.append(f"- Refused: {reason}")
+    for finding in entry.get("findings") or []:
+        lines.append(f"- Found: {finding}")
     if entry.get("drift_note"):
         lines.append(f"- Note: {entry['drift_note']}")
-    return lines + ([""] if refused or entry.get("drift_note") else [])
+    return lines + ([""] if refused or entry.get("findings") or entry.get("drift_note") else [])
 
 
 def _markdown_model(entry: dict[str, Any]) -> list[str]:

@@ -423,6 +423,11 @@ class Settings(BaseModel):
     """Root under which environments are built, one per stack: an absolute, normalized
     path, never / nor a system directory such as /opt itself.
     """
+    python_env_keep: int = Field(default=1, ge=0, le=10)
+    """Environments kept for rollback besides the one in use and the one ``current``
+    pointed at before the run (the engine may still run from it); older ones are removed.
+    Each is several GB (a CUDA stack about 7).
+    """
     pip_index_url: str = "https://pypi.org/simple"
     """Python package index (a mirror URL at sites without PyPI), http or https. Credentials
     in it (https://user:pass@host/) are masked in every message.

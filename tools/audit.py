@@ -110,6 +110,8 @@ def verdict(report: dict[str, Any], plan: Any) -> tuple[int, list[str]]:
             lines.append(f"drift: host {name}: {len(drift)} operation(s) would change: {words}")
         for reason in refused:
             lines.append(f"drift: host {name}: refused: {reason}")
+        for finding in entry.get("findings") or []:
+            lines.append(f"drift: host {name}: found: {finding}")
         if drift or refused:
             flagged.add(name)
     if any(entry.get("drift") is None for entry in hosts.values()):

@@ -28,7 +28,13 @@ from facts.vllm_service import EngineServing
 from operations.vllm_service import engine_address
 from pyinfra_vllm.context import context
 from pyinfra_vllm.gates import installed_registry
-from pyinfra_vllm.report import host_plan, model_plans, record, summarize
+from pyinfra_vllm.report import (
+    environment_findings,
+    host_plan,
+    model_plans,
+    record,
+    summarize,
+)
 
 # The audit reads a host without a model lock too (it then says so); deploys/full.py,
 # when it runs first in the same process, has already required one.
@@ -40,8 +46,10 @@ def audit() -> None:
     ctx = context(host, lock_required=False)
     entry = summarize(host.name, ctx.state, ctx.settings)
     entry.update(host_plan(state, host, ctx.refused))
+    # What was changed by hand, named: the operations above say only what would be redone.
+    entry["findings"] = environment_findings(ctx.environments(host), ctx.environment_path(host))
     registry = (
-        installed_registry(ctx.environments(host), ctx.environment_path) if ctx.lock else None
+        installed_registry(ctx.environments(host), ctx.environment_path(host)) if ctx.lock else None
     )
     plans = model_plans(ctx.settings, ctx.lock, ctx.state, registry)
     entry.update(

@@ -31,7 +31,7 @@ def preflight() -> None:
         settings = ctx.settings
         checks = check_host(ctx.state, settings)
         if ctx.lock is not None:
-            registry = installed_registry(ctx.environments(host), ctx.environment_path)
+            registry = installed_registry(ctx.environments(host), ctx.environment_path(host))
             checks += model_gates(settings, ctx.lock, ctx.state, registry)["checks"]
         for check in checks:
             if check["ok"] is False and check["severity"] == "warning":

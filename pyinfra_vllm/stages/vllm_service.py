@@ -34,7 +34,7 @@ def vllm_service() -> None:
 
     if ctx.proceed("vllm_service"):
         settings = ctx.settings
-        env_path = ctx.environment_path
+        env_path = ctx.environment_path(host)
         python = f"{env_path}/bin/python"
         model_path = model.model_path(settings.model_dir, settings.model_id)
         devices, threads_bind = None, None

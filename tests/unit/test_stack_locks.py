@@ -1,0 +1,82 @@
+"""Every stack row has its whole lock, made from exactly the row's inputs and holding
+exactly its pins; installed with hashes required and no resolve."""
+
+from __future__ import annotations
+
+import pytest
+
+from pyinfra_vllm.stack_locks import (
+    StackLockError,
+    disagreements,
+    inputs_sha256,
+    lock_path,
+    parse_versions,
+    read_lock,
+)
+from pyinfra_vllm.stacks import CPU_STACKS, STACKS
+
+ROWS = [pytest.param(row, id=f"{device}-{version}")
+        for device, table in (("cuda", STACKS), ("cpu", CPU_STACKS))
+        for version, row in table.items()]
+
+
+@pytest.mark.parametrize("row", ROWS)
+def test_every_row_has_a_lock_made_from_its_inputs_holding_its_pins(row):
+    lock = read_lock(row)  # raises when the header's inputs-sha256 is not the row's
+    assert disagreements(row, lock) == []
+    assert f"# inputs-sha256: {inputs_sha256(row)}\n" in lock.text
+
+
+@pytest.mark.parametrize("row", ROWS)
+def test_every_package_of_a_lock_is_pinned_exactly_with_hashes(row):
+    lock = read_lock(row)
+    entries = [block for block in lock.text.split("\n") if block and block[0].isalnum()]
+    assert len(entries) > 100  # the transitive closure, not only the row's pins
+    for entry in entries:
+        assert "==" in entry and entry.rstrip().endswith("\\"), entry
+    # Each requirement continues with at least one --hash line.
+    blocks = lock.text.split("\n")
+    for i, line in enumerate(blocks):
+        if line and line[0].isalnum():
+            assert blocks[i + 1].strip().startswith("--hash=sha256:"), line
+
+
+def test_the_063_lock_closes_what_an_unpinned_install_gets_wrong():
+    lock = read_lock(STACKS["0.6.3"])
+    # transformers 5.x cannot be imported by vLLM 0.6.3: the row pins 4.45.2 and the lock
+    # holds exactly that, for every Python.
+    assert lock.versions["transformers"] == {"4.45.2"}
+    # Transitive packages are pinned too (outlines, via vLLM; pyairports, via outlines,
+    # the one source archive).
+    assert len(lock.versions["outlines"]) == 1 and lock.versions["pyairports"] == {"0.0.1"}
+
+
+def test_a_row_changed_without_its_lock_refreshed_is_refused():
+    row = dict(STACKS["0.6.3"], pins=dict(STACKS["0.6.3"]["pins"], transformers="4.45.1"))
+    with pytest.raises(StackLockError) as raised:
+        read_lock(row)
+    message = str(raised.value)
+    assert str(lock_path(row)) in message and "other inputs" in message
+    assert "python -m tools.stack_lock 0.6.3 --device cuda" in message
+
+
+def test_a_missing_lock_names_the_command_that_writes_it():
+    row = dict(STACKS["0.6.3"], vllm="0.0.1")
+    with pytest.raises(StackLockError, match=r"vllm-0\.0\.1\.txt.*tools\.stack_lock 0\.0\.1"):
+        read_lock(row)
+
+
+def test_disagreements_name_the_package_and_both_versions():
+    row = STACKS["0.6.3"]
+    lock = read_lock(row)
+    other = type(lock)(lock.path, lock.text, lock.sha256,
+                       {**lock.versions, "numpy": frozenset({"1.26.3", "1.26.4"})})
+    assert disagreements(row, other) == ["numpy: row 1.26.4, lock ['1.26.3', '1.26.4']"]
+
+
+def test_parse_versions_reads_markers_and_normalizes_names():
+    text = ("Typing_Extensions==4.1 ; python_version < '3.10' \\\n"
+            "    --hash=sha256:aa\n"
+            "typing-extensions==4.2 ; python_version >= '3.10' \\\n"
+            "fastapi[standard]==0.1 \\\n")
+    assert parse_versions(text) == {"typing-extensions": {"4.1", "4.2"}, "fastapi": {"0.1"}}
