@@ -39,7 +39,7 @@ def audit() -> None:
     """Audit: read every host's OS, driver, GPUs, MIG, persistence, topology and NVLink"""
     ctx = context(host, lock_required=False)
     entry = summarize(host.name, ctx.state, ctx.settings)
-    entry.update(host_plan(state, host, ctx.refused))
+    entry.update(host_plan(state, host, ctx.refused, ctx.refusals, planned=bool(ctx.stages_asked)))
     registry = (
         installed_registry(ctx.environments(host), ctx.environment_path) if ctx.lock else None
     )
