@@ -36,3 +36,39 @@ class FileDigests(FactBase[dict[str, dict[str, str] | None]]):
                 None if mode == "-" else {"sha256": digest, "mode": mode, "owner": owner}
             )
         return found
+
+
+class SecretFileLines(FactBase[list[tuple[str | None, str]] | None]):
+    """
+    Returns, for a file that holds secrets, each line's variable name (the ``NAME`` of a
+    ``NAME=value`` line, else None) and the sha256 of the whole line; None for a path that
+    is no file. The values themselves never leave the host, so the output (printed by
+    ``pyinfra -vvv``) shows none: ``--diff`` masks them and tells changed lines from
+    unchanged ones by digest.
+
+    .. code:: python
+
+        [("VLLM_API_KEY", "5e88..."), (None, "e3b0...")]
+    """
+
+    @override
+    def command(self, path: str) -> StringCommand:
+        return StringCommand(
+            "if [ -f", QuoteString(path), "]; then echo +;",
+            # The last line counts without its final newline too, as Python's split does.
+            'while IFS= read -r l || [ -n "$l" ]; do',
+            'case "$l" in [A-Za-z_]*=*) n="${l%%=*}";',
+            'case "$n" in *[!A-Za-z0-9_]*) n=-;; esac;; *) n=-;; esac;',
+            """printf '%s %s\\n' "$n" "$(printf '%s' "$l" | sha256sum | cut -c1-64)";""",
+            "done <", QuoteString(path), "; else echo -; fi",
+        )
+
+    @override
+    def process(self, output: list[str]) -> list[tuple[str | None, str]] | None:
+        if not output or output[0] != "+":
+            return None
+        lines: list[tuple[str | None, str]] = []
+        for line in output[1:]:
+            name, digest = line.split(" ", 1)
+            lines.append((None if name == "-" else name, digest))
+        return lines

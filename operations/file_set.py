@@ -4,8 +4,10 @@ content and mode, compared by sha256 in one command and uploaded only where it d
 pyinfra's ``files.put`` reads two or three facts per file (File, Sha1File, Directory),
 a remote round trip each; a stage that owns several small files (a unit, its
 environment file, two helper scripts) pays that on every run, changed or not. Here the
-whole set costs one command when nothing changed. Contents are never printed, not even
-with ``--diff``, so the set may hold a secret file (mode 0600).
+whole set costs one command when nothing changed. With ``--diff`` each file whose
+content differs gets its diff printed (operations/file_diff.py: one more read per such
+file, none when the set is in place); a secret file's (mode 0600) values are masked, so
+the set may hold one.
 """
 
 from __future__ import annotations
@@ -13,16 +15,22 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from pyinfra import host
+from pyinfra import host, state
 from pyinfra.api import QuoteString, StringCommand, operation
 
 from facts.files import FileDigests
+from operations import file_diff
 from operations.uploads import private_upload
 
 
 def _content(source: str | bytes) -> bytes:
     """A file's content: bytes as given, or the local file a ``str`` names."""
     return source if isinstance(source, bytes) else Path(source).read_bytes()
+
+
+def _private(mode: str) -> bool:
+    """A file only its owner may read (0600, 0400): the suite keeps secrets in those."""
+    return not int(mode, 8) & 0o077
 
 
 @operation()
@@ -38,15 +46,26 @@ def present(files: dict[str, tuple[str | bytes, str]], user: str = "root", group
     the set). A file whose content differs is uploaded to a temporary name beside it that
     already has its owner and mode (operations/uploads.py: never readable by another user,
     not even under sudo), then renamed over the old one; one whose owner or mode
-    alone differs gets ``chown`` or ``chmod``. Parent directories are created (0755). Contents never appear in output.
+    alone differs gets ``chown`` or ``chmod``. Parent directories are created (0755).
+    With ``--diff``, each file whose content differs is diffed before any command, values
+    masked in a file only its owner may read (0600); contents appear in no command.
     """
     found = host.get_fact(FileDigests, paths=sorted(files))
+    wanted = {path: _content(files[path][0]) for path in sorted(files)}
+    differing = [
+        path for path, data in wanted.items()
+        if (found.get(path) or {}).get("sha256") != hashlib.sha256(data).hexdigest()
+    ]
+    # Before the first command: pyinfra's change detection stops at the first one.
+    if differing and file_diff.wanted(state):
+        for path in differing:
+            file_diff.show(host, path, wanted[path], secret=_private(files[path][1]),
+                           exists=found.get(path) is not None)
     changed = []
-    for path in sorted(files):
-        source, mode = files[path]
-        data = _content(source)
+    for path, data in wanted.items():
+        mode = files[path][1]
         have = found.get(path)
-        if have is not None and have["sha256"] == hashlib.sha256(data).hexdigest():
+        if path not in differing and have is not None:
             if have["owner"] != f"{user}:{group}":
                 yield StringCommand("chown", QuoteString(f"{user}:{group}"), QuoteString(path))
                 changed.append(path)

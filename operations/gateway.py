@@ -3,11 +3,13 @@
 ``files.template`` would write the live file first and leave a broken nginx behind if the
 test after it failed, and its ``--diff`` prints file contents (API keys included). This
 operation compares sha1 sums itself, uploads candidates from memory into a root-only
-staging directory (nothing is printed but paths), swaps them in by rename, runs
+staging directory (no command carries a content), swaps them in by rename, runs
 ``nginx -t``, and puts the previous files back when the test fails. nginx is reloaded only
 when a file changed and the test passed; an unchanged site yields no command at all. The
 TLS certificate and key ride the same swap (``extra_files``), and a failed test's output
-is printed without the lines that name the key file or hold a key (``secrets``).
+is printed without the lines that name the key file or hold a key (``secrets``). With
+``--diff`` a file that would change gets its diff, the key file's and the TLS key's with
+every value masked (operations/file_diff.py).
 
 The pure helpers (rendering, the body-size arithmetic) are here too, so unit tests can call
 them without a pyinfra host.
@@ -22,7 +24,7 @@ import re
 import shlex
 from typing import Any
 
-from pyinfra import host
+from pyinfra import host, state
 from pyinfra.api import (
     OperationValueError,
     QuoteString,
@@ -31,6 +33,7 @@ from pyinfra.api import (
 )
 from pyinfra.facts.files import File, Sha1File
 
+from operations import file_diff
 from operations.uploads import private_upload
 from operations.vllm_service import engine_address
 from pyinfra_vllm.settings import API_KEY_ALPHABET, API_KEY_CHARS
@@ -312,11 +315,18 @@ def site(
             raise OperationValueError(f"extra_files: {live}: its name {name!r} is taken")
         taken.add(name)
         wanted.append((name, live, content, mode))
+    live_sums = {live: host.get_fact(Sha1File, path=live) for _n, live, _c, _m in wanted}
     changed = [
         (name, live, content, mode)
         for name, live, content, mode in wanted
-        if host.get_fact(Sha1File, path=live) != sha1(content)
+        if live_sums[live] != sha1(content)
     ]
+    # --diff: before the first command (pyinfra's change detection stops there); the key
+    # file and a "600" file are masked (operations/file_diff.py).
+    if changed and file_diff.wanted(state):
+        for _name, live, content, mode in changed:
+            file_diff.show(host, live, content.encode(), secret=mode == "600",
+                           exists=live_sums[live] is not None)
 
     did_something = False
     for name, live, content, mode in wanted:

@@ -58,6 +58,12 @@ class HostContext:
     lock: dict[str, Any] | None = None
     # Reasons an earlier stage refused this host; later stages add nothing for it.
     refused: list[str] = field(default_factory=list)
+    # The refusing operations (operations/gate.py) as pyinfra returned them: the audit
+    # does not count them as drift.
+    refusals: list[Any] = field(default_factory=list)
+    # The stages that asked whether to proceed in this run: the audit's sign that a deploy
+    # of the suite was planned before it.
+    stages_asked: list[str] = field(default_factory=list)
 
     # True when this run reboots into a driver it installs: the state read at the start
     # no longer describes the host afterwards (the metrics stage then waits a run).
@@ -97,6 +103,7 @@ class HostContext:
 
     def proceed(self, stage: str) -> bool:
         """Should ``stage`` add its operations for this host?"""
+        self.stages_asked.append(stage)
         return not self.refused and stage not in self.settings.skip_stages
 
     def gpu_stage(self, host: Any, stage: str) -> bool:

@@ -8,16 +8,19 @@ the process exits, after pyinfra's own output.
 
 Drift: when deploys/audit.py runs after deploys/full.py in the same ``--dry`` run
 (``python -m tools.audit`` does that), ``host_plan`` reads, from pyinfra's own state,
-which of the host's operations would change: the same flag pyinfra's "Detected
-changes" table and ``--dry --json`` plan are built from (``OperationMeta._maybe_is_change``
-set at prepare time, pyinfra 3.10 ``api/operation.py``; ``pyinfra_cli/prints.py``
-``build_plan_json``).
+which of the host's operations would change: ``OperationMeta.will_change``, pyinfra's
+documented property for the flag it set at prepare time, the same flag its "Detected
+changes" table and ``--dry --json`` plan are built from (pyinfra 3.10
+``api/operation.py``; ``pyinfra_cli/prints.py`` ``build_plan_json``). The prepared state
+itself (``state.ops``, ``state.op_meta``, ``host.op_hash_order``) is pyinfra's documented
+API but no promise: the supported pyinfra versions are pinned
+(pyinfra_vllm/versions.py ``PYINFRA_TESTED``) and tests/unit/test_pyinfra_contract.py
+checks what this module reads.
 """
 
 from __future__ import annotations
 
 import atexit
-import inspect
 import json
 import os
 import sys
@@ -25,11 +28,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import pyinfra.version
+
 from facts.topology import tp_link_verdict
-from operations import gate
 from pyinfra_vllm.checks import blocking, check_host
 from pyinfra_vllm.gates import gpu_memory_mib, model_gates
 from pyinfra_vllm.settings import Settings
+from pyinfra_vllm.versions import pyinfra_problem
 
 _RUN: dict[str, Any] = {"hosts": {}, "paths": None, "registered": False}
 
@@ -108,16 +113,6 @@ def split_op_name(name: str) -> tuple[str | None, str]:
     return (head.strip().lower().replace(" ", "_") if sep else None), name
 
 
-def _op_function(op_data: Any) -> Any:
-    """The operation function behind one host's operation. pyinfra keeps it only in the
-    closure of the operation's command generator (``func`` in pyinfra 3.10
-    ``api/operation.py`` _wrap_operation); None when that ever changes."""
-    try:
-        return inspect.getclosurevars(op_data.command_generator).nonlocals.get("func")
-    except (TypeError, ValueError, AttributeError):
-        return None
-
-
 def _operation_words(meta: Any) -> str:
     """One operation's name as pyinfra prints it, without the stage file prefix. Names are
     shared by every host that reached the same line (``StateOperationMeta.names``)."""
@@ -128,7 +123,8 @@ def _operation_words(meta: Any) -> str:
     return words
 
 
-def host_plan(state: Any, host: Any, refused: list[str]) -> dict[str, Any]:
+def host_plan(state: Any, host: Any, refused: list[str], refusals: list[Any] | None = None,
+              planned: bool = True) -> dict[str, Any]:
     """What the deploy files loaded before deploys/audit.py in this run would change on
     ``host``, read from pyinfra's prepared state.
 
@@ -137,14 +133,18 @@ def host_plan(state: Any, host: Any, refused: list[str]) -> dict[str, Any]:
     change only when their ``_if`` holds (pyinfra's "Conditional Change" column; in this
     suite a reload or restart after another operation of the same stage changed), not
     counted as drift. ``refused``: why a stage stopped the host (pyinfra_vllm/context.py
-    HostContext.refused); the refusing operation itself (operations/gate.py) is not
-    drift. All three are None, with ``drift_note`` saying why, when nothing was planned
-    before the audit in this run or pyinfra ran with ``-y`` (no change detection).
+    HostContext.refused); the refusing operations themselves (``refusals``: what
+    ``gate.refuse`` returned, HostContext.refusals) are not drift. All three are None, with
+    ``drift_note`` saying why, when no stage was planned before the audit in this run
+    (``planned``), pyinfra ran with ``-y`` (no change detection), or this pyinfra is not
+    one the audit was tested with.
     """
-    note = None
-    if not state.should_check_for_changes():
+    note = pyinfra_problem(pyinfra.version.__version__)
+    if note is not None:
+        note = f"not checked: {note}"
+    elif not state.should_check_for_changes():
         note = "not checked: pyinfra ran with -y, which skips change detection"
-    elif not getattr(state, "current_op_file_number", 0):
+    elif not planned:
         note = (
             "not checked: deploys/audit.py ran alone; python -m tools.audit INVENTORY "
             "plans deploys/full.py first"
@@ -153,32 +153,23 @@ def host_plan(state: Any, host: Any, refused: list[str]) -> dict[str, Any]:
         return {"drift": None, "conditional": None, "refused": None, "drift_note": note}
     drift: list[dict[str, Any]] = []
     conditional: list[dict[str, Any]] = []
-    unknown: list[str] = []
     host_ops = state.ops.get(host, {})
     for op_hash in host.op_hash_order:
         op_data = host_ops.get(op_hash)
         if op_data is None:
             continue
-        change = op_data.operation_meta._maybe_is_change
-        if change is False:
+        # With change detection on, pyinfra set the flag while preparing: will_change
+        # returns it (it would run the operation again only where none was set).
+        if not op_data.operation_meta.will_change:
             continue
-        if _op_function(op_data) is gate.refuse._inner:
+        if any(op_data.operation_meta is refusal for refusal in refusals or ()):
             continue
         meta = state.op_meta[op_hash]
         stage = split_op_name(sorted(meta.names)[0])[0] if meta.names else None
-        words = _operation_words(meta)
-        item = {"operation": words, "stage": stage}
-        if change is None:
-            unknown.append(words)
+        item = {"operation": _operation_words(meta), "stage": stage}
         (conditional if op_data.global_arguments.get("_if") else drift).append(item)
-    return {
-        "drift": drift,
-        "conditional": conditional,
-        "refused": list(refused),
-        "drift_note": (
-            f"change unknown for {', '.join(unknown)} (counted as drift)" if unknown else None
-        ),
-    }
+    return {"drift": drift, "conditional": conditional, "refused": list(refused),
+            "drift_note": None}
 
 
 def environment_findings(environments: dict[str, Any], path: str) -> list[str]:

@@ -512,7 +512,7 @@ class Settings(BaseModel):
     gateway_tls_key: str | None = None
     """The certificate's PEM private key, a file on the operator's machine that only its
     owner may read (chmod 600); installed as /etc/nginx/vllm-tls/key.pem (0600, root), never
-    printed nor diffed. With both set nginx listens with TLS (1.2 and 1.3) on gateway_port.
+    printed (--diff masks it). With both set nginx listens with TLS (1.2 and 1.3) on gateway_port.
     """
     gateway_http_redirect_port: int | None = Field(default=None, ge=1, le=65535)
     """With TLS: a plain HTTP port where every request gets a 301 to https on gateway_port

@@ -17,7 +17,8 @@ Exit status:
 
 * 0: every host audited, converged (nothing would change) and not refused;
 * 1: some host drifted or was refused; one ``drift: host ...`` line each on stderr;
-* 2: pyinfra failed (bad settings, a host it cannot connect to, an error in a deploy
+* 2: this pyinfra is not one the audit was tested with (pyinfra_vllm/versions.py), or
+  pyinfra failed (bad settings, a host it cannot connect to, an error in a deploy
   file), with its message, or the audit is incomplete: no trustworthy verdict.
 
 Why this shape: pyinfra 3.10's ``--dry --json`` plan lists, per operation, the hosts it
@@ -31,6 +32,7 @@ never as a false "converged".
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import re
@@ -146,11 +148,28 @@ def _error_lines(stderr: list[str]) -> list[str]:
     return found or [line.strip() for line in plain if line.strip()][-5:]
 
 
+def pyinfra_refusal() -> str | None:
+    """Why this machine's pyinfra cannot be trusted with the drift, or None."""
+    from pyinfra_vllm.versions import pyinfra_problem
+
+    try:
+        version = importlib.metadata.version("pyinfra")
+    except importlib.metadata.PackageNotFoundError:
+        return "pyinfra is not installed in this Python: pip install -r requirements.lock"
+    return pyinfra_problem(version)
+
+
 def run(argv: list[str]) -> int:
     try:
         inventory, deploy, options = parse_args(argv)
     except UsageError as exc:
         print(exc, file=sys.stderr)
+        return 2
+    # Before anything runs: another pyinfra could keep its change flags elsewhere, and a
+    # drift read there would be a false "converged".
+    refusal = pyinfra_refusal()
+    if refusal is not None:
+        print(f"audit: {refusal}", file=sys.stderr)
         return 2
     with tempfile.TemporaryDirectory(prefix="pyinfra-vllm-audit-") as tmp:
         index = Path(tmp) / "index.json"

@@ -45,7 +45,7 @@ def audit() -> None:
     """Audit: read every host's OS, driver, GPUs, MIG, persistence, topology and NVLink"""
     ctx = context(host, lock_required=False)
     entry = summarize(host.name, ctx.state, ctx.settings)
-    entry.update(host_plan(state, host, ctx.refused))
+    entry.update(host_plan(state, host, ctx.refused, ctx.refusals, planned=bool(ctx.stages_asked)))
     # What was changed by hand, named: the operations above say only what would be redone.
     entry["findings"] = environment_findings(ctx.environments(host), ctx.environment_path(host))
     registry = (

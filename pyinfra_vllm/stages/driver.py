@@ -91,5 +91,6 @@ def driver() -> None:
                 # Later stages add nothing for this host; the reason is printed when the
                 # refusal runs, after the install.
                 ctx.refused = [reboot_reason]
-                gate.refuse(name="Driver: reboot required", reasons=ctx.refused)
+                ctx.refusals.append(
+                    gate.refuse(name="Driver: reboot required", reasons=ctx.refused))
 

@@ -4,8 +4,8 @@ nginx from the distribution; the site (``/etc/nginx/conf.d/vllm.conf``), the key
 (``/etc/nginx/vllm-api-keys.conf``, 0600) and, with TLS, the certificate and its key
 (``/etc/nginx/vllm-tls/``, the key 0600) go live only after ``nginx -t`` passes, and nginx
 is reloaded only when one of them changed (operations/gateway.py). The keys are never
-printed: no diff, no command line, no log line carries them, and a failed ``nginx -t`` is
-shown without the lines that would. Failed key checks are rate-limited per address. A
+printed: no command line or log line carries them, ``--diff`` masks them, and a failed
+``nginx -t`` is shown without the lines that would. Failed key checks are rate-limited per address. A
 Prometheus scrape job for the engine's metrics is written to
 ``/etc/prometheus/scrape.d/vllm.yml``.
 

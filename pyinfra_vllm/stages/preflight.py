@@ -42,4 +42,4 @@ def preflight() -> None:
             ctx.refused = [f"preflight {c['name']}: {c['detail']}; {c['fix']}" for c in failed]
             for reason in ctx.refused:
                 host.log_styled(reason, fg="red", log_func=logger.error)
-            gate.refuse(name="Preflight: host refused", reasons=ctx.refused)
+            ctx.refusals.append(gate.refuse(name="Preflight: host refused", reasons=ctx.refused))

@@ -73,7 +73,8 @@ def python_env() -> None:
             if problem:
                 ctx.refused.append(f"python_env: {problem}")
                 host.log_styled(ctx.refused[-1], fg="red", log_func=logger.error)
-                gate.refuse(name="Python env: host refused", reasons=ctx.refused)
+                ctx.refusals.append(
+                    gate.refuse(name="Python env: host refused", reasons=ctx.refused))
             else:
                 # python3 -m venv needs ensurepip, which Debian and Ubuntu ship apart.
                 apt.packages(

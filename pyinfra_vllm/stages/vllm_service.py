@@ -72,7 +72,7 @@ def vllm_service() -> None:
             ctx.refused.extend(problems)
             for reason in problems:
                 host.log_styled(reason, fg="red", log_func=logger.error)
-            gate.refuse(name="vLLM service: host refused", reasons=problems)
+            ctx.refusals.append(gate.refuse(name="vLLM service: host refused", reasons=problems))
         else:
             accounts.system_account(
                 name="vLLM service: system account vllm (no login)",

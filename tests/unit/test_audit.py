@@ -56,14 +56,16 @@ def stage_op(state, host, stage: str, op, **kwargs):
     """Prepare ``op`` for one host, named the way deploys/full.py's local.include names it."""
     with ctx_state.use(state), ctx_host.use(host):
         with host.deploy(f"deploys/{stage}.py", None, None, in_deploy=False):
-            op(**kwargs)
+            return op(**kwargs)
+
+
+REFUSALS: list = []  # what gate.refuse returned for gpu-3, as HostContext.refusals keeps it
 
 
 def planned_fleet(check_for_changes: bool = True) -> tuple[State, dict]:
     """gpu-1 converged, gpu-2 drifted in sysctl and gateway, gpu-3 refused by the driver
     stage after an install it would make."""
     state, hosts = fleet(check_for_changes)
-    state.current_op_file_number = 1  # deploys/audit.py is the second file of the run
     for name, changes in {"gpu-1": (False, False), "gpu-2": (True, True)}.items():
         host = hosts[name]
         stage_op(state, host, "driver", demo, name="Driver: hold the NVIDIA and CUDA packages",
@@ -77,8 +79,8 @@ def planned_fleet(check_for_changes: bool = True) -> tuple[State, dict]:
     bare = hosts["gpu-3"]
     stage_op(state, bare, "driver", demo, name="Driver: install nvidia-headless-535-server",
              change=True)
-    stage_op(state, bare, "driver", gate.refuse, name="Driver: reboot required",
-             reasons=["driver 535-server installed; reboot required"])
+    REFUSALS[:] = [stage_op(state, bare, "driver", gate.refuse, name="Driver: reboot required",
+                            reasons=["driver 535-server installed; reboot required"])]
     return state, hosts
 
 
@@ -109,12 +111,16 @@ def test_drift_per_host_from_pyinfra_state():
         {"operation": "Sysctl: kernel parameters persisted and applied", "stage": "sysctl"},
         {"operation": "Gateway: nginx enabled and running", "stage": "gateway"},
     ]
-    refused = host_plan(state, hosts["gpu-3"], ["driver 535-server installed; reboot required"])
+    refused = host_plan(state, hosts["gpu-3"], ["driver 535-server installed; reboot required"],
+                        REFUSALS)
     # The refusal (operations/gate.py) is pyinfra's "change", not drift.
     assert refused["drift"] == [
         {"operation": "Driver: install nvidia-headless-535-server", "stage": "driver"}
     ]
     assert refused["refused"] == ["driver 535-server installed; reboot required"]
+    # Known by the operation pyinfra returned, not by its name: unrecorded, it is drift.
+    assert host_plan(state, hosts["gpu-3"], [])["drift"][1] == {
+        "operation": "Driver: reboot required", "stage": "driver"}
 
 
 def test_drift_is_not_claimed_without_a_plan():
@@ -123,8 +129,18 @@ def test_drift_is_not_claimed_without_a_plan():
     assert (plan["drift"], plan["refused"]) == (None, None)
     assert "-y" in plan["drift_note"]
     state, hosts = planned_fleet()
-    state.current_op_file_number = 0  # deploys/audit.py alone
-    assert "ran alone" in host_plan(state, hosts["gpu-2"], [])["drift_note"]
+    # deploys/audit.py alone: no stage asked HostContext.proceed before it.
+    assert "ran alone" in host_plan(state, hosts["gpu-2"], [], planned=False)["drift_note"]
+
+
+def test_drift_is_not_claimed_on_an_untested_pyinfra(monkeypatch):
+    state, hosts = planned_fleet()
+    monkeypatch.setattr("pyinfra.version.__version__", "3.11.0")
+    plan = host_plan(state, hosts["gpu-2"], [])
+    assert (plan["drift"], plan["refused"]) == (None, None)
+    assert plan["drift_note"].startswith(
+        "not checked: pyinfra 3.11.0 is outside the versions the audit was tested with "
+        "(>=3.10,<3.11)")
 
 
 def entry(drift, refused, conditional=()):
@@ -267,3 +283,18 @@ def test_the_engine_column_shows_what_the_engine_serves():
     markdown = render_markdown(report)
     assert "Engine: sandbox/tiny-qwen2 (131072), 1 running, KV 25%" in markdown
     assert "| `vllm:prompt_tokens_total` | 6176 |" in markdown
+
+
+@pytest.mark.parametrize("version", ["3.9.2", "3.11.0", "4.0.0"])
+def test_the_wrapper_refuses_an_untested_pyinfra_before_running_it(monkeypatch, capsys, version):
+    import tools.audit
+
+    monkeypatch.setattr(tools.audit.importlib.metadata, "version", lambda name: version)
+    started = []
+    monkeypatch.setattr(tools.audit.subprocess, "Popen", lambda *a, **k: started.append(a))
+    assert tools.audit.run(["inventory.py"]) == 2
+    assert started == []
+    assert capsys.readouterr().err == (
+        f"audit: pyinfra {version} is outside the versions the audit was tested with "
+        "(>=3.10,<3.11): its drift could read a changed pyinfra wrongly; install the pinned "
+        "one (pip install -r requirements.lock)\n")
