@@ -81,3 +81,70 @@ class UnitActivation(FactBase[dict[str, Any] | None]):
             "start_to_active_s": round((active - started) / 1e6, 1)
             if started and active >= started else None,
         }
+
+
+# Where an administrator's drop-ins for a unit live (systemd.unit(5), "Description":
+# /etc and /run, and the .control directories `systemctl set-property` writes). The
+# package's own drop-ins under /usr/lib and /lib are not listed.
+ADMIN_UNIT_DIRS = (
+    "/etc/systemd/system.control",
+    "/run/systemd/system.control",
+    "/etc/systemd/system",
+    "/run/systemd/system",
+)
+
+
+class UnitDropIns(FactBase[list[dict[str, Any]]]):
+    """
+    Returns the drop-ins of a unit in the directories an administrator writes
+    (``ADMIN_UNIT_DIRS``: ``/etc/systemd/system/<unit>.d/*.conf`` and the like): those
+    systemd loaded (``DropInPaths``) and those on disk, loaded or not yet; ``[]`` when
+    there are none or systemd is absent:
+
+    .. code:: python
+
+        [{"path": "/etc/systemd/system/vllm.service.d/override.conf",
+          "loaded": False, "on_disk": True}]
+
+    ``loaded`` without ``on_disk``: deleted since the last ``systemctl daemon-reload``.
+    """
+
+    @override
+    def requires_command(self, unit: str) -> str:
+        return "systemctl"
+
+    @override
+    def command(self, unit: str) -> StringCommand:
+        dirs = [StringCommand(base, "/", QuoteString(unit), ".d", _separator="")
+                for base in ADMIN_UNIT_DIRS]
+        return StringCommand(
+            "for d in", *dirs, "; do echo \"dir $d\"; done;",
+            # DropInPaths is space-separated; systemd names no drop-in with a space.
+            "for p in $(systemctl show --property=DropInPaths --value --",
+            QuoteString(unit), "2>/dev/null); do echo \"loaded $p\"; done;",
+            "for f in", *(StringCommand(d, "/*.conf", _separator="") for d in dirs),
+            '; do [ ! -e "$f" ] || echo "file $f"; done',
+        )
+
+    @override
+    @staticmethod
+    def default() -> list[dict[str, Any]]:
+        return []
+
+    @override
+    def process(self, output: list[str]) -> list[dict[str, Any]]:
+        return parse_drop_ins(output)
+
+
+def parse_drop_ins(output: list[str]) -> list[dict[str, Any]]:
+    """UnitDropIns' lines (``dir``, ``loaded``, ``file``) as its list: only drop-ins in
+    the unit's own directories of ``dir`` lines."""
+    dirs: set[str] = set()
+    loaded: set[str] = set()
+    on_disk: set[str] = set()
+    for line in output:
+        kind, _, path = line.strip().partition(" ")
+        {"dir": dirs, "loaded": loaded, "file": on_disk}.get(kind, set()).add(path)
+    paths = {path for path in loaded | on_disk if path.rpartition("/")[0] in dirs}
+    return [{"path": path, "loaded": path in loaded, "on_disk": path in on_disk}
+            for path in sorted(paths)]

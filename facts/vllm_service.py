@@ -1,5 +1,6 @@
 """Facts about the running engine, asked on the host itself: what it serves
-(``/v1/models``) and a few of its own metrics (``/metrics``).
+(``/v1/models``) and a few of its own metrics (``/metrics``), and the command line and
+environment its main process runs with (``/proc``).
 
 Absent (None) where curl is missing or the engine does not answer: a stopped or
 starting engine is a state the audit reports, never a failed host.
@@ -90,3 +91,84 @@ class EngineServing(FactBase[dict[str, Any] | None]):
     @override
     def process(self, output: list[str]) -> dict[str, Any] | None:
         return parse_engine(output)
+
+
+def process_snippet(keys: list[str], secret_keys: list[str]) -> StringCommand:
+    """Shell that prints the process ``$pid``'s argv (``arg`` lines) and, of its initial
+    environment, the ``keys`` (``env`` lines) and the sha256 of the ``secret_keys``
+    (``secret`` lines). A secret's value stays in the shell: printf is a builtin, so it is
+    in no process's argv, and only its digest is printed."""
+    cases: list[str | StringCommand] = []
+    if keys:
+        cases += [StringCommand(*_alternatives(keys), _separator="|"),
+                  ") printf 'env %s\\n' \"$kv\";;"]
+    if secret_keys:
+        cases += [StringCommand(*_alternatives(secret_keys), _separator="|"),
+                  ") printf 'secret %s %s\\n' \"${kv%%=*}\" "
+                  "\"$(printf '%s' \"${kv#*=}\" | sha256sum | cut -c1-64)\";;"]
+    return StringCommand(
+        'echo "pid $pid";',
+        "tr '\\000' '\\n' < \"/proc/$pid/cmdline\" | sed 's/^/arg /';",
+        "tr '\\000' '\\n' < \"/proc/$pid/environ\" | while IFS= read -r kv; do",
+        'case "${kv%%=*}" in', *cases, "esac; done",
+    )
+
+
+def _alternatives(names: list[str]) -> list[QuoteString]:
+    return [QuoteString(name) for name in names]
+
+
+def parse_process(output: list[str]) -> dict[str, Any] | None:
+    """EngineProcess' lines as its value; None without a ``pid`` line."""
+    found: dict[str, Any] = {"pid": None, "argv": [], "env": {}, "secret_sha256": {}}
+    for line in output:
+        kind, _, rest = line.partition(" ")
+        if kind == "pid" and rest.strip().isdigit():
+            found["pid"] = int(rest)
+        elif kind == "arg":
+            found["argv"].append(rest)
+        elif kind == "env" and "=" in rest:
+            key, _, value = rest.partition("=")
+            found["env"][key] = value
+        elif kind == "secret":
+            key, _, digest = rest.partition(" ")
+            found["secret_sha256"][key] = digest.strip()
+    return found if found["pid"] is not None else None
+
+
+class EngineProcess(FactBase[dict[str, Any] | None]):
+    """
+    Returns the command line of a unit's main process and the ``keys`` of its initial
+    environment, the ``secret_keys`` only as sha256 digests computed on the host; None
+    when the unit has no main process (stopped, or still in ExecStartPre):
+
+    .. code:: python
+
+        {"pid": 11486,
+         "argv": ["/opt/vllm/envs/x/bin/python", "-m", "vllm.entrypoints.openai.api_server",
+                  "--model", "/srv/models/m", ...],
+         "env": {"CUDA_VISIBLE_DEVICES": "0,1", "HF_HUB_OFFLINE": "1", ...},
+         "secret_sha256": {"VLLM_API_KEY": "9f86d081..."}}
+
+    The main process only (``MainPID``): vLLM's engine core and workers are its children
+    and rename themselves (``VLLM::EngineCore``). ``/proc/PID/environ`` is the environment
+    the process started with, the one systemd gave it. An argument holding a newline
+    reads as two (the suite's units have none: systemd_quote refuses control characters).
+    """
+
+    @override
+    def requires_command(self, unit: str, keys: list[str], secret_keys: list[str]) -> str:
+        return "systemctl"
+
+    @override
+    def command(self, unit: str, keys: list[str], secret_keys: list[str]) -> StringCommand:
+        return StringCommand(
+            "pid=$(systemctl show --property=MainPID --value --", QuoteString(unit),
+            "2>/dev/null);",
+            'if [ -n "$pid" ] && [ "$pid" != 0 ] && [ -r "/proc/$pid/cmdline" ]; then',
+            process_snippet(keys, secret_keys), "; fi; true",
+        )
+
+    @override
+    def process(self, output: list[str]) -> dict[str, Any] | None:
+        return parse_process(output)

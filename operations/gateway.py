@@ -366,3 +366,133 @@ def site(
 
     if not did_something:
         host.noop("nginx site and API keys are up to date")
+
+
+# --- foreign configuration -------------------------------------------------------------
+# Where foreign nginx files are moved to: outside every include path, kept, never deleted.
+DISABLED_DIR = "/var/lib/pyinfra-vllm/nginx-disabled"
+
+
+def listen_port(args: str) -> int | None:
+    """The TCP port of one ``listen`` directive's arguments (nginx docs, ngx_http_core_module
+    "listen"): ``8001``, ``127.0.0.1:8001``, ``[::]:8001 ssl``, ``localhost`` (80); None
+    for a UNIX socket."""
+    address = args.split()[0] if args.split() else ""
+    if address.startswith("unix:"):
+        return None
+    if address.startswith("["):
+        _, _, rest = address.partition("]")
+        port = rest[1:] if rest.startswith(":") else "80"
+    elif ":" in address:
+        port = address.rpartition(":")[2]
+    elif address.isdigit():
+        port = address
+    else:
+        port = "80"
+    return int(port) if port.isdigit() else None
+
+
+def server_ports(server: dict[str, Any]) -> list[int]:
+    """The ports one server block (facts.nginx.NginxServers) listens on; no listen
+    directive is port 80 (nginx's default)."""
+    if not server["listen"]:
+        return [80]
+    return sorted({port for port in map(listen_port, server["listen"]) if port is not None})
+
+
+def foreign_servers(found: dict[str, Any] | None, ports: list[int],
+                    own_paths: tuple[str, ...] = (SITE_PATH,)) -> list[dict[str, Any]]:
+    """The files other than the suite's own (``own_paths``) that hold a server block
+    listening on one of ``ports`` (the gateway's), from facts.nginx.NginxServers.
+
+    Each: ``{"path", "symlink", "servers": [{"line", "listen", "server_name"}], "unsafe"}``;
+    ``unsafe`` says why the file cannot be set aside whole (None when it can): it is
+    nginx's main file, or it also holds servers on other ports.
+    """
+    found_files = (found or {}).get("files") or []
+    taking: list[dict[str, Any]] = []
+    for file in found_files:
+        if file["path"] in own_paths:
+            continue
+        clashing = [s for s in file["servers"] if set(server_ports(s)) & set(ports)]
+        if not clashing:
+            continue
+        others = [s for s in file["servers"] if s not in clashing]
+        unsafe = None
+        if file.get("main"):
+            unsafe = "it is nginx's main configuration file"
+        elif others:
+            unsafe = ("it also holds server(s) on other ports (line "
+                      + ", ".join(str(s["line"]) for s in others) + ")")
+        taking.append({
+            "path": file["path"],
+            "symlink": file["symlink"],
+            "servers": [{"line": s["line"], "listen": s["listen"],
+                         "server_name": s["server_name"]} for s in clashing],
+            "unsafe": unsafe,
+        })
+    return taking
+
+
+def foreign_words(entry: dict[str, Any]) -> str:
+    """One foreign file in a sentence: where and what it listens on."""
+    servers = "; ".join(
+        f"line {s['line']}: listen {', '.join(s['listen']) or '(none: port 80)'}"
+        + (f" server_name {' '.join(s['server_name'])}" if s["server_name"] else "")
+        for s in entry["servers"]
+    )
+    return f"{entry['path']}{' (symlink)' if entry['symlink'] else ''}: {servers}"
+
+
+def disable_script(files: list[dict[str, Any]], disabled_dir: str, service: str,
+                   hide: str = KEYS_PATH) -> str:
+    """One shell command: set ``files`` aside, ``nginx -t``, reload, or put them back.
+
+    A symlink is removed (what it points to stays); a regular file is moved under
+    ``disabled_dir`` at its own path (``mv --backup=numbered`` keeps one set aside
+    before). One command, so the rollback runs when the test fails. A failed test's
+    lines that name ``hide`` (the API key file, whose tokens nginx would quote) are not
+    shown.
+    """
+    q = shlex.quote
+    lines, restore = [], []
+    for index, file in enumerate(files):
+        live = file["path"]
+        if file["symlink"]:
+            lines.append(f"t{index}=$(readlink {q(live)}) && rm -f {q(live)} || exit 1")
+            restore.append(f'ln -sfn "$t{index}" {q(live)}')
+        else:
+            kept = f"{disabled_dir}{live}"
+            lines.append(f"install -d -m 700 {q(kept.rpartition('/')[0])} && "
+                         f"mv --backup=numbered -f {q(live)} {q(kept)} || exit 1")
+            restore.append(f"mv -f {q(kept)} {q(live)}")
+    lines.append(
+        "if out=$(nginx -t 2>&1); then "
+        f"systemctl try-reload-or-restart {q(service)}; "
+        f"else {'; '.join(restore)}; "
+        'echo "nginx -t failed without the foreign files; they are back:" >&2; '
+        f"printf '%s\\n' \"$out\" | grep -v -F {q(hide)} >&2; exit 1; fi"
+    )
+    return "; ".join(lines)
+
+
+@operation()
+def foreign_disabled(files: list[dict[str, Any]], disabled_dir: str = DISABLED_DIR,
+                     service: str = "nginx"):
+    """
+    Take foreign nginx files that listen on the gateway's port out of nginx's
+    configuration, tested by ``nginx -t`` before nginx reloads.
+
+    + files: the files to set aside (``foreign_servers`` of facts.nginx.NginxServers,
+      without the unsafe ones): ``[{"path", "symlink"}, ...]``
+    + disabled_dir: where regular files are kept, at their own path below it
+    + service: the systemd unit reloaded (only if it runs) after the test passed
+
+    A symlink is removed (its target stays); a regular file is moved, never deleted. If
+    ``nginx -t`` fails without them, they are put back and the operation fails with
+    nginx's message. No file: no command.
+    """
+    if not files:
+        host.noop("no foreign nginx server on the gateway's port")
+        return
+    yield StringCommand(disable_script(files, disabled_dir, service))

@@ -22,15 +22,18 @@ pyinfra's own operations, then ``restarted``/``running`` start the engine and re
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import re
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, OperationValueError, QuoteString, StringCommand, operation
 
 from facts.cpu_host import cpu_ranges
 from facts.units import UnitActivation
+from facts.vllm_service import EngineProcess
 from pyinfra_vllm.settings import Settings
 from pyinfra_vllm.templating import render
 
@@ -223,9 +226,9 @@ def cpu_threads_bind(cpus: Sequence[int], numa_nodes: int | None, tp: int) -> st
     return "|".join(cpu_ranges(ordered[rank * size:(rank + 1) * size]) for rank in range(tp))
 
 
-def unit_environment(settings: Settings, devices: Sequence[int],
-                     threads_bind: str | None = None) -> list[str]:
-    """The unit's ``Environment=`` assignments (not secrets), in order. On vllm_device
+def environment_pairs(settings: Settings, devices: Sequence[int],
+                      threads_bind: str | None = None) -> list[tuple[str, str]]:
+    """The unit's environment (not secrets) as (name, value), in order. On vllm_device
     "cpu": no CUDA or NCCL variable, the CPU build's thread binding and KV cache size."""
     pairs = [
         ("HOME", STATE_DIR),
@@ -254,7 +257,7 @@ def unit_environment(settings: Settings, devices: Sequence[int],
             # distributed/device_communicators/shm_broadcast.py SpinSleepTimer).
             ("VLLM_SLEEP_WHEN_IDLE", "1"),
         ]
-        return [systemd_quote(f"{name}={value}", exec_line=False) for name, value in pairs]
+        return pairs
     pairs += [
         # CUDA numbers GPUs fastest-first by default; NVML and nvidia-smi by PCI bus id.
         ("CUDA_DEVICE_ORDER", "PCI_BUS_ID"),
@@ -262,7 +265,14 @@ def unit_environment(settings: Settings, devices: Sequence[int],
     ]
     if settings.nccl_p2p_level is not None:
         pairs.append(("NCCL_P2P_LEVEL", settings.nccl_p2p_level))
-    return [systemd_quote(f"{name}={value}", exec_line=False) for name, value in pairs]
+    return pairs
+
+
+def unit_environment(settings: Settings, devices: Sequence[int],
+                     threads_bind: str | None = None) -> list[str]:
+    """The unit's ``Environment=`` assignments (``environment_pairs``), quoted for systemd."""
+    return [systemd_quote(f"{name}={value}", exec_line=False)
+            for name, value in environment_pairs(settings, devices, threads_bind)]
 
 
 def _plain(text: str, *, path: bool = True) -> str:
@@ -341,6 +351,121 @@ def render_unit(
         start_limit_burst=START_LIMIT_BURST,
         start_limit_interval_s=START_LIMIT_INTERVAL_S,
         restart_steps=systemd_version >= RESTART_STEPS_SINCE,
+    )
+
+
+# --- the running engine against its unit -----------------------------------------------
+# Every variable environment_pairs can render, for either device: the ones the engine's
+# process is compared on (a drop-in adding NCCL_P2P_LEVEL is seen too). The secrets of
+# the environment file are compared by their sha256 only.
+ENGINE_ENV_KEYS = (
+    "HOME", "VLLM_CACHE_ROOT", "HF_HOME", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE",
+    "VLLM_NO_USAGE_STATS", "DO_NOT_TRACK", "PYTHONUNBUFFERED",
+    "VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_KVCACHE_SPACE", "TORCH_COMPILE_DISABLE",
+    "VLLM_SLEEP_WHEN_IDLE", "CUDA_DEVICE_ORDER", "CUDA_VISIBLE_DEVICES", "NCCL_P2P_LEVEL",
+)
+SECRET_ENV_KEYS = ("HF_TOKEN", "VLLM_API_KEY")
+MASK = "(secret)"
+
+
+def engine_expected(
+    settings: Settings,
+    *,
+    python: str,
+    model_path: str,
+    devices: Sequence[int] | None = None,
+    accepted: set[str] | None = None,
+    threads_bind: str | None = None,
+) -> dict[str, Any]:
+    """What the engine's main process runs with when it was started from the unit and
+    environment file this run renders (same arguments as ``render_unit``):
+    ``{"argv", "env", "secret_sha256"}``.
+
+    ``ExecStart`` runs the interpreter itself (Type=exec, no shell or wrapper), so the
+    main process's argv is exactly its words; the secrets are the environment file's
+    (``render_env``: VLLM_API_KEY only, and only beyond loopback), as sha256 digests.
+    """
+    cpu = settings.vllm_device == "cpu"
+    tp = settings.tensor_parallel_size
+    devices = list(range(tp)) if devices is None or cpu else list(devices)
+    api_key = engine_api_key(settings)
+    return {
+        "argv": [python, "-m", SERVER_MODULE, *server_flags(settings, model_path, accepted)],
+        "env": dict(environment_pairs(settings, devices, threads_bind)),
+        "secret_sha256": {} if api_key is None else {
+            "VLLM_API_KEY": hashlib.sha256(api_key.encode()).hexdigest()},
+    }
+
+
+def _options(argv: Sequence[str]) -> tuple[list[str], dict[str, list[str]]]:
+    """(the words before the first option, {option: its values}); ``--x=y`` is ``--x``
+    with the value ``y``."""
+    head: list[str] = []
+    options: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for word in argv:
+        if word.startswith("--"):
+            name, sep, value = word.partition("=")
+            current = options.setdefault(name, [])
+            if sep:
+                current.append(value)
+        elif current is None:
+            head.append(word)
+        else:
+            current.append(word)
+    return head, options
+
+
+def _secret_flag(name: str) -> bool:
+    return "key" in name or "token" in name
+
+
+def engine_differences(found: dict[str, Any] | None,
+                       expected: dict[str, Any]) -> dict[str, list[dict[str, Any]]] | None:
+    """Where the running engine (facts.vllm_service.EngineProcess) differs from
+    ``expected`` (``engine_expected``); None when no engine runs.
+
+    ``{"argv": [{"flag", "running", "unit"}], "env": [{"key", "running", "unit"}]}``,
+    both ``[]`` when they agree. ``"(command)"`` is the interpreter and module; a value
+    is None where one side lacks the flag or key. Secret keys, and flags named like a
+    key or token, show ``(secret)`` for a value, never the value. Option order does
+    not count (argparse reads them in any order).
+    """
+    if found is None:
+        return None
+    head, options = _options(found.get("argv") or [])
+    want_head, want_options = _options(expected["argv"])
+    argv: list[dict[str, Any]] = []
+    if head != want_head:
+        argv.append({"flag": "(command)", "running": " ".join(head),
+                     "unit": " ".join(want_head)})
+    for name in sorted(set(options) | set(want_options)):
+        have, want = options.get(name), want_options.get(name)
+        if have == want:
+            continue
+        shown = [None if v is None else (MASK if _secret_flag(name) else " ".join(v))
+                 for v in (have, want)]
+        argv.append({"flag": name, "running": shown[0], "unit": shown[1]})
+    env: list[dict[str, Any]] = []
+    running_env = found.get("env") or {}
+    for key in ENGINE_ENV_KEYS:
+        have, want = running_env.get(key), expected["env"].get(key)
+        if have != want:
+            env.append({"key": key, "running": have, "unit": want})
+    running_secrets = found.get("secret_sha256") or {}
+    for key in SECRET_ENV_KEYS:
+        have, want = running_secrets.get(key), expected["secret_sha256"].get(key)
+        if have != want:
+            env.append({"key": key, "running": None if have is None else MASK,
+                        "unit": None if want is None else MASK})
+    return {"argv": argv, "env": env}
+
+
+def difference_words(differences: dict[str, list[dict[str, Any]]]) -> str:
+    """The differing flags and keys, named: ``--max-model-len (4096, unit 8192)``."""
+    return ", ".join(
+        [f"{d['flag']} ({d['running']}, unit {d['unit']})" for d in differences["argv"]]
+        + [f"{d['key']} ({d['running']}, unit {d['unit']})" for d in differences["env"]]
     )
 
 
@@ -502,3 +627,35 @@ _FLAGS_CHECK = (
     "bad and sys.exit('the installed vLLM server does not accept ' + ', '.join(bad) + "
     "': change the setting that adds it, or the stack (vllm_version)')"
 )
+
+
+
+def _report_stale(state, host, words: str) -> bool:
+    host.log_styled(f"vLLM runs with another configuration than its unit: {words}; "
+                    "restarting it", fg="yellow", log_func=logger.warning)
+    return True
+
+
+@operation()
+def engine_current(expected: dict[str, Any]):
+    """
+    Find an engine that runs with another command line or environment than its unit
+    and environment file give (a unit edited without a restart, a drop-in, a changed
+    environment file): then log what differs. Use before ``restarted`` with
+    ``_if=any_changed(..., this)``, which restarts it.
+
+    + expected: ``engine_expected`` for the unit this run renders
+
+    No engine running, or one that agrees: no command. Compared on the main process
+    only (facts.vllm_service.EngineProcess); secrets by sha256, never shown.
+    """
+    found = host.get_fact(EngineProcess, unit=UNIT, keys=list(ENGINE_ENV_KEYS),
+                          secret_keys=list(SECRET_ENV_KEYS))
+    differences = engine_differences(found, expected)
+    if differences is None:
+        host.noop(f"{UNIT} has no running main process")
+        return
+    if not differences["argv"] and not differences["env"]:
+        host.noop(f"{UNIT} runs with its unit's command line and environment")
+        return
+    yield FunctionCommand(_report_stale, (difference_words(differences),), {})

@@ -71,6 +71,9 @@ class HostContext:
     # The VllmEnvironments fact, read once for the stages that need it (preflight's
     # registry, the runtime, the unit): facts are not cached by pyinfra 3.
     environments_read: dict[str, Any] | None = None
+    # What the engine's main process should run with (operations.vllm_service
+    # engine_expected; secrets as sha256), set by the vllm_service stage for the audit.
+    engine_expected: dict[str, Any] | None = None
 
     def environments(self, host: Any) -> dict[str, Any]:
         """The host's vLLM environments (facts.python_env.VllmEnvironments), read once."""

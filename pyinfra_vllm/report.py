@@ -31,6 +31,9 @@ from typing import Any
 import pyinfra.version
 
 from facts.topology import tp_link_verdict
+from operations.gateway import foreign_servers, foreign_words
+from operations.units import foreign_drop_ins
+from operations.vllm_service import difference_words, engine_differences
 from pyinfra_vllm.checks import blocking, check_host
 from pyinfra_vllm.gates import gpu_memory_mib, model_gates
 from pyinfra_vllm.settings import Settings
@@ -359,7 +362,7 @@ def render_markdown(report: dict[str, Any]) -> str:
                 lines += ["| engine metric | value |", "|---|---|"]
                 lines += [f"| `{name}` | {value:g} |" for name, value in sorted(metrics.items())]
                 lines.append("")
-        lines += _markdown_drift(entry) + _markdown_model(entry)
+        lines += _markdown_drift(entry) + _markdown_integrity(entry) + _markdown_model(entry)
     return "\n".join(lines)
 
 
@@ -389,11 +392,9 @@ def _markdown_drift(entry: dict[str, Any]) -> list[str]:
         lines += [f"Only if an operation before them changes: {words}.", ""]
     for reason in refused:
         lines.append(f"- Refused: {reason}")
-    for finding in entry.get("findings") or []:
-        lines.append(f"- Found: {finding}")
     if entry.get("drift_note"):
         lines.append(f"- Note: {entry['drift_note']}")
-    return lines + ([""] if refused or entry.get("findings") or entry.get("drift_note") else [])
+    return lines + ([""] if refused or entry.get("drift_note") else [])
 
 
 def _markdown_model(entry: dict[str, Any]) -> list[str]:
@@ -426,6 +427,79 @@ def _markdown_model(entry: dict[str, Any]) -> list[str]:
             f"{capacity['kv_bytes_per_token']} bytes per token; the longest "
             f"max_model_len that fits: {capacity['max_model_len_that_fits']}",
         ]
+    return lines + [""]
+
+
+def integrity(
+    drop_ins: dict[str, list[dict[str, Any]]],
+    own_drop_ins: dict[str, list[str]],
+    nginx: dict[str, Any] | None,
+    gateway_ports: list[int] | None,
+    engine: dict[str, Any] | None,
+    engine_expected: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """The audit's ``integrity`` field: what was changed by hand around the suite.
+
+    + drop_ins: facts.units.UnitDropIns per unit the suite manages; own_drop_ins: the
+      suite's own drop-ins per unit (never foreign)
+    + nginx: facts.nginx.NginxServers; gateway_ports: the gateway's ports (None: the
+      gateway stage is skipped, nothing is judged)
+    + engine: facts.vllm_service.EngineProcess; engine_expected: what the vllm_service
+      stage rendered (None when it did not plan in this run)
+
+    ``{"drop_ins": {unit: [path]}, "nginx": [foreign file] | None, "engine": {"argv",
+    "env"} | None, "engine_note": why engine is None}``: secrets only as ``(secret)``.
+    """
+    foreign = {
+        unit: [d["path"] for d in foreign_drop_ins(found, tuple(own_drop_ins.get(unit, ())))]
+        for unit, found in sorted(drop_ins.items())
+    }
+    note = None
+    differences = None
+    if engine_expected is None:
+        note = "not checked: the vllm_service stage did not plan in this run"
+    else:
+        differences = engine_differences(engine, engine_expected)
+        if differences is None:
+            note = "no engine running"
+    return {
+        "drop_ins": foreign,
+        "nginx": None if gateway_ports is None else foreign_servers(nginx, gateway_ports),
+        "engine": differences,
+        "engine_note": note,
+    }
+
+
+def integrity_problems(entry: dict[str, Any]) -> list[str]:
+    """The ``integrity`` field in sentences, one per finding ([] when none)."""
+    found = entry.get("integrity")
+    if not found:
+        return []
+    lines = [f"foreign drop-in for {unit}: {path}"
+             for unit, paths in found["drop_ins"].items() for path in paths]
+    lines += [f"foreign nginx server: {foreign_words(item)}"
+              + (f" (cannot be set aside: {item['unsafe']})" if item["unsafe"] else "")
+              for item in found["nginx"] or []]
+    engine = found["engine"]
+    if engine and (engine["argv"] or engine["env"]):
+        lines.append(f"engine runs with another configuration than its unit: "
+                     f"{difference_words(engine)}")
+    return lines
+
+
+def _markdown_integrity(entry: dict[str, Any]) -> list[str]:
+    if "integrity" not in entry and not entry.get("findings"):
+        return []
+    lines = ["### Hand changes", ""]
+    # The audit's findings hold these and the vLLM environments' (environment_findings).
+    problems = entry.get("findings") or integrity_problems(entry)
+    lines += [f"- {_md(problem)}" for problem in problems]
+    if not problems:
+        lines.append("No foreign drop-in, no foreign nginx server on the gateway's port, "
+                     "and the engine runs with its unit's configuration.")
+    note = entry["integrity"].get("engine_note")
+    if note:
+        lines.append(f"- Engine: {note}")
     return lines + [""]
 
 

@@ -24,13 +24,19 @@ from __future__ import annotations
 from pyinfra import host, state
 from pyinfra.api import deploy
 
-from facts.vllm_service import EngineServing
+from facts.nginx import NginxServers
+from facts.units import UnitDropIns
+from facts.vllm_service import EngineProcess, EngineServing
+from operations import persistence as persistence_ops
+from operations import vllm_service as vllm_service_ops
 from operations.vllm_service import engine_address
 from pyinfra_vllm.context import context
 from pyinfra_vllm.gates import installed_registry
 from pyinfra_vllm.report import (
     environment_findings,
     host_plan,
+    integrity,
+    integrity_problems,
     model_plans,
     record,
     summarize,
@@ -63,4 +69,32 @@ def audit() -> None:
         # in the audit only).
         url = "http://" + engine_address(settings.vllm_host, settings.vllm_port)
         entry["engine"] = host.get_fact(EngineServing, url=url)
+    entry["integrity"] = _integrity(ctx)
+    entry["findings"] += integrity_problems(entry)
     record(host.name, entry, report_dir=ctx.settings.audit_report_dir)
+
+
+def _integrity(ctx) -> dict:
+    """Hand changes around the suite's units, nginx and engine (report.integrity): three
+    or four more commands, in the audit only."""
+    settings = ctx.settings
+    units = [vllm_service_ops.UNIT]
+    if settings.vllm_device != "cpu":
+        units.append(persistence_ops.PERSISTENCED_UNIT)
+    drop_ins = {unit: host.get_fact(UnitDropIns, unit=unit) for unit in units}
+    ports = None
+    nginx = None
+    if "gateway" not in settings.skip_stages:
+        ports = [settings.gateway_port] + (
+            [settings.gateway_http_redirect_port] if settings.gateway_http_redirect_port else [])
+        nginx = host.get_fact(NginxServers)
+    engine = None
+    if ctx.engine_expected is not None:
+        engine = host.get_fact(EngineProcess, unit=vllm_service_ops.UNIT,
+                               keys=list(vllm_service_ops.ENGINE_ENV_KEYS),
+                               secret_keys=list(vllm_service_ops.SECRET_ENV_KEYS))
+    return integrity(
+        drop_ins,
+        {persistence_ops.PERSISTENCED_UNIT: [persistence_ops.PERSISTENCED_DROP_IN]},
+        nginx, ports, engine, ctx.engine_expected,
+    )

@@ -9,6 +9,13 @@ printed: no command line or log line carries them, ``--diff`` masks them, and a 
 Prometheus scrape job for the engine's metrics is written to
 ``/etc/prometheus/scrape.d/vllm.yml``.
 
+Another server block on the gateway's ports (Debian's ``sites-enabled/default`` when the
+gateway is on port 80, a hand-made site) would take requests meant for the gateway: found
+in ``nginx -T``, its file is set aside (a symlink removed, a file moved under
+/var/lib/pyinfra-vllm/nginx-disabled/), tested by ``nginx -t`` before nginx reloads. A
+file that cannot be set aside whole (nginx.conf itself, or one that also serves other
+ports) refuses the host, naming the file.
+
     pyinfra inventory.py deploys/gateway.py
 """
 
@@ -23,7 +30,8 @@ from pyinfra.api import deploy
 from pyinfra.facts.deb import DebPackage
 from pyinfra.operations import apt
 
-from operations import file_set, units
+from facts.nginx import NginxServers
+from operations import file_set, gate, units
 from operations import gateway as gateway_ops
 from operations import vllm_service as vllm_service_ops
 from pyinfra_vllm.context import context
@@ -60,6 +68,29 @@ def gateway() -> None:
                 update=True,
                 no_recommends=True,
             )
+
+        # Servers of other files on the gateway's ports; none on a host without nginx.
+        ports = [settings.gateway_port] + (
+            [settings.gateway_http_redirect_port] if settings.gateway_http_redirect_port else [])
+        foreign = gateway_ops.foreign_servers(host.get_fact(NginxServers), ports)
+        unsafe = [
+            f"gateway: {gateway_ops.foreign_words(entry)} takes port(s) "
+            f"{', '.join(map(str, ports))} from the gateway and cannot be set aside whole: "
+            f"{entry['unsafe']}; remove or move that server block by hand, or change "
+            "gateway_port"
+            for entry in foreign if entry["unsafe"]
+        ]
+        if unsafe:
+            ctx.refused.extend(unsafe)
+            for reason in unsafe:
+                host.log_styled(reason, fg="red", log_func=logger.error)
+            gate.refuse(name="Gateway: host refused", reasons=unsafe)
+            return
+        gateway_ops.foreign_disabled(
+            name="Gateway: no other nginx server on the gateway's port (nginx -t before "
+            "reload)",
+            files=[{"path": entry["path"], "symlink": entry["symlink"]} for entry in foreign],
+        )
 
         # TLS: the certificate and its key go live with the site, in the same checked swap
         # (settings checked both exist, and that the key is its owner's alone). Read here,

@@ -5,7 +5,9 @@ With ``persistence_mode`` (default true) the daemon is started with persistence 
 then every GPU is checked, and a GPU still showing Disabled gets ``nvidia-smi -pm 1``
 (through the daemon) and a verification that fails the host with a readable message.
 A converged host: no change. ``persistence_mode`` false: the daemon stopped and
-disabled, the mode off on every GPU.
+disabled, the mode off on every GPU. Either way, a drop-in for the daemon's unit that
+the suite did not write (``systemctl edit``, a hand-made ``.conf``) is moved aside under
+/var/lib/pyinfra-vllm/disabled-drop-ins/ and systemd reloaded.
 
 On vllm_device "cpu" (vLLM's CPU build, no GPU) the stage is skipped, the reason logged.
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.operations import systemd
+from pyinfra.operations.util import any_changed
 
 from operations import file_set, units
 from operations import persistence as persistence_ops
@@ -30,6 +33,12 @@ def persistence() -> None:
 
     if ctx.gpu_stage(host, "persistence"):
         unit = persistence_ops.PERSISTENCED_UNIT
+        # Before the suite's own drop-in: what the daemon runs with is the suite's alone.
+        foreign = units.drop_ins_only(
+            name="Persistence: no foreign drop-in for nvidia-persistenced",
+            unit=unit,
+            own=[persistence_ops.PERSISTENCED_DROP_IN],
+        )
         if ctx.settings.persistence_mode:
             override = file_set.present(
                 name="Persistence: nvidia-persistenced with persistence mode on",
@@ -43,6 +52,8 @@ def persistence() -> None:
             systemd.daemon_reload(
                 name="Persistence: reload systemd units", _if=override.did_change
             )
+            # A foreign drop-in set aside changes the command line too (drop_ins_only has
+            # already reloaded systemd).
             # A new command line takes effect on a restart (which also starts a stopped
             # daemon); placed first, a fresh host's daemon is started once, not twice.
             systemd.service(
@@ -50,7 +61,7 @@ def persistence() -> None:
                 service=unit,
                 running=True,
                 restarted=True,
-                _if=override.did_change,
+                _if=any_changed(override, foreign),
             )
             units.enabled_and_running(
                 name="Persistence: nvidia-persistenced enabled and running",

@@ -7,7 +7,10 @@ server's ``--help`` before the unit is written. Before
 each start the GPU guard checks GPU count, MIG, foreign processes and NVLink (one line in
 the journal when it refuses); after it, the unit stays "activating" until /health, a
 one-token completion and the warm-ups answered. A change to the unit restarts the engine
-once; no change, no restart. On vllm_device "cpu" the workers are CPU processes with
+once; no change, no restart. A drop-in for the unit that the suite did not write is moved
+aside (/var/lib/pyinfra-vllm/disabled-drop-ins/), and an engine whose main process runs
+with another command line or environment than its unit gives (edited without a restart)
+is restarted: both once, with the unit's own restart. On vllm_device "cpu" the workers are CPU processes with
 their threads bound to the host's CPUs (VLLM_CPU_OMP_THREADS_BIND from the CPUs preflight
 read, or vllm_cpu_threads_bind) and no GPU guard runs.
 
@@ -18,11 +21,12 @@ from __future__ import annotations
 
 from pyinfra import host, logger
 from pyinfra.api import deploy
+from pyinfra.operations.util import any_changed
 
 from facts.python_env import MARKER
 from facts.storage import FilesystemSize
 from facts.topology import tp_link_verdict
-from operations import accounts, file_set, gate, model
+from operations import accounts, file_set, gate, model, units
 from operations import vllm_service as vllm_service_ops
 from pyinfra_vllm.context import context
 
@@ -106,6 +110,10 @@ def vllm_service() -> None:
             # loopback needs neither HF_TOKEN nor VLLM_API_KEY. An engine that listens beyond
             # loopback demands the first API key itself (VLLM_API_KEY: in this 0600 file,
             # never on its command line, which ps shows to every user).
+            foreign = units.drop_ins_only(
+                name="vLLM service: no foreign drop-in for its unit",
+                unit=vllm_service_ops.UNIT,
+            )
             unit = file_set.present(
                 name="vLLM service: systemd unit and its environment file",
                 files={
@@ -124,10 +132,21 @@ def vllm_service() -> None:
                     ),
                 },
             )
+            expected = vllm_service_ops.engine_expected(
+                settings, python=python, model_path=model_path, devices=devices,
+                accepted=accepted, threads_bind=threads_bind,
+            )
+            ctx.engine_expected = expected
+            stale = vllm_service_ops.engine_current(
+                name="vLLM service: the running engine has its unit's command line and "
+                "environment",
+                expected=expected,
+            )
+            # start False: try-restart, so an engine that is not running stays stopped.
             vllm_service_ops.restarted(
                 name="vLLM service: restarted for its new unit",
                 start=settings.vllm_start,
-                _if=unit.did_change,
+                _if=any_changed(unit, foreign, stale),
             )
             vllm_service_ops.running(name="vLLM service: enabled and running"
                                  if settings.vllm_start else "vLLM service: enabled",
