@@ -9,6 +9,12 @@ engine serving); then, as an operator with sudo might on a real server:
   deleted, a package uninstalled. The audit names each; the run builds a new generation
   of the environment beside the changed one, proves it, and moves the unit to it (the
   engine restarts once); the changed one stays for rollback (python_env_keep).
+- a drop-in added to the engine's unit: set aside (kept under /var/lib/pyinfra-vllm), the
+  engine restarted;
+- the engine left running with another configuration than its unit (the unit edited,
+  the engine restarted, the unit put back): restarted;
+- a foreign nginx server taking the gateway's port: set aside, nginx reloaded after
+  ``nginx -t``.
 """
 
 from __future__ import annotations
@@ -30,6 +36,13 @@ OP_ENV = "full | python_env | Python env: vLLM 0.17.0 (torch 2.10.0, CPU) built 
 OP_LINK = "full | python_env | Python env: current environment"
 OP_UNIT = "full | vllm_service | vLLM service: systemd unit and its environment file"
 OP_RESTART = "full | vllm_service | vLLM service: restarted for its new unit"
+OP_DROP_INS = "full | vllm_service | vLLM service: no foreign drop-in for its unit"
+OP_STALE = ("full | vllm_service | vLLM service: the running engine has its unit's command "
+            "line and environment")
+OP_FOREIGN = ("full | gateway | Gateway: no other nginx server on the gateway's port (nginx -t "
+              "before reload)")
+OVERRIDE = "/etc/systemd/system/vllm.service.d/override.conf"
+FOREIGN = "/etc/nginx/conf.d/zz-foreign.conf"
 
 
 def run(sandbox, timeout: float = 900):
@@ -103,7 +116,7 @@ def test_environment_changes_are_named_then_rebuilt_beside(served):
     before_pid = sandbox.ssh(host, "systemctl show vllm -p MainPID --value").stdout.strip()
     proc, data = run(sandbox, timeout=INSTALL_TIMEOUT)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    assert changed(data) == {OP_ENV, OP_LINK, OP_UNIT, OP_RESTART}, changed(data)
+    assert changed(data) == {OP_ENV, OP_LINK, OP_UNIT, OP_STALE, OP_RESTART}, changed(data)
     repaired = current_env(sandbox, host)
     assert repaired == env + "-g2"
     shown = sandbox.ssh(host, f"test -d {env} && echo kept; systemctl is-active vllm; "
@@ -117,3 +130,72 @@ def test_environment_changes_are_named_then_rebuilt_beside(served):
     assert data["results"]["totals"]["success"] == 0, changed(data)
     proc = audit(sandbox)
     assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def converged_again(sandbox) -> None:
+    proc, data = run(sandbox)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert data["results"]["totals"]["success"] == 0, changed(data)
+    proc = audit(sandbox)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def test_a_hand_made_drop_in_is_named_set_aside_and_the_engine_restarted(served):
+    sandbox, host = served
+    # What an operator's quick fix looks like; not even loaded yet (no daemon-reload).
+    sandbox.ssh(host, f"mkdir -p {OVERRIDE.rsplit('/', 1)[0]} && printf "
+                      f"'[Service]\\nEnvironment=VLLM_CPU_KVCACHE_SPACE=2\\n' > {OVERRIDE}")
+    proc = audit(sandbox)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert f"foreign drop-in for vllm.service: {OVERRIDE}" in " ".join(found_lines(proc))
+
+    proc, data = run(sandbox)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert changed(data) == {OP_DROP_INS, OP_RESTART}, changed(data)
+    kept = "/var/lib/pyinfra-vllm/disabled-drop-ins" + OVERRIDE
+    shown = sandbox.ssh(host, f"test -e {OVERRIDE} && echo present; test -f {kept} && echo "
+                              "kept; systemctl is-active vllm").stdout.split()
+    assert shown == ["kept", "active"]
+    converged_again(sandbox)
+
+
+def test_an_engine_left_running_with_an_old_unit_is_named_and_restarted(served):
+    sandbox, host = served
+    unit = "/etc/systemd/system/vllm.service"
+    # The engine restarted from an edited unit, then the unit put back without a restart:
+    # the file is right, the process is not.
+    sandbox.ssh(host, f"cp {unit} /root/vllm.service.orig && sed -i "
+                      f"'s/VLLM_CPU_KVCACHE_SPACE=1/VLLM_CPU_KVCACHE_SPACE=2/' {unit} && "
+                      "systemctl daemon-reload && systemctl restart vllm && "
+                      f"cp /root/vllm.service.orig {unit} && systemctl daemon-reload")
+    proc = audit(sandbox)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    found = " ".join(found_lines(proc))
+    assert "engine runs with another configuration than its unit" in found, found
+    assert "VLLM_CPU_KVCACHE_SPACE" in found
+
+    proc, data = run(sandbox)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert changed(data) == {OP_STALE, OP_RESTART}, changed(data)
+    converged_again(sandbox)
+
+
+def test_a_foreign_nginx_server_on_the_gateway_port_is_named_and_set_aside(served):
+    sandbox, host = served
+    sandbox.ssh(host, f"printf 'server {{\\n    listen 8001 default_server;\\n    return 200 "
+                      f"\"taken\";\\n}}\\n' > {FOREIGN}")
+    proc = audit(sandbox)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert f"foreign nginx server: {FOREIGN}" in " ".join(found_lines(proc)), proc.stderr
+
+    proc, data = run(sandbox)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert OP_FOREIGN in changed(data)
+    assert all(" | gateway | " in name for name in changed(data)), changed(data)
+    kept = "/var/lib/pyinfra-vllm/nginx-disabled" + FOREIGN
+    assert sandbox.ssh(host, f"test -e {FOREIGN} && echo present; test -f {kept} && echo kept"
+                       ).stdout.split() == ["kept"]
+    health = sandbox.ssh(host, "curl -s -o /dev/null -w '%{http_code}' "
+                               "http://127.0.0.1:8001/health").stdout
+    assert health == "200"
+    converged_again(sandbox)
