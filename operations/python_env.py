@@ -127,14 +127,13 @@ def integrity_problem(environments: dict, path: str) -> str | None:
 
 
 def prunable(environments: dict, keep: int, wanted: str) -> list[str]:
-    """The environments to remove: all but ``wanted``, the one ``current`` points at
-    (the engine may still run from it until its unit moves) and the ``keep`` most
-    recently built others."""
-    spared = {wanted, environments["current"]}
-    others = sorted((path for path in environments["envs"] if path not in spared),
+    """The environments to remove: all but ``wanted`` and the ``keep`` most recently
+    built others; the one ``current`` points at is spared too (the engine may still run
+    from it until its unit moves), so with ``keep`` 0 it goes on the next run."""
+    others = sorted((path for path in environments["envs"] if path != wanted),
                     key=lambda path: (environments["envs"][path].get("built") or 0, path),
                     reverse=True)
-    return sorted(others[keep:])
+    return sorted(path for path in others[keep:] if path != environments["current"])
 
 
 # The variables that point pip, uv and curl at the index, CA bundle and proxy: a root-only
@@ -336,11 +335,11 @@ def environment(root: str, stack: dict, manager: str, python: str, path: str,
 @operation()
 def pruned(root: str, keep: int, wanted: str, environments: dict | None = None):
     """
-    Remove old environments: keep the one in use, the one ``current`` points at, and
-    the ``keep`` most recently built others (for rollback).
+    Remove old environments: keep the one in use and the ``keep`` most recently built
+    others (for rollback); the one ``current`` points at stays until the next run.
 
     + root: python_env_root
-    + keep: how many environments to keep besides those two (python_env_keep)
+    + keep: how many environments to keep besides the one in use (python_env_keep)
     + wanted: the environment this run uses
     + environments: the VllmEnvironments fact when the deploy already read it
 

@@ -424,9 +424,9 @@ class Settings(BaseModel):
     path, never / nor a system directory such as /opt itself.
     """
     python_env_keep: int = Field(default=1, ge=0, le=10)
-    """Environments kept for rollback besides the one in use and the one ``current``
-    pointed at before the run (the engine may still run from it); older ones are removed.
-    Each is several GB (a CUDA stack about 7).
+    """Environments kept for rollback besides the one in use; older ones are removed
+    (with 0, the one the engine ran from before a switch goes on the next run). Each is
+    several GB (a CUDA stack about 7).
     """
     pip_index_url: str = "https://pypi.org/simple"
     """Python package index (a mirror URL at sites without PyPI), http or https. Credentials
