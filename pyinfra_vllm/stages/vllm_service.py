@@ -6,10 +6,11 @@ first API key itself). Every flag comes from settings and is checked against the
 server's ``--help`` before the unit is written. Before
 each start the GPU guard checks GPU count, MIG, foreign processes and NVLink (one line in
 the journal when it refuses); after it, the unit stays "activating" until /health, a
-one-token completion and the warm-ups answered. A change to the unit restarts the engine
-once; no change, no restart. On vllm_device "cpu" the workers are CPU processes with
-their threads bound to the host's CPUs (VLLM_CPU_OMP_THREADS_BIND from the CPUs preflight
-read, or vllm_cpu_threads_bind) and no GPU guard runs.
+one-token completion and the warm-ups answered. A change to the unit, or model files the
+model stage repaired (model_repair), restarts the engine once; no change, no restart. On
+vllm_device "cpu" the workers are CPU processes with their threads bound to the host's
+CPUs (VLLM_CPU_OMP_THREADS_BIND from the CPUs preflight read, or vllm_cpu_threads_bind)
+and no GPU guard runs.
 
     pyinfra inventory.py deploys/vllm_service.py
 """
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 from pyinfra import host, logger
 from pyinfra.api import deploy
+from pyinfra.operations.util import any_changed
 
 from facts.python_env import MARKER
 from facts.storage import FilesystemSize
@@ -124,11 +126,20 @@ def vllm_service() -> None:
                     ),
                 },
             )
-            vllm_service_ops.restarted(
-                name="vLLM service: restarted for its new unit",
-                start=settings.vllm_start,
-                _if=unit.did_change,
-            )
+            if ctx.model_repair is None:
+                vllm_service_ops.restarted(
+                    name="vLLM service: restarted for its new unit",
+                    start=settings.vllm_start,
+                    _if=unit.did_change,
+                )
+            else:
+                # The model stage fetched corrupt files again: an engine started before
+                # may hold their bad bytes. One restart for both reasons.
+                vllm_service_ops.restarted(
+                    name="vLLM service: restarted for its new unit or repaired model files",
+                    start=settings.vllm_start,
+                    _if=any_changed(unit, ctx.model_repair),
+                )
             vllm_service_ops.running(name="vLLM service: enabled and running"
                                  if settings.vllm_start else "vLLM service: enabled",
                                  start=settings.vllm_start)
