@@ -92,3 +92,11 @@ def downloaded(lock: dict, dest: str, base_url: str, token: str | None = None,
         return
     yield StringCommand(*argv, "; rc=$?; rm -f", *(QuoteString(path) for path in secrets),
                         "; exit $rc")
+
+
+def corrupt_reason(model_id: str, dest: str, corrupt: list[str]) -> str:
+    """Why the model stage refuses a host whose files a deep check found changed under an
+    unchanged size and mtime, and the setting that repairs them."""
+    return (f"model: {len(corrupt)} file(s) of {model_id} in {dest} no longer match the "
+            f"lock under an unchanged size and mtime: {', '.join(corrupt)}; set "
+            "model_repair=true to fetch exactly them again (the engine then restarts)")

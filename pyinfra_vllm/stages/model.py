@@ -50,10 +50,7 @@ def model() -> None:
                 return
             corrupt = silently_changed(content, host.get_fact(ModelFiles, path=dest), lock)
         if corrupt and not settings.model_repair:
-            reason = (f"model: {len(corrupt)} file(s) of {settings.model_id} in {dest} no "
-                      f"longer match the lock under an unchanged size and mtime: "
-                      f"{', '.join(corrupt)}; set model_repair=true to fetch exactly them "
-                      "again (the engine then restarts)")
+            reason = model_ops.corrupt_reason(settings.model_id, dest, corrupt)
             ctx.refused.append(reason)
             host.log_styled(reason, fg="red", log_func=logger.error)
             gate.refuse(name="Model: host refused", reasons=[reason])
