@@ -13,9 +13,11 @@ changed under an unchanged size and mtime (a bad sector read back, a copy made w
 ``touch -r``) is found. Files are hashed in parallel, one thread per file up to the
 CPUs this process may run on: hashlib releases the GIL while it hashes a buffer of 2048
 bytes or more (CPython Modules/hashlib.h, HASHLIB_GIL_MINSIZE), so the threads hash on
-separate cores. Each reads 16 MiB at a time into one reused buffer (readinto: no copy,
-no allocation per read), after telling the kernel the read is sequential
-(POSIX_FADV_SEQUENTIAL, which doubles Linux's read-ahead window: posix_fadvise(2)).
+separate cores. Each file is read 16 MiB at a time into two reused buffers (readinto:
+no copy, no allocation per read) by a reader thread that fills one while the hashing
+thread hashes the other, so one file's reading and hashing overlap; the kernel is told
+the read is sequential (POSIX_FADV_SEQUENTIAL doubles Linux's read-ahead window:
+posix_fadvise(2)).
 
 Output on stdout, never a byte of any file's content: one line per file that does not
 match, ``PROBLEM<TAB>PATH``, PROBLEM one of
@@ -87,23 +89,28 @@ _BUFFERS = threading.local()
 
 
 def hash_file(path: str, algo: str, size: int) -> tuple:
-    """(hex digest, bytes read) of one file, read sequentially into this thread's buffer."""
-    buffer = getattr(_BUFFERS, "buffer", None)
-    if buffer is None:
-        buffer = _BUFFERS.buffer = memoryview(bytearray(BLOCK))
+    """(hex digest, bytes read) of one file, read sequentially into this thread's two
+    buffers: a reader thread fills one while this thread hashes the other."""
+    buffers = getattr(_BUFFERS, "pair", None)
+    if buffers is None:
+        buffers = _BUFFERS.pair = (memoryview(bytearray(BLOCK)), memoryview(bytearray(BLOCK)))
     digest = new_hash(algo, size)
     done = 0
-    with open(path, "rb", buffering=0) as handle:
+    with open(path, "rb", buffering=0) as handle, ThreadPoolExecutor(1) as reader:
         try:
             os.posix_fadvise(handle.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
         except (AttributeError, OSError):
             pass  # a hint only: not every platform or file system has it
+        current = 0
+        pending = reader.submit(handle.readinto, buffers[current])
         while True:
-            count = handle.readinto(buffer)
+            count = pending.result()
             if not count:
                 break
-            digest.update(buffer[:count])
+            pending = reader.submit(handle.readinto, buffers[1 - current])
+            digest.update(buffers[current][:count])
             done += count
+            current = 1 - current
     return digest.hexdigest(), done
 
 

@@ -142,14 +142,15 @@ def test_a_path_outside_the_model_is_refused(model, tmp_path, path):
     assert f"file path {path!r} is not a plain relative path" in proc.stderr
 
 
-def test_one_reused_buffer_per_thread(model):
+def test_two_reused_buffers_per_thread(model):
     dest, lock = model
     entry = next(f for f in lock["files"] if f["path"] == SHARD)
     assert verify_model.hash_file(str(dest / SHARD), "sha256", entry["size"]) == (
         entry["digest"], entry["size"])
-    first = verify_model._BUFFERS.buffer
+    first = verify_model._BUFFERS.pair
     verify_model.hash_file(str(dest / SHARD), "sha256", entry["size"])
-    assert verify_model._BUFFERS.buffer is first and len(first) == 16 * 2**20
+    assert verify_model._BUFFERS.pair is first
+    assert [len(buffer) for buffer in first] == [16 * 2**20, 16 * 2**20]
 
 
 # --- the fact, its own command on a real shell -----------------------------------------
