@@ -1,10 +1,12 @@
 """Facts about the downloaded model: what files/fetch_model.py verified, and the files'
-size and modification time now, read without hashing anything.
+size and modification time now, read without hashing anything (ModelFiles); and, on
+demand, every file re-hashed against the lock (ModelContent).
 """
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 from pyinfra.api import FactBase, QuoteString, StringCommand
@@ -82,3 +84,93 @@ def unverified(model_files: dict[str, Any] | None, lock: dict[str, Any]) -> list
         ):
             pending.append(entry["path"])
     return pending
+
+
+# The host script the ModelContent fact runs: read here, sent with the command (a fact
+# cannot upload it first, and it must not depend on what an earlier run left).
+VERIFY_SCRIPT = Path(__file__).resolve().parents[1] / "files" / "verify_model.py"
+# What files/verify_model.py calls a file that does not match the lock.
+CONTENT_PROBLEMS = ("mismatch", "size", "missing", "unreadable")
+
+
+def lock_files(lock: dict[str, Any] | str) -> list[dict[str, Any]]:
+    """The lock's files as the verifier reads them: a lock, or its file's path (the CLI)."""
+    found = json.loads(Path(lock).read_text(encoding="utf-8")) if isinstance(lock, str) \
+        else lock
+    return [{key: entry[key] for key in ("path", "size", "algo", "digest")}
+            for entry in found["files"]]
+
+
+class ModelContent(FactBase[dict[str, Any] | None]):
+    """
+    Re-hashes every file of the model lock in the model directory (files/verify_model.py,
+    in parallel, on the host) and returns the files whose content does not match the
+    lock, whatever their size and mtime say. Reads the whole model: opt-in
+    (``model_verify: deep``). None when the directory does not exist:
+
+    .. code:: python
+
+        {
+            "files": 17, "bytes": 55600000000, "seconds": 61.2, "jobs": 16,
+            "problems": {"model-00002-of-00015.safetensors": "mismatch",
+                         "config.json": "missing"},
+            "error": None,
+        }
+
+    ``problems`` maps a path of the lock to ``mismatch`` (same size, other checksum),
+    ``size``, ``missing`` or ``unreadable``; ``error`` says why the check itself did
+    not run (no python3 on the host, a bad lock), and the counts are then 0. From the
+    command line, ``lock`` is the lock file's path.
+    """
+
+    @override
+    def command(self, path: str, lock: dict[str, Any] | str) -> StringCommand:
+        manifest = json.dumps(lock_files(lock), separators=(",", ":"))
+        return StringCommand(
+            "test -d", QuoteString(path), "|| exit 0;",
+            "if ! command -v python3 >/dev/null 2>&1; then echo 'error\tno python3'; exit 0;",
+            "fi; python3 -c", QuoteString(VERIFY_SCRIPT.read_text(encoding="utf-8")),
+            "--dest", QuoteString(path), "--manifest", QuoteString(manifest),
+            "2>&1; echo \"exit\t$?\"",
+        )
+
+    @override
+    def process(self, output: list[str]) -> dict[str, Any] | None:
+        if not output:
+            return None
+        found: dict[str, Any] = {"files": 0, "bytes": 0, "seconds": 0.0, "jobs": 0,
+                                 "problems": {}, "error": None}
+        summary, notes, code = False, [], None
+        for line in output:
+            word, _, rest = line.partition("\t")
+            if word in CONTENT_PROBLEMS:
+                found["problems"][rest.split("\t")[0]] = word
+            elif word == "summary":
+                try:
+                    counts = json.loads(rest)
+                except ValueError:
+                    continue
+                found.update({key: counts.get(key, 0) for key in ("files", "bytes",
+                                                                  "seconds", "jobs")})
+                summary = True
+            elif word == "exit":
+                code = rest.strip()
+            elif word == "error":
+                found["error"] = rest.strip()
+            elif line.strip():
+                notes.append(line.strip())
+        if not summary and found["error"] is None:
+            found["error"] = "; ".join(notes) or f"the verifier exited {code} without a summary"
+        return found
+
+
+def silently_changed(content: dict[str, Any] | None, model_files: dict[str, Any] | None,
+                     lock: dict[str, Any]) -> list[str]:
+    """Files whose content does not match the lock although the stat check trusts them
+    (verified against this lock, size and mtime unchanged): only a deep check finds
+    them, and only a refetch repairs them. The other bad files the stat check already
+    fetches again."""
+    if not content:
+        return []
+    pending = set(unverified(model_files, lock))
+    return sorted(path for path in content["problems"] if path not in pending)

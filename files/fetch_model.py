@@ -4,7 +4,7 @@
 Uploaded by the deploy and run on the GPU server (Python 3.10+, standard library only):
 
     python3 fetch_model.py --lock LOCK.json --dest DIR --base-url URL \
-        [--token-file F] [--jobs 4] [--ca-bundle PEM] [--timeout 60]
+        [--token-file F] [--jobs 4] [--ca-bundle PEM] [--timeout 60] [--refetch PATH ...]
 
 For every file of the lock (written by ``tools.model_lock`` on the operator's machine)
 it fetches ``{base}/{model_id}/resolve/{commit}/{path}`` into
@@ -17,6 +17,9 @@ naming the file and both checksums.
 
 ``DIR/.verified.json`` records what was verified (path -> size, mtime_ns, checksum): a
 re-run re-hashes only files whose size or mtime changed, instead of tens of gigabytes.
+``--refetch PATH`` (repeatable) names files of the lock whose content is known bad
+(files/verify_model.py found it, under an unchanged size and mtime): each is forgotten
+by the record, removed, and fetched again like a missing file.
 
 Output: progress lines on stderr; on stdout exactly one line, the JSON summary
 ``{"downloaded": [...], "verified": [...], "skipped": [...], "bytes": N,
@@ -377,8 +380,18 @@ class VerifiedCache:
 
 
 # --- the run ------------------------------------------------------------------------
-def process(entry: dict, job: Job, cache: VerifiedCache, counters: Counters) -> str:
-    """Bring one file to its verified final state; return skipped/verified/downloaded."""
+def process(entry: dict, job: Job, cache: VerifiedCache, counters: Counters,
+            refetch: bool = False) -> str:
+    """Bring one file to its verified final state; return skipped/verified/downloaded.
+    ``refetch``: its content is known bad, so it is removed and downloaded again."""
+    if refetch:
+        job.log(f"{job.path}: content known not to match the lock; fetching again")
+        cache.forget(job.path)
+        if os.path.lexists(job.final):
+            os.unlink(job.final)
+        job.download()
+        cache.record(job.path, job.final, entry)
+        return "downloaded"
     if cache.fresh(job.path, job.final, entry):
         return "skipped"
     if os.path.exists(job.final):
@@ -397,12 +410,15 @@ def process(entry: dict, job: Job, cache: VerifiedCache, counters: Counters) -> 
     return "downloaded"
 
 
-def check_space(dest: str, lock: dict) -> None:
+def check_space(dest: str, lock: dict, refetch: frozenset = frozenset()) -> None:
     """Fail early when the missing files cannot fit on the volume."""
     missing = 0
     for entry in lock["files"]:
         final = os.path.join(dest, entry["path"])
         part = os.path.join(dest, INCOMING, entry["path"] + ".part")
+        if entry["path"] in refetch:
+            # Removed before its download starts: its space comes back first.
+            continue
         have = os.path.getsize(final) if os.path.exists(final) else (
             os.path.getsize(part) if os.path.exists(part) else 0)
         missing += max(int(entry["size"]) - have, 0)
@@ -411,18 +427,23 @@ def check_space(dest: str, lock: dict) -> None:
         raise FetchError(f"{dest}: {missing} bytes still to download, {free} free")
 
 
-def run(lock: dict, dest: str, http: Http, jobs: int, log) -> dict:
-    """Download and verify every file; return the summary dict."""
+def run(lock: dict, dest: str, http: Http, jobs: int, log,
+        refetch: frozenset = frozenset()) -> dict:
+    """Download and verify every file (``refetch``: paths fetched again whatever the
+    record says); return the summary dict."""
+    unknown = sorted(refetch - {entry["path"] for entry in lock["files"]})
+    if unknown:
+        raise UsageError(f"--refetch {', '.join(unknown)}: not a file of the lock")
     os.makedirs(dest, exist_ok=True)
     counters = Counters()
     cache = VerifiedCache(dest)
     result: dict = {"downloaded": [], "verified": [], "skipped": []}
-    check_space(dest, lock)
+    check_space(dest, lock, refetch)
     errors: list[Exception] = []
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         futures = {
             pool.submit(process, entry, Job(entry, lock, dest, http, counters, log), cache,
-                        counters): entry["path"]
+                        counters, entry["path"] in refetch): entry["path"]
             for entry in lock["files"]
         }
         for future in as_completed(futures):
@@ -458,6 +479,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--jobs", type=int, default=4, help="parallel downloads")
     parser.add_argument("--ca-bundle", help="PEM file of CAs to trust for HTTPS")
     parser.add_argument("--timeout", type=float, default=60.0, help="socket timeout, s")
+    parser.add_argument("--refetch", action="append", default=[], metavar="PATH",
+                        help="a file of the lock to remove and fetch again (repeatable)")
     return parser.parse_args(argv)
 
 
@@ -477,7 +500,8 @@ def main(argv: list[str] | None = None) -> int:
         with open(os.path.join(args.dest, FETCH_LOCK), "w") as guard:
             # One run per directory: two would race on the same .part files.
             fcntl.flock(guard, fcntl.LOCK_EX)
-            summary = run(lock, args.dest, http, args.jobs, log)
+            summary = run(lock, args.dest, http, args.jobs, log,
+                          frozenset(safe_relpath(path) for path in args.refetch))
         code = summary.pop("exit", EXIT_OK)
     except UsageError as exc:
         summary.update(ok=False, error=str(exc))

@@ -4,6 +4,8 @@ files/fetch_model.py does the work on the host (parallel, resumable, verified, w
 under a temporary name and renamed only once verified). This operation decides from the
 ModelFiles fact, without hashing anything, whether it has to run at all: every file of
 the lock verified against this lock and unchanged (size, mtime) since means no command.
+Files a deep check (facts.model.ModelContent) found changed under an unchanged size and
+mtime are named to it with ``refetch``: it removes and fetches exactly those again.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ def model_path(model_dir: str, model_id: str) -> str:
 @operation()
 def downloaded(lock: dict, dest: str, base_url: str, token: str | None = None,
                ca_bundle: str | None = None, proxy: str | None = None, jobs: int = 4,
-               downloader: str = "files/fetch_model.py"):
+               downloader: str = "files/fetch_model.py", refetch: list[str] | None = None):
     """
     Download the lock's files into ``dest`` and verify each against the lock.
 
@@ -42,6 +44,8 @@ def downloaded(lock: dict, dest: str, base_url: str, token: str | None = None,
     + proxy: HTTP(S) proxy
     + jobs: files downloaded in parallel
     + downloader: local path of files/fetch_model.py
+    + refetch: files of the lock whose content is known not to match it (a deep check
+      found them): removed and fetched again, whatever the verification record says
 
     Every file verified before and unchanged since: no command. Otherwise the downloader
     and the lock are uploaded and the downloader runs; it re-hashes only files whose
@@ -50,7 +54,8 @@ def downloaded(lock: dict, dest: str, base_url: str, token: str | None = None,
     prints command output from verbosity 3).
     """
     pending = unverified(host.get_fact(ModelFiles, path=dest), lock)
-    if not pending:
+    refetch = sorted(refetch or [])
+    if not pending and not refetch:
         host.noop(f"{len(lock['files'])} files of {lock['model_id']}@{lock['commit'][:12]} "
                   "verified and unchanged since")
         return
@@ -65,6 +70,8 @@ def downloaded(lock: dict, dest: str, base_url: str, token: str | None = None,
             QuoteString(dest), "--base-url", QuoteString(base_url), "--jobs", str(jobs)]
     if ca_bundle:
         argv += ["--ca-bundle", QuoteString(ca_bundle)]
+    for path in refetch:
+        argv += ["--refetch", QuoteString(path)]
     # The proxy (it may carry credentials) and the token reach the downloader through
     # root-only files in SECRET_DIR, never its command line; both go whatever the
     # download does, and the download's exit status is kept.
@@ -85,3 +92,11 @@ def downloaded(lock: dict, dest: str, base_url: str, token: str | None = None,
         return
     yield StringCommand(*argv, "; rc=$?; rm -f", *(QuoteString(path) for path in secrets),
                         "; exit $rc")
+
+
+def corrupt_reason(model_id: str, dest: str, corrupt: list[str]) -> str:
+    """Why the model stage refuses a host whose files a deep check found changed under an
+    unchanged size and mtime, and the setting that repairs them."""
+    return (f"model: {len(corrupt)} file(s) of {model_id} in {dest} no longer match the "
+            f"lock under an unchanged size and mtime: {', '.join(corrupt)}; set "
+            "model_repair=true to fetch exactly them again (the engine then restarts)")

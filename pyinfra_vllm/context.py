@@ -25,6 +25,7 @@ from pyinfra.facts.server import KernelVersion, LinuxDistribution
 
 from facts.cpu_host import CpuHostState
 from facts.gpu_host import GpuHostState
+from facts.model import ModelContent
 from facts.python_env import VllmEnvironments
 from operations import python_env
 from pyinfra_vllm.locks import load_lock
@@ -74,6 +75,14 @@ class HostContext:
     # What the engine's main process should run with (operations.vllm_service
     # engine_expected; secrets as sha256), set by the vllm_service stage for the audit.
     engine_expected: dict[str, Any] | None = None
+    # The model stage's deep check (facts.model.ModelContent), once it ran
+    # (``model_checked``; None content: no model directory): the audit reports it without
+    # reading the whole model a second time.
+    model_checked: bool = False
+    model_content: dict[str, Any] | None = None
+    # The model stage's refetch of files a deep check found corrupt (its OperationMeta):
+    # the vllm_service stage restarts a running engine when it changed.
+    model_repair: Any = None
 
     def environments(self, host: Any) -> dict[str, Any]:
         """The host's vLLM environments (facts.python_env.VllmEnvironments), read once."""
@@ -82,6 +91,15 @@ class HostContext:
                 VllmEnvironments, root=self.settings.python_env_root
             )
         return self.environments_read
+
+    def deep_model_check(self, host: Any, path: str) -> dict[str, Any] | None:
+        """The deep check of the model in ``path`` (facts.model.ModelContent), read once
+        per run: it reads every byte of the model."""
+        if not self.model_checked:
+            self.model_content = host.get_fact(ModelContent, path=path,
+                                               lock=self.required_lock())
+            self.model_checked = True
+        return self.model_content
 
     def environment_path(self, host: Any) -> str:
         """Where this host's environment for the settings' stack and manager is, or is

@@ -362,7 +362,8 @@ def render_markdown(report: dict[str, Any]) -> str:
                 lines += ["| engine metric | value |", "|---|---|"]
                 lines += [f"| `{name}` | {value:g} |" for name, value in sorted(metrics.items())]
                 lines.append("")
-        lines += _markdown_drift(entry) + _markdown_integrity(entry) + _markdown_model(entry)
+        lines += (_markdown_drift(entry) + _markdown_integrity(entry) + _markdown_model(entry)
+                  + _markdown_model_integrity(entry))
     return "\n".join(lines)
 
 
@@ -497,9 +498,43 @@ def _markdown_integrity(entry: dict[str, Any]) -> list[str]:
     if not problems:
         lines.append("No foreign drop-in, no foreign nginx server on the gateway's port, "
                      "and the engine runs with its unit's configuration.")
-    note = entry["integrity"].get("engine_note")
+    note = (entry.get("integrity") or {}).get("engine_note")
     if note:
         lines.append(f"- Engine: {note}")
+    return lines + [""]
+
+
+def model_integrity(content: dict[str, Any] | None, path: str) -> dict[str, Any]:
+    """The deep check of one host's model (facts.model.ModelContent, model_verify deep)
+    as its report entry's ``model_integrity``: the directory, whether it exists, what was
+    hashed, and every file of the lock whose content does not match it (``problems``:
+    path -> mismatch, size, missing or unreadable), or why the check did not run
+    (``error``)."""
+    if content is None:
+        return {"path": path, "present": False, "files": 0, "bytes": 0, "seconds": 0.0,
+                "problems": {}, "error": None}
+    return {"path": path, "present": True, "files": content["files"],
+            "bytes": content["bytes"], "seconds": content["seconds"],
+            "problems": dict(sorted(content["problems"].items())), "error": content["error"]}
+
+
+def _markdown_model_integrity(entry: dict[str, Any]) -> list[str]:
+    found = entry.get("model_integrity")
+    if found is None:
+        return []
+    lines = ["### Model files, re-hashed", ""]
+    if found["error"]:
+        return lines + [f"Not checked: {_md(found['error'])}", ""]
+    if not found["present"]:
+        return lines + [f"No model directory at `{found['path']}`: nothing to check.", ""]
+    rate = found["bytes"] / max(found["seconds"], 1e-9) / 2**20
+    lines.append(f"{found['files']} file(s), {found['bytes']} bytes in `{found['path']}`, "
+                 f"hashed in {found['seconds']:g} s ({rate:.0f} MiB/s).")
+    lines.append("")
+    if not found["problems"]:
+        return lines + ["Every file matches the lock.", ""]
+    lines += ["| file | problem |", "|---|---|"]
+    lines += [f"| {_md(path)} | {problem} |" for path, problem in found["problems"].items()]
     return lines + [""]
 
 

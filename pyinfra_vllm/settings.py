@@ -461,6 +461,21 @@ class Settings(BaseModel):
     only its owner may read it (chmod 600). Read at deploy time, used when hf_token is not
     set. Else the HF_TOKEN variable is used.
     """
+    model_verify: Literal["stat", "deep"] = "stat"
+    """How the model stage and the audit check the downloaded files. stat: trust the
+    downloader's record (.verified.json) while a file's size and mtime are unchanged (one
+    find, nothing read). deep: also re-hash every file of the lock on the host, in
+    parallel (files/verify_model.py: the whole model is read, about a minute per 55 GB at
+    1 GB/s), which finds bytes changed under an unchanged size and mtime; such a file
+    refuses the host unless model_repair is set. python -m tools.audit INVENTORY --deep
+    sets it for one audit.
+    """
+    model_repair: bool = False
+    """Fetch again exactly the files whose content no longer matches the lock under an
+    unchanged size and mtime (each removed, downloaded into .incoming, verified, renamed),
+    then restart a running engine. Implies the deep check of model_verify deep, which
+    finds them. False: such files refuse the host, named.
+    """
 
     # --- gateway ---------------------------------------------------------------------
     gateway_port: int = Field(default=8001, ge=1, le=65535)
@@ -889,6 +904,19 @@ class Settings(BaseModel):
         return self
 
     @model_validator(mode="after")
+    def _deep_check_has_a_model(self) -> Settings:
+        # The deep check runs in the model stage: with the stage skipped it would silently
+        # check nothing, and an audit asked for it would report a host as sound.
+        if self.deep_model_check and "model" in self.skip_stages:
+            asked = "model_repair true" if self.model_repair else "model_verify deep"
+            raise ValueError(
+                f"{asked} re-hashes the model in the model stage, which skip_stages skips: "
+                "remove model from skip_stages, or leave model_verify stat and model_repair "
+                "false"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _driver_branch_serves_stack(self) -> Settings:
         # The driver stage installs this branch; a branch older than the stack's minimum
         # would install a driver the stack's CUDA build cannot use.
@@ -992,6 +1020,11 @@ class Settings(BaseModel):
         if row is None:  # validation refuses this pair: only an unvalidated model gets here
             raise SettingsError(f"no {self.vllm_device} stack for vLLM {self.vllm_version}")
         return row
+
+    @property
+    def deep_model_check(self) -> bool:
+        """Does the model stage re-hash every file (model_verify deep, or model_repair)?"""
+        return self.model_verify == "deep" or self.model_repair
 
     @property
     def model_name(self) -> str:

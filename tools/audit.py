@@ -1,6 +1,6 @@
 """The fleet audit with drift, for people, cron and CI: exit 0 converged, 1 drift, 2 failed.
 
-    python -m tools.audit INVENTORY [--deploy deploys/full.py] [PYINFRA OPTION ...]
+    python -m tools.audit INVENTORY [--deploy deploys/full.py] [--deep] [PYINFRA OPTION ...]
 
 Runs, from the repository root, one read-only pyinfra run:
 
@@ -11,7 +11,9 @@ is executed: ``--dry``), then deploys/audit.py reads, per host, which of those
 operations would change and which stage refused the host, and writes the JSON and
 Markdown reports (pyinfra_vllm/report.py). The options after INVENTORY go to pyinfra
 as they are (``--data KEY=VALUE``, ``--limit HOST``, ``--ssh-user``...); ``-y`` is
-refused, since it turns pyinfra's change detection off.
+refused, since it turns pyinfra's change detection off. ``--deep`` is
+``--data model_verify=deep``: every model file is re-hashed on its host, and a file whose
+content no longer matches the lock refuses the host, named (exit 1).
 
 Exit status:
 
@@ -47,7 +49,9 @@ ROOT = Path(__file__).resolve().parents[1]
 AUDIT_FILE = "deploys/audit.py"
 DEFAULT_DEPLOY = "deploys/full.py"
 INDEX_ENV = "PYINFRA_VLLM_AUDIT_INDEX"  # pyinfra_vllm/report.py writes the report paths there
-USAGE = "usage: python -m tools.audit INVENTORY [--deploy FILE] [PYINFRA OPTION ...]"
+USAGE = "usage: python -m tools.audit INVENTORY [--deploy FILE] [--deep] [PYINFRA OPTION ...]"
+# --deep: the model stage re-hashes every model file (settings.py, model_verify).
+DEEP_DATA = ["--data", "model_verify=deep"]
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
@@ -69,6 +73,8 @@ def parse_args(argv: list[str]) -> tuple[str, str, list[str]]:
             raise UsageError(f"--deploy needs a file\n{USAGE}")
         deploy = rest[at + 1]
         del rest[at : at + 2]
+    if "--deep" in rest:
+        rest = [*DEEP_DATA, *(arg for arg in rest if arg != "--deep")]
     for refused in ("-y", "--yes", "--dry", "--json"):
         if refused in rest:
             raise UsageError(

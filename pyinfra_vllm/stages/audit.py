@@ -16,7 +16,9 @@ flag, and the stages' refusals are in the run context they share.
 
 With the model lock (tools.model_lock; the run context reads it, or the ``model_lock``
 setting names it), the report also carries the compatibility checks and the capacity
-plan of the model on each host.
+plan of the model on each host; with model_verify deep (``python -m tools.audit
+INVENTORY --deep``), every model file re-hashed on the host against it
+(``model_integrity``: the files that no longer match).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from facts.units import UnitDropIns
 from facts.vllm_service import EngineProcess, EngineServing
 from operations import persistence as persistence_ops
 from operations import vllm_service as vllm_service_ops
+from operations.model import model_path
 from operations.vllm_service import engine_address
 from pyinfra_vllm.context import context
 from pyinfra_vllm.gates import installed_registry
@@ -37,6 +40,7 @@ from pyinfra_vllm.report import (
     host_plan,
     integrity,
     integrity_problems,
+    model_integrity,
     model_plans,
     record,
     summarize,
@@ -69,6 +73,10 @@ def audit() -> None:
         # in the audit only).
         url = "http://" + engine_address(settings.vllm_host, settings.vllm_port)
         entry["engine"] = host.get_fact(EngineServing, url=url)
+    if settings.deep_model_check and ctx.lock:
+        # The model stage's deep check when it ran in this process, else read here.
+        path = model_path(settings.model_dir, settings.model_id)
+        entry["model_integrity"] = model_integrity(ctx.deep_model_check(host, path), path)
     entry["integrity"] = _integrity(ctx)
     entry["findings"] += integrity_problems(entry)
     record(host.name, entry, report_dir=ctx.settings.audit_report_dir)

@@ -7,14 +7,22 @@ renaming it to its final name only then. A re-run runs nothing when every file i
 verified and unchanged; the token (hf_token, hf_token_file, or HF_TOKEN on the
 operator's machine) is never on a command line and never left on the host.
 
+With model_verify "deep" (or model_repair) the stage first re-hashes every file on the
+host (facts.model.ModelContent). A file whose content no longer matches the lock while
+its size and mtime are unchanged, which the stat check trusts, refuses the host, named;
+with model_repair it is removed and fetched again, and only it, and the vllm_service
+stage restarts a running engine, which may have loaded the bad bytes.
+
     pyinfra inventory.py deploys/model.py
 """
 
 from __future__ import annotations
 
-from pyinfra import host
+from pyinfra import host, logger
 from pyinfra.api import deploy
 
+from facts.model import ModelFiles, silently_changed
+from operations import gate
 from operations import model as model_ops
 from pyinfra_vllm.context import context
 from pyinfra_vllm.locks import hf_token
@@ -29,12 +37,37 @@ def model() -> None:
         settings = ctx.settings
         token = hf_token(settings)
         lock = ctx.required_lock()
-        model_ops.downloaded(
-            name=f"Model: {settings.model_id}@{lock['commit'][:12]} downloaded and verified",
+        dest = model_ops.model_path(settings.model_dir, settings.model_id)
+        corrupt: list[str] = []
+        if settings.deep_model_check:
+            content = ctx.deep_model_check(host, dest)
+            if content is not None and content["error"]:
+                reason = (f"model: the deep check of {dest} did not run: {content['error']}; "
+                          "fix the host, or set model_verify stat")
+                ctx.refused.append(reason)
+                host.log_styled(reason, fg="red", log_func=logger.error)
+                gate.refuse(name="Model: host refused", reasons=[reason])
+                return
+            corrupt = silently_changed(content, host.get_fact(ModelFiles, path=dest), lock)
+        if corrupt and not settings.model_repair:
+            reason = model_ops.corrupt_reason(settings.model_id, dest, corrupt)
+            ctx.refused.append(reason)
+            host.log_styled(reason, fg="red", log_func=logger.error)
+            gate.refuse(name="Model: host refused", reasons=[reason])
+            return
+        name = f"Model: {settings.model_id}@{lock['commit'][:12]} downloaded and verified"
+        if corrupt:
+            name = (f"Model: {settings.model_id}@{lock['commit'][:12]}: "
+                    f"{len(corrupt)} corrupt file(s) fetched again and verified")
+        downloaded = model_ops.downloaded(
+            name=name,
             lock=lock,
-            dest=model_ops.model_path(settings.model_dir, settings.model_id),
+            dest=dest,
             base_url=settings.model_base_url,
             token=token,
             ca_bundle=settings.pip_ca_bundle,
             proxy=settings.http_proxy,
+            refetch=corrupt,
         )
+        if corrupt:
+            ctx.model_repair = downloaded

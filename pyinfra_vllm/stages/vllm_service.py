@@ -6,8 +6,8 @@ first API key itself). Every flag comes from settings and is checked against the
 server's ``--help`` before the unit is written. Before
 each start the GPU guard checks GPU count, MIG, foreign processes and NVLink (one line in
 the journal when it refuses); after it, the unit stays "activating" until /health, a
-one-token completion and the warm-ups answered. A change to the unit restarts the engine
-once; no change, no restart. A drop-in for the unit that the suite did not write is moved
+one-token completion and the warm-ups answered. A change to the unit, or model files the
+model stage repaired (model_repair), restarts the engine once; no change, no restart. A drop-in for the unit that the suite did not write is moved
 aside (/var/lib/pyinfra-vllm/disabled-drop-ins/), and an engine whose main process runs
 with another command line or environment than its unit gives (edited without a restart)
 is restarted: both once, with the unit's own restart. On vllm_device "cpu" the workers are CPU processes with
@@ -143,10 +143,14 @@ def vllm_service() -> None:
                 expected=expected,
             )
             # start False: try-restart, so an engine that is not running stays stopped.
+            # Model files the model stage fetched again (model_repair): an engine started
+            # before may hold their bad bytes. One restart for every reason.
+            repaired = [] if ctx.model_repair is None else [ctx.model_repair]
             vllm_service_ops.restarted(
-                name="vLLM service: restarted for its new unit",
+                name="vLLM service: restarted for its new unit" if not repaired else
+                "vLLM service: restarted for its new unit or repaired model files",
                 start=settings.vllm_start,
-                _if=any_changed(unit, foreign, stale),
+                _if=any_changed(unit, foreign, stale, *repaired),
             )
             vllm_service_ops.running(name="vLLM service: enabled and running"
                                  if settings.vllm_start else "vLLM service: enabled",

@@ -16,6 +16,7 @@ from pyinfra.context import ctx_host, ctx_state
 from operations import gate
 from pyinfra_vllm.report import (
     host_plan,
+    model_integrity,
     model_plans,
     render_markdown,
     split_op_name,
@@ -217,6 +218,9 @@ def test_wrapper_arguments():
     assert parse_args(["inventory.py", "--data", "x=1", "--deploy", "deploys/sysctl.py"]) == (
         "inventory.py", "deploys/sysctl.py", ["--data", "x=1"])
     assert parse_args(["@local"])[1] == "deploys/full.py"
+    # --deep is the deep model check for this audit, in pyinfra's own --data words.
+    assert parse_args(["inventory.py", "--limit", "h", "--deep"]) == (
+        "inventory.py", "deploys/full.py", ["--data", "model_verify=deep", "--limit", "h"])
     for bad in ([], ["--limit", "h", "inv.py"], ["inv.py", "-y"], ["inv.py", "--deploy"]):
         with pytest.raises(UsageError):
             parse_args(bad)
@@ -298,3 +302,45 @@ def test_the_wrapper_refuses_an_untested_pyinfra_before_running_it(monkeypatch, 
         f"audit: pyinfra {version} is outside the versions the audit was tested with "
         "(>=3.10,<3.11): its drift could read a changed pyinfra wrongly; install the pinned "
         "one (pip install -r requirements.lock)\n")
+
+
+MODEL_DIR = "/srv/models/Qwen/Qwen3.6-27B"
+
+
+def test_the_deep_check_names_each_corrupt_file_per_host():
+    # ModelContent's value for a host with shard 2 rewritten in place and config.json gone.
+    content = {"files": 3, "bytes": 73400320, "seconds": 0.074, "jobs": 2, "error": None,
+               "problems": {"model-00002-of-00002.safetensors": "mismatch",
+                            "config.json": "missing"}}
+    found = model_integrity(content, MODEL_DIR)
+    assert found == {"path": MODEL_DIR, "present": True, "files": 3, "bytes": 73400320,
+                     "seconds": 0.074, "error": None,
+                     "problems": {"config.json": "missing",
+                                  "model-00002-of-00002.safetensors": "mismatch"}}
+    sound = model_integrity(dict(content, problems={}), MODEL_DIR)
+    report = {"generated_at": "t", "hosts": {
+        "gpu-1": {**entry([], []), "model_integrity": found},
+        "gpu-2": {**entry([], []), "model_integrity": sound},
+        "gpu-3": {**entry([], []), "model_integrity": model_integrity(None, MODEL_DIR)},
+        "gpu-4": {**entry([], [])},
+    }}
+    md = render_markdown(report)
+    one, two, three, four = (md.split(f"## {name}\n", 1)[1].split("\n## ", 1)[0]
+                             for name in ("gpu-1", "gpu-2", "gpu-3", "gpu-4"))
+    assert ("### Model files, re-hashed\n\n3 file(s), 73400320 bytes in "
+            "`/srv/models/Qwen/Qwen3.6-27B`, hashed in 0.074 s (946 MiB/s).\n\n"
+            "| file | problem |\n|---|---|\n| config.json | missing |\n"
+            "| model-00002-of-00002.safetensors | mismatch |\n") in one
+    assert "Every file matches the lock." in two and "| file | problem |" not in two
+    assert "No model directory at `/srv/models/Qwen/Qwen3.6-27B`: nothing to check." in three
+    assert "re-hashed" not in four  # model_verify stat: no section
+
+
+def test_the_deep_check_that_did_not_run_says_why():
+    content = {"files": 0, "bytes": 0, "seconds": 0.0, "jobs": 0, "problems": {},
+               "error": "no python3"}
+    found = model_integrity(content, MODEL_DIR)
+    assert found["error"] == "no python3" and found["present"] is True
+    md = render_markdown({"generated_at": "t", "hosts": {
+        "gpu-1": {**entry([], []), "model_integrity": found}}})
+    assert "### Model files, re-hashed\n\nNot checked: no python3\n" in md

@@ -163,6 +163,44 @@ def test_changed_file_is_rehashed_and_damaged_file_refetched(mirror, mirror_root
     assert_tree_matches(dest, mirror_root)
 
 
+def test_refetch_replaces_exactly_a_file_changed_under_the_same_size_and_mtime(
+        mirror, mirror_root, lock_file, tmp_path, capsys):
+    dest = tmp_path / "m"
+    fetch(lock_file, dest, mirror.url, capsys)
+    before = (dest / SHARD).stat()
+    with open(dest / SHARD, "r+b") as handle:  # in place: same inode, size
+        handle.seek(100)
+        handle.write(b"\x00\x01")
+    os.utime(dest / SHARD, ns=(before.st_atime_ns, before.st_mtime_ns))
+    mirror.stats.reset()
+    # The record and the stat agree: a plain run trusts the damaged file.
+    code, summary, _ = fetch(lock_file, dest, mirror.url, capsys)
+    assert code == 0 and summary["skipped"] == sorted(manifest_files(mirror_root))
+    # Named with --refetch: removed, fetched, verified, renamed; nothing else touched.
+    code, summary, err = fetch(lock_file, dest, mirror.url, capsys, "--refetch", SHARD)
+    assert code == 0 and summary["changed"]
+    assert summary["downloaded"] == [SHARD]
+    assert summary["skipped"] == sorted(set(manifest_files(mirror_root)) - {SHARD})
+    stats = admin(mirror, "/_stats")
+    assert stats["totals"]["get"] == 1 and stats["files"][f"{REPO}/{SHARD}"]["get"] == 1
+    assert f"{SHARD}: content known not to match the lock; fetching again" in err
+    assert_tree_matches(dest, mirror_root)
+    record = json.loads((dest / ".verified.json").read_text())["files"][SHARD]
+    assert record["mtime_ns"] == (dest / SHARD).stat().st_mtime_ns != before.st_mtime_ns
+    # The next plain run has nothing to do.
+    code, summary, _ = fetch(lock_file, dest, mirror.url, capsys)
+    assert code == 0 and summary["changed"] is False
+
+
+def test_refetch_of_a_file_the_lock_does_not_name_is_refused(mirror, lock_file, tmp_path,
+                                                            capsys):
+    code, summary, _ = fetch(lock_file, tmp_path / "m", mirror.url, capsys,
+                             "--refetch", "weights.bin")
+    assert code == 2
+    assert summary["error"] == "--refetch weights.bin: not a file of the lock"
+    assert not (tmp_path / "m" / ".verified.json").exists()
+
+
 def test_token_is_sent_and_never_printed(mirror_root, lock_file, tmp_path, capsys):
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN + "\n")

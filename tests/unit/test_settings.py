@@ -45,6 +45,13 @@ def test_defaults_are_the_seed_recipe():
             "vllm_version = '9.9': no stack is defined for it; allowed: " + ", ".join(sorted(STACKS)),
         ),
         ({"skip_stages": ["gatway"]}, "unknown stage ['gatway']"),
+        ({"model_verify": "sha256"}, "model_verify = 'sha256': Input should be 'stat' or "
+         "'deep' (allowed: stat, deep)"),
+        ({"model_verify": "deep", "skip_stages": ["model"]},
+         "model_verify deep re-hashes the model in the model stage, which skip_stages skips: "
+         "remove model from skip_stages, or leave model_verify stat and model_repair false"),
+        ({"model_repair": True, "skip_stages": ["model"]},
+         "model_repair true re-hashes the model in the model stage, which skip_stages skips"),
         ({"model_volume_mount_options": ["noatime", "nobarrier"]}, "disables write barriers"),
         ({"model_volume_mount_options": ["barrier=0"]}, "['barrier=0'] disables write barriers"),
         ({"sysctl": {"vm swappiness": 1}}, "is not a sysctl key"),
@@ -130,3 +137,9 @@ def test_the_sandbox_key_file_passes_the_settings(tmp_path):
     # A new key at every `up`.
     new_api_key(path)
     assert validate({"api_keys_file": str(path)}).api_keys[0] != key
+
+
+def test_model_repair_implies_the_deep_check():
+    assert validate({"gateway_open": True}).deep_model_check is False
+    assert validate({"gateway_open": True, "model_verify": "deep"}).deep_model_check is True
+    assert validate({"gateway_open": True, "model_repair": True}).deep_model_check is True
