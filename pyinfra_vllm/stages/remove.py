@@ -38,9 +38,8 @@ from operations import remove as remove_ops
 from operations import sysctl as sysctl_ops
 from operations import vllm_service as vllm_ops
 from pyinfra_vllm.settings import load_settings
+from pyinfra_vllm.stages.metrics import LEGACY_SCRAPE_JOB
 
-# The legacy per-host scrape job (the metrics stage removes it too).
-LEGACY_SCRAPE_JOB = "/etc/prometheus/scrape.d/vllm.yml"
 # Under /var/lib/pyinfra-vllm (operations/model.py TOOL_DIR): the downloader and the
 # model locks go; gateway_ops.DISABLED_DIR and units.DISABLED_DROP_IN_DIR, what the suite
 # set aside, stay.
