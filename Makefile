@@ -17,10 +17,12 @@ venv: .venv/.done
 # requests on loopback, never as a service); Debian 12's "nginx" package holds
 # /usr/sbin/nginx with the ssl, http_v2, auth_request, map and limit_req modules
 # (nginx-light is a metapackage over it plus an echo module). openssl: their throwaway
-# certificate.
+# certificate. promtool: Debian's prometheus package (checks and unit-tests the alert
+# rules and the generated scrape config; its prometheus service is stopped and disabled).
 SYSTEM_TOOLS := debootstrap:debootstrap systemd-nspawn:systemd-container \
 	mkfs.xfs:xfsprogs ssh:openssh-client iptables:iptables ip:iproute2 \
-	losetup:util-linux curl:curl dpkg-deb:dpkg nginx:nginx openssl:openssl
+	losetup:util-linux curl:curl dpkg-deb:dpkg nginx:nginx openssl:openssl \
+	promtool:prometheus
 .PHONY: system-deps
 system-deps:
 	@missing=""; for pair in $(SYSTEM_TOOLS); do \
@@ -35,6 +37,11 @@ system-deps:
 				service nginx stop >/dev/null 2>&1 || true; \
 			echo "nginx is for the tests only (nginx -t, a foreground nginx on loopback):" \
 				"its service is stopped and disabled";; \
+		esac; \
+		case " $$missing " in *" prometheus "*) \
+			systemctl disable --now prometheus.service >/dev/null 2>&1 || \
+				service prometheus stop >/dev/null 2>&1 || true; \
+			echo "prometheus is for its promtool only: its service is stopped and disabled";; \
 		esac; \
 	fi
 

@@ -72,3 +72,32 @@ class SecretFileLines(FactBase[list[tuple[str | None, str]] | None]):
             name, digest = line.split(" ", 1)
             lines.append((None if name == "-" else name, digest))
         return lines
+
+
+class PathTypes(FactBase[dict[str, str | None]]):
+    """
+    Returns what each path is: "link" (a symbolic link, even a dangling one), "directory",
+    "file" or "other", or None for a path that does not exist (one command for any number
+    of paths):
+
+    .. code:: python
+
+        {"/etc/nginx/conf.d/vllm.conf": "file", "/opt/vllm": "directory", "/x": None}
+    """
+
+    @override
+    def command(self, paths: list[str]) -> StringCommand:
+        return StringCommand(
+            "for p in", *(QuoteString(path) for path in paths), "; do",
+            'if [ -L "$p" ]; then t=link; elif [ -d "$p" ]; then t=directory;',
+            'elif [ -f "$p" ]; then t=file; elif [ -e "$p" ]; then t=other; else t=-; fi;',
+            'printf "%s %s\\n" "$t" "$p"; done',
+        )
+
+    @override
+    def process(self, output: list[str]) -> dict[str, str | None]:
+        found: dict[str, str | None] = {}
+        for line in output:
+            kind, path = line.split(" ", 1)
+            found[path] = None if kind == "-" else kind
+        return found

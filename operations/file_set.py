@@ -16,9 +16,9 @@ import hashlib
 from pathlib import Path
 
 from pyinfra import host, state
-from pyinfra.api import QuoteString, StringCommand, operation
+from pyinfra.api import OperationValueError, QuoteString, StringCommand, operation
 
-from facts.files import FileDigests
+from facts.files import FileDigests, PathTypes
 from operations import file_diff
 from operations.uploads import private_upload
 
@@ -80,3 +80,28 @@ def present(files: dict[str, tuple[str | bytes, str]], user: str = "root", group
         changed.append(path)
     if not changed:
         host.noop(f"{len(files)} file(s) in place")
+
+
+@operation()
+def absent(paths: list[str]):
+    """
+    Keep a set of paths absent: files, symbolic links and whole directories.
+
+    + paths: absolute paths to remove; a directory goes with everything below it, without
+      crossing into another mounted file system (``rm --one-file-system``)
+
+    One remote read for the set (facts.files.PathTypes); every path already absent: no
+    command. A symbolic link is removed, never what it points to.
+    """
+    unsafe = [path for path in paths if not path.startswith("/") or path.rstrip("/") == ""]
+    if unsafe:
+        raise OperationValueError(f"absent: {unsafe} is not an absolute path below /")
+    found = host.get_fact(PathTypes, paths=sorted(paths))
+    present = [path for path in sorted(paths) if found.get(path)]
+    for path in present:
+        if found[path] == "directory":
+            yield StringCommand("rm -rf --one-file-system --", QuoteString(path))
+        else:
+            yield StringCommand("rm -f --", QuoteString(path))
+    if not present:
+        host.noop(f"{len(paths)} path(s) absent")

@@ -166,6 +166,7 @@ def render_site(
     http_redirect_port: int | None = None,
     tls_cert_path: str = TLS_CERT_PATH,
     tls_key_path: str = TLS_KEY_PATH,
+    node_exporter_port: int | None = None,
 ) -> str:
     """The site file (``conf.d/vllm.conf``): upstream, server, locations.
 
@@ -173,6 +174,8 @@ def render_site(
       tls_key_path; False keeps plain HTTP
     + http_redirect_port: with tls, a second, plain HTTP server on this port that answers
       every request with a 301 to https on gateway_port and serves nothing else
+    + node_exporter_port: node_exporter's port on 127.0.0.1, served as /node-metrics to
+      the metrics_allow networks; None serves no /node-metrics
     """
     if http_redirect_port is not None and not tls:
         raise OperationValueError("http_redirect_port needs tls (a redirect to https)")
@@ -191,6 +194,7 @@ def render_site(
         http_redirect_port=http_redirect_port,
         tls_cert_path=tls_cert_path,
         tls_key_path=tls_key_path,
+        node_exporter_port=node_exporter_port,
     )
 
 

@@ -106,6 +106,10 @@ SYSCTL_VALUE = re.compile(r"[A-Za-z0-9_.:/-]+([ \t][A-Za-z0-9_.:/-]+)*")
 # One mount option: a name, optionally =value; options are list items, never "a,b".
 MOUNT_OPTION = re.compile(r"[a-z0-9_]+(=[A-Za-z0-9_.:/-]+)?")
 
+# A DNS host name (RFC 1123 labels): what a Prometheus target's host part may be.
+HOST_NAME = re.compile(r"(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+                       r"(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*")
+
 # A Hugging Face repo id: org/name, each of letters, digits and _.- (Hugging Face's own
 # rule; a part never starts with "." or "-", so no ".." and no hidden name).
 MODEL_ID = re.compile(r"[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)?")
@@ -579,6 +583,37 @@ class Settings(BaseModel):
     audit_report_dir: str = "reports"
     """Directory, on the operator's machine, where the audit writes its reports."""
 
+    # --- monitoring ------------------------------------------------------------------
+    node_exporter_install: bool = True
+    """The metrics stage installs the distribution's prometheus-node-exporter, enabled and
+    running with its textfile collector on textfile_collector_dir, on loopback only
+    (node_exporter_port); the gateway serves it as /node-metrics behind the /metrics allow
+    list. False writes the textfile alone, for a node_exporter run another way.
+    """
+    node_exporter_port: int = Field(default=9100, ge=1, le=65535)
+    """Port node_exporter listens on, on 127.0.0.1 only (the package's own default, :9100 on
+    every address, is never used): a central Prometheus reads it through the gateway.
+    """
+    prometheus_servers: list[str] = Field(default_factory=list)
+    """Addresses (CIDR, IPv4 or IPv6, no scope id) of the central Prometheus servers: added
+    to metrics_allow for the gateway's /metrics and /node-metrics; host bits are cleared.
+    """
+    metrics_address: str | None = None
+    """Host name or IP address a central Prometheus reaches this host's gateway at, for
+    ``python -m tools.scrape_config``; None takes the inventory's ssh_hostname, else the
+    host's inventory name. No port, scheme or path (the port is gateway_port).
+    """
+
+    # --- removal (deploys/remove.py) ---------------------------------------------------
+    remove_model_files: bool = False
+    """deploys/remove.py also deletes the model's files ({model_dir}/{model_id}); without it
+    the weights stay. Never set by the deploy itself.
+    """
+    remove_volume_fstab: bool = False
+    """deploys/remove.py also unmounts model_dir and removes its /etc/fstab line (the
+    model_volume stage's); the volume itself is never formatted or wiped.
+    """
+
     @field_validator("vllm_version")
     @classmethod
     def _known_stack(cls, value: str) -> str:
@@ -801,22 +836,42 @@ class Settings(BaseModel):
             )
         return value
 
-    @field_validator("metrics_allow")
+    @field_validator("metrics_allow", "prometheus_servers")
     @classmethod
-    def _networks(cls, value: list[str]) -> list[str]:
+    def _networks(cls, value: list[str], info: ValidationInfo) -> list[str]:
         networks = []
+        name = info.field_name
         for index, entry in enumerate(value):
             if "%" in entry:
-                raise ValueError(f"metrics_allow[{index}] {entry!r} has an IPv6 scope id "
+                raise ValueError(f"{name}[{index}] {entry!r} has an IPv6 scope id "
                                  "(%): nginx's allow takes a network without one")
             try:
                 networks.append(str(ipaddress.ip_network(entry, strict=False)))
             except ValueError:
                 raise ValueError(
-                    f"metrics_allow[{index}] {entry!r} is not an IPv4 or IPv6 network; "
+                    f"{name}[{index}] {entry!r} is not an IPv4 or IPv6 network; "
                     "allowed: an address or CIDR such as 10.20.0.0/16, 127.0.0.1 or ::1/128"
                 ) from None
         return networks
+
+    @field_validator("metrics_address")
+    @classmethod
+    def _reachable_address(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        try:
+            ipaddress.ip_address(value)
+        except ValueError:
+            if not HOST_NAME.fullmatch(value):
+                raise ValueError(
+                    "not a host name or IP address literal: letters, digits, '-' and '.' "
+                    "(e.g. gpu-a100-01.example.internal) or an address such as 10.20.0.7 "
+                    "or fd00::7; no scheme, port, path or brackets (the port is "
+                    "gateway_port)"
+                ) from None
+        if "%" in value:
+            raise ValueError("has an IPv6 scope id (%), which means nothing to another host")
+        return value
 
     @field_validator("gateway_extra_directives")
     @classmethod
@@ -1029,6 +1084,17 @@ class Settings(BaseModel):
     @property
     def model_name(self) -> str:
         return self.served_model_name or self.model_id
+
+    @property
+    def metrics_networks(self) -> list[str]:
+        """Who may read the gateway's /metrics and /node-metrics: metrics_allow, then
+        prometheus_servers, each network once."""
+        return list(dict.fromkeys([*self.metrics_allow, *self.prometheus_servers]))
+
+    @property
+    def node_exporter_served(self) -> bool:
+        """Does this host run the suite's node_exporter (so the gateway serves it)?"""
+        return self.node_exporter_install and "metrics" not in self.skip_stages
 
 
 class SettingsError(DeployError):

@@ -5,9 +5,10 @@ nginx from the distribution; the site (``/etc/nginx/conf.d/vllm.conf``), the key
 (``/etc/nginx/vllm-tls/``, the key 0600) go live only after ``nginx -t`` passes, and nginx
 is reloaded only when one of them changed (operations/gateway.py). The keys are never
 printed: no command line or log line carries them, ``--diff`` masks them, and a failed
-``nginx -t`` is shown without the lines that would. Failed key checks are rate-limited per address. A
-Prometheus scrape job for the engine's metrics is written to
-``/etc/prometheus/scrape.d/vllm.yml``.
+``nginx -t`` is shown without the lines that would. Failed key checks are rate-limited per address.
+``/metrics`` (the engine's) and ``/node-metrics`` (node_exporter's, on loopback, when the
+metrics stage runs it) answer only metrics_allow and prometheus_servers; the central
+Prometheus's scrape jobs come from ``python -m tools.scrape_config`` (docs/monitoring.md).
 
 Another server block on the gateway's ports (Debian's ``sites-enabled/default`` when the
 gateway is on port 80, a hand-made site) would take requests meant for the gateway: found
@@ -31,11 +32,10 @@ from pyinfra.facts.deb import DebPackage
 from pyinfra.operations import apt
 
 from facts.nginx import NginxServers
-from operations import file_set, gate, units
+from operations import gate, units
 from operations import gateway as gateway_ops
 from operations import vllm_service as vllm_service_ops
 from pyinfra_vllm.context import context
-from pyinfra_vllm.templating import render
 
 logger = logging.getLogger("pyinfra")
 
@@ -118,7 +118,9 @@ def gateway() -> None:
                 vllm_host=settings.vllm_host,
                 vllm_port=settings.vllm_port,
                 gateway_port=settings.gateway_port,
-                metrics_allow=settings.metrics_allow,
+                metrics_allow=settings.metrics_networks,
+                node_exporter_port=(settings.node_exporter_port
+                                    if settings.node_exporter_served else None),
                 body_mib=settings.gateway_max_body_mib
                 or gateway_ops.body_limit_mib(settings.max_model_len),
                 proxy_timeout_s=settings.gateway_proxy_timeout_s,
@@ -137,14 +139,3 @@ def gateway() -> None:
 
         units.enabled_and_running(name="Gateway: nginx enabled and running", unit="nginx.service")
 
-        scrape_job = render(
-            "prometheus-vllm-scrape.yml.j2",
-            gateway_port=settings.gateway_port,
-            tls=bool(tls_files),
-            metrics_allow=settings.metrics_allow,
-            instance=host.name,
-        )
-        file_set.present(
-            name="Gateway: Prometheus scrape job for vLLM",
-            files={"/etc/prometheus/scrape.d/vllm.yml": (scrape_job.encode(), "644")},
-        )

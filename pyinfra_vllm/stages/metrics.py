@@ -1,10 +1,17 @@
-"""Metrics: this host's verdicts for node_exporter's textfile collector.
+"""Metrics: node_exporter on loopback, and this host's verdicts for its textfile collector.
+
+With ``node_exporter_install`` (default) the distribution's prometheus-node-exporter is
+installed, enabled and running, its command line set by the suite's drop-in
+(operations/node_exporter.py): 127.0.0.1:``node_exporter_port`` only, the textfile
+collector on ``textfile_collector_dir``, the systemd collector for the suite's units. The
+drop-in is written before the package is installed, so the package's first start already
+listens on loopback alone. A central Prometheus reads it through the gateway's
+``/node-metrics`` (docs/monitoring.md).
 
 The checks preflight ran (OS, driver, GPUs, NVLink, and the model's architecture,
 context length and capacity), the stack, and the capacity plan, as Prometheus gauges in
 ``{textfile_collector_dir}/pyinfra_vllm.prom`` (pyinfra_vllm/textfile.py). node_exporter's
-``--collector.textfile.directory`` reads it; Debian's and Ubuntu's
-prometheus-node-exporter package reads /var/lib/prometheus/node-exporter. A host a
+``--collector.textfile.directory`` reads it. A host a
 stage refused gets no new file: alert on the file's age or on a missing series. A run
 that reboots into a driver it installed leaves the file to the next run: its verdicts
 were read before the reboot.
@@ -16,18 +23,62 @@ from __future__ import annotations
 
 from pyinfra import host, logger
 from pyinfra.api import deploy
+from pyinfra.facts.deb import DebPackage
+from pyinfra.operations import apt, systemd
 
-from operations import file_set
+from operations import file_set, units
+from operations import node_exporter as node_exporter_ops
 from pyinfra_vllm.context import context
 from pyinfra_vllm.gates import model_gates
 from pyinfra_vllm.report import summarize
 from pyinfra_vllm.textfile import metrics_text
 
+# Written by the gateway stage before the scrape job moved to the operator's side
+# (python -m tools.scrape_config): nothing reads it any more.
+LEGACY_SCRAPE_JOB = "/etc/prometheus/scrape.d/vllm.yml"
+
+
+def node_exporter(port: int, textfile_dir: str) -> None:
+    """node_exporter from the distribution, on loopback, with the suite's command line."""
+    # Before the package: its postinst starts the service, which must already read this.
+    override = file_set.present(
+        name="Metrics: node_exporter on loopback, reading the suite's textfile directory",
+        files={node_exporter_ops.DROP_IN: (
+            node_exporter_ops.render_drop_in(port, textfile_dir).encode(), "644")},
+    )
+    # Read once: a host with the package needs no apt operation at all.
+    if not host.get_fact(DebPackage, package=node_exporter_ops.PACKAGE):
+        apt.packages(
+            name="Metrics: prometheus-node-exporter installed",
+            packages=[node_exporter_ops.PACKAGE],
+            update=True,
+            no_recommends=True,
+        )
+    systemd.daemon_reload(name="Metrics: reload systemd units", _if=override.did_change)
+    # A running node_exporter keeps its old command line until restarted.
+    systemd.service(
+        name="Metrics: restart node_exporter with its new command line",
+        service=node_exporter_ops.UNIT,
+        running=True,
+        restarted=True,
+        _if=override.did_change,
+    )
+    units.enabled_and_running(name="Metrics: node_exporter enabled and running",
+                              unit=node_exporter_ops.UNIT)
+
 
 @deploy("metrics")
 def metrics() -> None:
-    """Metrics: this host's verdicts for node_exporter's textfile collector."""
+    """Metrics: node_exporter on loopback, and this host's verdicts for its textfile
+    collector."""
     ctx = context(host)
+
+    if ctx.proceed("metrics"):
+        if ctx.settings.node_exporter_install:
+            node_exporter(ctx.settings.node_exporter_port, ctx.settings.textfile_collector_dir)
+        file_set.absent(name="Metrics: no per-host scrape job (the operator's Prometheus "
+                        "has the fleet's, from tools.scrape_config)",
+                        paths=[LEGACY_SCRAPE_JOB])
 
     if ctx.proceed("metrics") and ctx.stale:
         # The verdicts would describe the host before its reboot into the new driver.
@@ -54,7 +105,7 @@ def metrics() -> None:
         file_set.present(
             name="Metrics: verdicts for node_exporter's textfile collector",
             files={
-                f"{settings.textfile_collector_dir}/pyinfra_vllm.prom": (
+                f"{settings.textfile_collector_dir}/{node_exporter_ops.TEXTFILE_NAME}": (
                     metrics_text(host.name, checks, info, capacity).encode(),
                     "644",
                 )

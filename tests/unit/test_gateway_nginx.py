@@ -52,7 +52,8 @@ class Gateway:
 
     def __init__(self, root: Path, *, keys: list[str], upstream_key: str | None = None,
                  vllm_host: str = "127.0.0.1", vllm_port: int = 8000, gateway_port: int = 8001,
-                 tls: tuple[Path, Path] | None = None, http_redirect_port: int | None = None):
+                 tls: tuple[Path, Path] | None = None, http_redirect_port: int | None = None,
+                 node_exporter_port: int | None = None):
         self.root = root
         self.gateway_port = gateway_port
         self.http_redirect_port = http_redirect_port
@@ -61,7 +62,7 @@ class Gateway:
             vllm_host=vllm_host, vllm_port=vllm_port, gateway_port=gateway_port,
             metrics_allow=["127.0.0.1/32"], body_mib=2, proxy_timeout_s=60,
             keys_path=str(keys_path), tls=tls is not None,
-            http_redirect_port=http_redirect_port,
+            http_redirect_port=http_redirect_port, node_exporter_port=node_exporter_port,
             **({"tls_cert_path": str(tls[0]), "tls_key_path": str(tls[1])} if tls else {}),
         )
         # The logs go where the test can write them.
@@ -346,3 +347,20 @@ def test_tls_serves_and_the_redirect_port_only_redirects(tmp_path, certificate):
                 assert status == 301
                 assert headers["Location"] == f"https://localhost:{port}{path}"
                 assert headers["Server"] == "nginx"
+
+
+def test_node_metrics_reach_node_exporter_on_loopback_without_the_engines_key(tmp_path):
+    # node_exporter is a stand-in on loopback: it gets /metrics, and never the
+    # Authorization header nginx sends the engine.
+    with engine() as engine_port, engine() as node_port:
+        gateway = Gateway(tmp_path, keys=[KEY], upstream_key="sk-engine.1",
+                          vllm_port=engine_port, gateway_port=free_port(),
+                          node_exporter_port=node_port)
+        assert gateway.test().returncode == 0
+        with gateway.running():
+            status, _headers, body = request(gateway.gateway_port, "/node-metrics",
+                                             method="GET")
+            assert status == 200
+            assert json.loads(body) == {"path": "/metrics", "authorization": None}
+            status, _headers, body = request(gateway.gateway_port, "/metrics", method="GET")
+            assert json.loads(body)["authorization"] == "Bearer sk-engine.1"

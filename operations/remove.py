@@ -1,0 +1,147 @@
+"""Taking off what the suite installed (deploys/remove.py): units, the nginx site, package
+holds and the model volume's fstab line, each read first so that a host with nothing
+left to remove gets no command.
+
+Files and directories alone go with ``file_set.absent``; these are the removals that need
+more than a delete: a unit stopped and systemd reloaded, nginx tested before its reload,
+a hold released, a mount let go.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from pyinfra import host
+from pyinfra.api import OperationValueError, QuoteString, StringCommand, operation
+
+from facts.driver import HeldPackages
+from facts.files import PathTypes
+from facts.storage import Fstab, MountPoint
+from facts.units import UnitActivation
+
+FSTAB = "/etc/fstab"
+# Where the site's files wait while nginx -t runs without them: on /etc's file system, so
+# moving them there and back is a rename.
+SITE_PARKING = "/etc/nginx/.pyinfra-vllm-removed"
+
+
+@operation()
+def unit_removed(unit: str, paths: list[str] | None = None):
+    """
+    Stop and disable a systemd unit, and remove the suite's files for it.
+
+    + unit: the unit's full name, e.g. ``vllm.service``
+    + paths: the suite's unit file and drop-ins (or a drop-in alone, for a unit a package
+      owns): removed, then systemd reloads and forgets the unit's failed state
+
+    A unit systemd does not know and none of ``paths``: no command.
+    """
+    found = host.get_fact(UnitActivation, unit=unit)
+    kinds = host.get_fact(PathTypes, paths=sorted(paths or []))
+    present = [path for path in sorted(paths or []) if kinds.get(path)]
+    running = found is not None and (found["active"] not in ("inactive", "failed")
+                                     or found["enabled"] == "enabled")
+    if not running and not present:
+        host.noop(f"{unit} is stopped and disabled, and its files are gone")
+        return
+    if running:
+        yield StringCommand("systemctl disable --now", QuoteString(unit))
+    for path in present:
+        yield StringCommand("rm -rf --one-file-system --" if kinds[path] == "directory"
+                            else "rm -f --", QuoteString(path))
+    if present:
+        yield "systemctl daemon-reload"
+        # A failed unit stays listed after its file is gone until its state is reset.
+        yield StringCommand("systemctl reset-failed", QuoteString(unit), "2>/dev/null || true")
+
+
+def site_removal_script(paths: list[str], parking: str, service: str) -> str:
+    """One shell command: park ``paths``, ``nginx -t``, then delete them and reload, or put
+    them back when the test fails (nginx never left failing). Without an nginx binary the
+    files are simply deleted. Paths are quoted with shlex: they are parts of a script."""
+    q = shlex.quote
+    lines = [f"rm -rf {q(parking)} && install -d -m 700 -o root -g root {q(parking)} || exit 1"]
+    restore = []
+    for index, path in enumerate(paths):
+        parked = f"{parking}/{index}"
+        lines.append(f"mv -f {q(path)} {q(parked)} || exit 1")
+        restore.append(f"mv -f {q(parked)} {q(path)}")
+    lines.append(
+        "if ! command -v nginx >/dev/null 2>&1; then rm -rf " + q(parking) + "; "
+        "elif out=$(nginx -t 2>&1); then rm -rf " + q(parking) + "; "
+        f"systemctl try-reload-or-restart {q(service)}; "
+        f"else {'; '.join(restore)}; rm -rf {q(parking)}; "
+        'echo "nginx -t fails without the gateway'"'"'s files; they are back:" >&2; '
+        "printf '%s\\n' \"$out\" | grep -v -F vllm-api-keys >&2; exit 1; fi"
+    )
+    return "; ".join(lines)
+
+
+@operation()
+def nginx_site_removed(paths: list[str], parking: str = SITE_PARKING, service: str = "nginx"):
+    """
+    Remove the gateway's nginx files, tested by ``nginx -t`` before nginx reloads.
+
+    + paths: the site, the API key file, the TLS directory, the staging directory
+    + parking: root-only directory the files wait in while nginx is tested without them
+    + service: the unit reloaded (only if it runs) once the test passed
+
+    If nginx -t fails without them (another file includes one), they are put back and the
+    operation fails with nginx's message, without the lines naming the key file. None
+    present: no command.
+    """
+    kinds = host.get_fact(PathTypes, paths=sorted(paths))
+    present = [path for path in sorted(paths) if kinds.get(path)]
+    if not present:
+        host.noop("the gateway's nginx files are gone")
+        return
+    yield StringCommand(site_removal_script(present, parking, service))
+
+
+@operation()
+def holds_released(prefixes: list[str]):
+    """
+    Release the dpkg holds of the driver and CUDA packages (``apt-mark unhold``).
+
+    + prefixes: package name prefixes the driver stage held (nvidia-, libnvidia-, cuda-)
+
+    The packages stay installed. None held: no command.
+    """
+    held = [name for name in host.get_fact(HeldPackages) if name.startswith(tuple(prefixes))]
+    if not held:
+        host.noop("no NVIDIA driver or CUDA package is held")
+        return
+    yield StringCommand("apt-mark", "unhold", *[QuoteString(name) for name in sorted(held)])
+
+
+def fstab_without(path: str, fstab: str = FSTAB) -> str:
+    """One shell command: ``fstab`` without the lines mounting ``path`` (field 2), replaced
+    by rename, the previous one kept as ``<fstab>.pyinfra-vllm.bak``."""
+    q = shlex.quote
+    new = f"{fstab}.pyinfra-new"
+    return (f"awk -v p={q(path)} '$1 ~ /^#/ || $2 != p' {q(fstab)} > {q(new)} && "
+            f"chmod 644 {q(new)} && cp -p {q(fstab)} {q(fstab + '.pyinfra-vllm.bak')} && "
+            f"mv -f {q(new)} {q(fstab)}")
+
+
+@operation()
+def volume_released(path: str):
+    """
+    Unmount the model volume and remove its ``/etc/fstab`` line; the device and its data
+    are left as they are (never formatted, never wiped).
+
+    + path: the mount point (model_dir)
+
+    Nothing mounted there and no fstab line for it: no command.
+    """
+    if not path.startswith("/") or path == "/":
+        raise OperationValueError(f"volume_released: {path!r} is not a mount point below /")
+    mounted = host.get_fact(MountPoint, path=path)
+    lines = [entry for entry in host.get_fact(Fstab) if entry.get("file") == path]
+    if mounted is None and not lines:
+        host.noop(f"nothing mounted at {path} and no fstab line for it")
+        return
+    if mounted is not None:
+        yield StringCommand("umount", QuoteString(path))
+    if lines:
+        yield StringCommand(fstab_without(path))

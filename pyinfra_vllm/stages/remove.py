@@ -1,0 +1,128 @@
+"""Remove: take off what the suite installed, keep what the host may need.
+
+In order: the engine (vllm.service stopped, disabled, its unit, environment file and
+helpers removed, systemd reloaded), the gateway's nginx files (site, API keys, TLS; nginx
+-t before the reload, the files put back if nginx would fail without them), node_exporter
+(the suite's drop-in removed, the service stopped and disabled: without the drop-in it
+would listen on every address), the metrics textfile and the old per-host scrape job, the
+sysctl drop-in (then ``sysctl --system``), the persistence daemon's drop-in, the driver's
+package holds, upgrade blacklist and apt sources, the Python environments
+(python_env_root), the engine's state directory and the suite's own files under
+/var/lib/pyinfra-vllm. With ``remove_model_files`` the model's files, with
+``remove_volume_fstab`` the volume's mount and fstab line.
+
+Kept: the distribution packages (nginx, prometheus-node-exporter, the NVIDIA driver),
+which the host may need and another user may rely on; the vllm account; what the suite
+set aside (foreign nginx files and drop-ins under /var/lib/pyinfra-vllm/nginx-disabled
+and disabled-drop-ins: the operator's, never deleted); the live kernel parameters (the
+drop-in gone, ``sysctl --system`` re-applies the remaining files, but a key no other
+file sets keeps its value until the next boot). Nothing is formatted or wiped. A second
+removal changes nothing. docs/stages.md says what each step reads.
+
+    pyinfra inventory.py deploys/remove.py
+"""
+
+from __future__ import annotations
+
+from pyinfra import host, logger
+from pyinfra.api import deploy
+from pyinfra.operations import server, systemd
+
+from operations import driver as driver_ops
+from operations import file_set
+from operations import gateway as gateway_ops
+from operations import model as model_ops
+from operations import node_exporter as node_exporter_ops
+from operations import persistence as persistence_ops
+from operations import remove as remove_ops
+from operations import sysctl as sysctl_ops
+from operations import vllm_service as vllm_ops
+from pyinfra_vllm.settings import load_settings
+from pyinfra_vllm.stages.metrics import LEGACY_SCRAPE_JOB
+
+# Under /var/lib/pyinfra-vllm (operations/model.py TOOL_DIR): the downloader and the
+# model locks go; gateway_ops.DISABLED_DIR and units.DISABLED_DROP_IN_DIR, what the suite
+# set aside, stay.
+TOOL_FILES = (f"{model_ops.TOOL_DIR}/fetch_model.py", f"{model_ops.TOOL_DIR}/locks")
+
+
+@deploy("remove")
+def remove() -> None:
+    """Remove what the suite installed; keep packages, data and what it set aside."""
+    settings = load_settings(host)
+
+    remove_ops.unit_removed(
+        name="Remove: vllm.service stopped, disabled and removed",
+        unit=f"{vllm_ops.SERVICE}.service",
+        paths=[vllm_ops.UNIT_PATH, f"{vllm_ops.UNIT_PATH}.d"],
+    )
+    file_set.absent(
+        name="Remove: the engine's environment file and helpers",
+        paths=[vllm_ops.ENV_PATH.rpartition("/")[0], vllm_ops.HELPER_DIR],
+    )
+
+    remove_ops.nginx_site_removed(
+        name="Remove: the gateway's nginx site, API keys and TLS files (nginx -t before reload)",
+        paths=[gateway_ops.SITE_PATH, gateway_ops.KEYS_PATH, gateway_ops.TLS_DIR,
+               gateway_ops.STAGING_DIR],
+    )
+
+    remove_ops.unit_removed(
+        name="Remove: node_exporter stopped and disabled, the suite's drop-in removed",
+        unit=node_exporter_ops.UNIT,
+        paths=[node_exporter_ops.DROP_IN],
+    )
+    file_set.absent(
+        name="Remove: the metrics textfile and the old scrape job",
+        paths=[f"{settings.textfile_collector_dir}/{node_exporter_ops.TEXTFILE_NAME}",
+               LEGACY_SCRAPE_JOB],
+    )
+
+    sysctl_file = file_set.absent(
+        name="Remove: the sysctl drop-in",
+        paths=[sysctl_ops.drop_in_path(settings.sysctl_file_priority)],
+    )
+    # Re-applies the files left; a key only the drop-in set keeps its value until a boot.
+    server.shell(name="Remove: sysctl --system (the remaining files)",
+                 commands=["sysctl --system >/dev/null"], _if=sysctl_file.did_change)
+
+    persistenced = file_set.absent(
+        name="Remove: the nvidia-persistenced drop-in",
+        paths=[persistence_ops.PERSISTENCED_DROP_IN],
+    )
+    # The daemon keeps running: it is the driver package's, and persistence mode is what
+    # NVIDIA recommends; it starts with the package's command line at its next start.
+    systemd.daemon_reload(name="Remove: reload systemd units", _if=persistenced.did_change)
+
+    remove_ops.holds_released(
+        name="Remove: holds on the NVIDIA driver and CUDA packages released",
+        prefixes=list(driver_ops.DRIVER_PACKAGE_PREFIXES),
+    )
+    file_set.absent(
+        name="Remove: the driver's upgrade blacklist and apt sources",
+        paths=[driver_ops.BLACKLIST_FILE, "/etc/apt/sources.list.d/pyinfra-vllm-nvidia.list",
+               driver_ops.CUDA_SOURCE, driver_ops.CUDA_KEYRING],
+    )
+
+    file_set.absent(
+        name="Remove: the Python environments, the engine's state and the suite's tools",
+        paths=[settings.python_env_root, vllm_ops.STATE_DIR, driver_ops.CUDA_KEY_DIR,
+               *TOOL_FILES, "/run/pyinfra-vllm"],
+    )
+
+    if settings.remove_model_files:
+        file_set.absent(
+            name="Remove: the model's files (remove_model_files)",
+            paths=[model_ops.model_path(settings.model_dir, settings.model_id)],
+        )
+    if settings.remove_volume_fstab:
+        remove_ops.volume_released(
+            name="Remove: the model volume unmounted, its fstab line removed "
+            "(remove_volume_fstab)",
+            path=settings.model_dir,
+        )
+    if not settings.remove_model_files:
+        host.log_styled(
+            f"remove: the model's files under {settings.model_dir} are kept (set "
+            "remove_model_files=true to delete them)", log_func=logger.info)
+
