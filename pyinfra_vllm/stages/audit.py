@@ -71,7 +71,8 @@ def audit() -> None:
         entry["engine"] = host.get_fact(EngineServing, url=url)
     entry["integrity"] = _integrity(ctx)
     entry["findings"] += integrity_problems(entry)
-    record(host.name, entry, report_dir=ctx.settings.audit_report_dir)
+    record(host.name, entry, report_dir=ctx.settings.audit_report_dir,
+           keep=ctx.settings.audit_report_keep)
 
 
 def _integrity(ctx) -> dict:
