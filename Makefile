@@ -17,10 +17,12 @@ venv: .venv/.done
 # requests on loopback, never as a service); Debian 12's "nginx" package holds
 # /usr/sbin/nginx with the ssl, http_v2, auth_request, map and limit_req modules
 # (nginx-light is a metapackage over it plus an echo module). openssl: their throwaway
-# certificate.
+# certificate. chromium: tests/unit/test_report_browser.py renders the HTML audit report
+# headless and checks the screenshot and the console.
 SYSTEM_TOOLS := debootstrap:debootstrap systemd-nspawn:systemd-container \
 	mkfs.xfs:xfsprogs ssh:openssh-client iptables:iptables ip:iproute2 \
-	losetup:util-linux curl:curl dpkg-deb:dpkg nginx:nginx openssl:openssl
+	losetup:util-linux curl:curl dpkg-deb:dpkg nginx:nginx openssl:openssl \
+	chromium:chromium
 .PHONY: system-deps
 system-deps:
 	@missing=""; for pair in $(SYSTEM_TOOLS); do \
