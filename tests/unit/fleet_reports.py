@@ -90,3 +90,19 @@ def fleet() -> dict[str, Any]:
                 [], [REBOOT]),
         },
     }
+
+
+def previous_of(report: dict[str, Any]) -> dict[str, Any]:
+    """The same fleet as an earlier audit saw it."""
+    before = json.loads(json.dumps(report))
+    before["generated_at"] = "2026-11-30T10:00:00+00:00"
+    dgx = before["hosts"]["gpu-dgx-01"]
+    dgx["drift"] = [GATEWAY]
+    dgx["findings"] = []
+    dgx["summary"]["driver_version"] = "570.172.08"
+    dgx["summary"]["gpu_count"] = 7
+    pcie = before["hosts"]["gpu-pcie-01"]
+    pcie["refused"] = []
+    pcie["summary"]["verdict"] = "ok"
+    before["hosts"]["gpu-old-01"] = before["hosts"].pop("gpu-h200-01")
+    return before

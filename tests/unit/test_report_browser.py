@@ -23,8 +23,7 @@ import pytest
 from pyinfra_vllm.report import summary_rows
 from pyinfra_vllm.report_changes import changes
 from pyinfra_vllm.report_html import LINK_KINDS, render_html
-from tests.unit.fleet_reports import fleet
-from tests.unit.test_report_html import previous_of
+from tests.unit.fleet_reports import fleet, previous_of
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = pytest.mark.skipif(

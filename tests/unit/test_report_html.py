@@ -19,7 +19,7 @@ from pyinfra_vllm.report import render_markdown, summary_rows
 from pyinfra_vllm.report_changes import changes, markdown_changes
 from pyinfra_vllm.report_html import LINK_KINDS, UNKNOWN, link_kind, matrix_svg, render_html
 from pyinfra_vllm.settings import SettingsError, validate
-from tests.unit.fleet_reports import GATEWAY, REBOOT, SYSCTL, TORCH, fleet, topology
+from tests.unit.fleet_reports import GATEWAY, REBOOT, SYSCTL, TORCH, fleet, previous_of, topology
 
 SVG = "{http://www.w3.org/2000/svg}"
 NV, PIX, PXB, NODE, SYS, SELF = (LINK_KINDS[k][0] for k in ("NV#", "PIX", "PXB", "NODE", "SYS", "X"))
@@ -193,22 +193,6 @@ def test_a_missing_cell_is_unknown_not_a_colour_of_the_legend():
     del topo["links"]["GPU0"]["GPU1"], topo["links"]["GPU1"]["GPU0"]
     found = cells(ET.fromstring(matrix_svg(topo)))
     assert found[("GPU0", "GPU1")] == (UNKNOWN[0], "?")
-
-
-def previous_of(report: dict) -> dict:
-    """The same fleet as an earlier audit saw it."""
-    before = json.loads(json.dumps(report))
-    before["generated_at"] = "2026-11-30T10:00:00+00:00"
-    dgx = before["hosts"]["gpu-dgx-01"]
-    dgx["drift"] = [GATEWAY]
-    dgx["findings"] = []
-    dgx["summary"]["driver_version"] = "570.172.08"
-    dgx["summary"]["gpu_count"] = 7
-    pcie = before["hosts"]["gpu-pcie-01"]
-    pcie["refused"] = []
-    pcie["summary"]["verdict"] = "ok"
-    before["hosts"]["gpu-old-01"] = before["hosts"].pop("gpu-h200-01")
-    return before
 
 
 def test_changes_since_the_previous_audit():
