@@ -19,10 +19,12 @@ venv: .venv/.done
 # (nginx-light is a metapackage over it plus an echo module). openssl: their throwaway
 # certificate. promtool: Debian's prometheus package (checks and unit-tests the alert
 # rules and the generated scrape config; its prometheus service is stopped and disabled).
+# chromium: tests/unit/test_report_browser.py renders the HTML audit report headless and
+# checks the screenshot and the console.
 SYSTEM_TOOLS := debootstrap:debootstrap systemd-nspawn:systemd-container \
 	mkfs.xfs:xfsprogs ssh:openssh-client iptables:iptables ip:iproute2 \
 	losetup:util-linux curl:curl dpkg-deb:dpkg nginx:nginx openssl:openssl \
-	promtool:prometheus
+	promtool:prometheus chromium:chromium
 .PHONY: system-deps
 system-deps:
 	@missing=""; for pair in $(SYSTEM_TOOLS); do \

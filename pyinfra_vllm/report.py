@@ -34,12 +34,16 @@ from facts.topology import tp_link_verdict
 from operations.gateway import foreign_servers, foreign_words
 from operations.units import foreign_drop_ins
 from operations.vllm_service import difference_words, engine_differences
+from pyinfra_vllm import report_store
 from pyinfra_vllm.checks import blocking, check_host
 from pyinfra_vllm.gates import gpu_memory_mib, model_gates
+from pyinfra_vllm.report_changes import changes, markdown_changes
+from pyinfra_vllm.report_html import render_html
 from pyinfra_vllm.settings import Settings
 from pyinfra_vllm.versions import pyinfra_problem
 
-_RUN: dict[str, Any] = {"hosts": {}, "paths": None, "registered": False}
+_RUN: dict[str, Any] = {"hosts": {}, "paths": None, "registered": False, "previous": None,
+                        "keep": None, "removed": []}
 
 # When set (python -m tools.audit sets it), the paths of the reports are written to
 # this file as JSON, so the wrapper reads the report this run wrote.
@@ -295,6 +299,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         f"{len(report['hosts'])} host(s).",
         "",
     ]
+    lines += markdown_changes(report.get("changes"))
     if any(entry.get("drift") is not None for entry in report["hosts"].values()):
         lines += [
             "## Drift",
@@ -556,7 +561,8 @@ def engine_words(entry: dict[str, Any]) -> str:
     return ", ".join(words)
 
 
-def summary_table(report: dict[str, Any]) -> str:
+def summary_rows(report: dict[str, Any]) -> list[tuple[str, ...]]:
+    """The terminal table's rows, header first (the HTML report's fleet table too)."""
     header: tuple[str, ...] = (
         "host", "OS", "GPUs", "driver", "CUDA", "MIG", "persistence", "NVLink", "TP GPUs",
         "verdict", "drift",
@@ -583,6 +589,12 @@ def summary_table(report: dict[str, Any]) -> str:
                 *([engine_words(entry)] if asked else []),
             )
         )
+    return rows
+
+
+def summary_table(report: dict[str, Any]) -> str:
+    rows = summary_rows(report)
+    header = rows[0]
     widths = [max(len(str(row[i])) for row in rows) for i in range(len(header))]
     return "\n".join(
         "  ".join(str(cell).ljust(widths[i]) for i, cell in enumerate(row)).rstrip()
@@ -599,11 +611,20 @@ def _paths(report_dir: str) -> tuple[Path, Path]:
 def _write(report: dict[str, Any]) -> None:
     json_path, md_path = _RUN["paths"]
     json_path.parent.mkdir(parents=True, exist_ok=True)
+    previous_path, previous = _RUN["previous"] or (None, None)
+    report = dict(report, changes=changes(previous, report,
+                                          previous_path.name if previous_path else None))
     json_path.write_text(json.dumps(report, indent=2, sort_keys=True, default=str) + "\n")
     md_path.write_text(render_markdown(report) + "\n")
+    json_path.with_suffix(".html").write_text(render_html(report, summary_rows(report)))
+    report_store.publish_latest(json_path)
+    if _RUN["keep"] is not None:
+        _RUN["removed"] += report_store.prune(json_path.parent, _RUN["keep"],
+                                              report_store.stamp_of(json_path) or "")
     index = os.environ.get(INDEX_ENV)
     if index:
-        paths = {"json": str(json_path.resolve()), "markdown": str(md_path.resolve())}
+        paths = {"json": str(json_path.resolve()), "markdown": str(md_path.resolve()),
+                 "html": str(json_path.with_suffix(".html").resolve())}
         Path(index).write_text(json.dumps(paths) + "\n")
 
 
@@ -620,12 +641,21 @@ def _print_summary() -> None:
     json_path, md_path = _RUN["paths"]
     print("\n" + summary_table(_report()), file=sys.stderr)
     print(f"\nAudit reports written to {json_path} and {md_path}", file=sys.stderr)
+    removed = {report_store.stamp_of(path) for path in _RUN["removed"]}
+    print(f"HTML report: {json_path.with_suffix('.html')}; "
+          f"{json_path.parent / (report_store.LATEST + '.{json,md,html}')} point at this audit"
+          + (f"; {len(removed)} older report set(s) removed (audit_report_keep)"
+             if removed else ""), file=sys.stderr)
 
 
-def record(name: str, entry: dict[str, Any], report_dir: str) -> None:
-    """Add one host's entry and rewrite the run's reports."""
+def record(name: str, entry: dict[str, Any], report_dir: str, keep: int | None = None) -> None:
+    """Add one host's entry and rewrite the run's reports; ``keep``: the report sets kept
+    in ``report_dir`` (None: all)."""
     if _RUN["paths"] is None:
-        _RUN["paths"] = _paths(report_dir)
+        paths = _RUN["paths"] = _paths(report_dir)
+        # Read before this run writes or prunes anything.
+        _RUN["previous"] = report_store.previous_report(paths[0])
+        _RUN["keep"] = keep
         _RUN["generated_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
     if not _RUN["registered"]:
         atexit.register(_print_summary)

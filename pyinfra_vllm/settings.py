@@ -582,6 +582,11 @@ class Settings(BaseModel):
     """
     audit_report_dir: str = "reports"
     """Directory, on the operator's machine, where the audit writes its reports."""
+    audit_report_keep: int = Field(default=30, ge=1, le=10000)
+    """Audit report sets (``audit-<UTC>.json``, ``.md`` and ``.html``) kept in
+    ``audit_report_dir``, the one just written included; older sets are removed after each
+    audit. Other files there are never touched.
+    """
 
     # --- monitoring ------------------------------------------------------------------
     node_exporter_install: bool = True

@@ -79,7 +79,8 @@ def audit() -> None:
         entry["model_integrity"] = model_integrity(ctx.deep_model_check(host, path), path)
     entry["integrity"] = _integrity(ctx)
     entry["findings"] += integrity_problems(entry)
-    record(host.name, entry, report_dir=ctx.settings.audit_report_dir)
+    record(host.name, entry, report_dir=ctx.settings.audit_report_dir,
+           keep=ctx.settings.audit_report_keep)
 
 
 def _integrity(ctx) -> dict:

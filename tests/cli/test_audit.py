@@ -114,7 +114,8 @@ def test_only_preflight_on_a_supported_host_is_converged(tmp_path):
     assert run.returncode == 0, run.stderr
     assert (entry["drift"], entry["refused"]) == ([], [])
     assert run.stderr.rstrip().endswith("audit: 1 host(s) converged, none refused")
-    assert "converged" in run.stderr.splitlines()[-4]  # the table's drift column
+    (row,) = [line for line in run.stderr.splitlines() if line.startswith("@local  ")]
+    assert row.endswith("  converged")  # the table's drift column
 
 
 @pytest.mark.skipif(SYSCTL_DROP_IN.exists(), reason="the sysctl drop-in exists on this machine")
@@ -145,3 +146,29 @@ def test_the_audit_never_runs_with_yes():
     run = audit("-y")
     assert run.returncode == 2
     assert "never with -y" in run.stderr
+
+
+def test_a_second_audit_says_what_changed_and_keeps_the_newest_sets(tmp_path):
+    first = audit("--data", f"audit_report_dir={tmp_path}", "--data", skip_all_but("preflight"))
+    assert first.returncode in (0, 1), first.stderr
+    (first_json,) = sorted(tmp_path.glob("audit-*.json"))
+    second = audit("--data", f"audit_report_dir={tmp_path}", "--data", skip_all_but("sysctl"),
+                   "--data", "audit_report_keep=1")
+    assert second.returncode in (1, 2), second.stderr
+    # The first set is gone (keep 1), the second is what latest.* point at.
+    (json_path,) = sorted(tmp_path.glob("audit-*.json"))
+    assert json_path != first_json and not first_json.exists()
+    assert sorted(p.suffix for p in tmp_path.glob("audit-*")) == [".html", ".json", ".md"]
+    for suffix in (".json", ".md", ".html"):
+        assert (tmp_path / f"latest{suffix}").resolve() == json_path.with_suffix(suffix).resolve()
+    assert "1 older report set(s) removed (audit_report_keep)" in second.stderr
+    found = json.loads(json_path.read_text())["changes"]
+    assert found["previous"]["file"] == first_json.name
+    assert (found["added"], found["removed"]) == ([], [])
+    if not SYSCTL_DROP_IN.exists():
+        # Only preflight ran first, converged or refused; now sysctl would write its drop-in.
+        ops = next(c for c in found["hosts"]["@local"] if c["field"] == "operations")
+        assert ops["added"] == ["Sysctl: kernel parameters persisted and applied [sysctl]"]
+        md = json_path.with_suffix(".md").read_text()
+        assert ("- @local: operations that would change, new: Sysctl: kernel parameters "
+                "persisted and applied [sysctl]") in md

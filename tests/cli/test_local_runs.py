@@ -91,16 +91,22 @@ def test_audit_of_a_machine_without_driver(tmp_path):
                   "--data", "gateway_open=true")
     assert run.returncode == 0, run.stderr
     assert "no NVIDIA driver" in run.stderr
-    reports = sorted(tmp_path.iterdir())
-    assert [p.suffix for p in reports] == [".json", ".md"]
-    assert f"Audit reports written to {reports[0]} and {reports[1]}" in run.stderr
-    report = json.loads(reports[0].read_text())
+    reports = sorted(tmp_path.glob("audit-*"))
+    assert [p.suffix for p in reports] == [".html", ".json", ".md"]
+    html, json_path, md = reports
+    assert f"Audit reports written to {json_path} and {md}" in run.stderr
+    assert f"HTML report: {html}; {tmp_path}/latest.{{json,md,html}} point at this audit" in run.stderr
+    assert sorted(p.name for p in tmp_path.glob("latest.*")) == [
+        "latest.html", "latest.json", "latest.md"]
+    assert (tmp_path / "latest.json").resolve() == json_path.resolve()
+    assert "<h2>Changed since the previous audit</h2>" in html.read_text()
+    report = json.loads(json_path.read_text())
     entry = report["hosts"]["@local"]
     assert entry["summary"]["driver_present"] is False
     assert entry["summary"]["verdict"] == "no NVIDIA driver"
     assert entry["state"]["gpus"] is None
     assert entry["state"]["topology"] is None
-    assert "## @local" in reports[1].read_text()
+    assert "## @local" in md.read_text()
 
 
 def test_fact_from_the_command_line_is_absent_without_driver():

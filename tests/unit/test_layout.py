@@ -22,7 +22,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("plans", (
         "pyinfra_vllm.context", "pyinfra_vllm.checks", "pyinfra_vllm.gates",
         "pyinfra_vllm.capacity", "pyinfra_vllm.compat", "pyinfra_vllm.report",
-        "pyinfra_vllm.textfile", "pyinfra_vllm.locks",
+        "pyinfra_vllm.textfile", "pyinfra_vllm.locks", "pyinfra_vllm.report_changes",
+        "pyinfra_vllm.report_html", "pyinfra_vllm.report_store",
     )),
     ("operations", ("operations",)),
     ("facts", ("facts",)),
