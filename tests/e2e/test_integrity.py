@@ -14,7 +14,14 @@ engine serving); then, as an operator with sudo might on a real server:
 - the engine left running with another configuration than its unit (the unit edited,
   the engine restarted, the unit put back): restarted;
 - a foreign nginx server taking the gateway's port: set aside, nginx reloaded after
-  ``nginx -t``.
+  ``nginx -t``;
+- the unit edited by hand: ``pyinfra --dry --diff`` shows the change (and no secret)
+  before the run puts it back;
+- a model shard whose bytes changed under the same size and mtime: the stat check trusts
+  it, ``tools.audit --deep`` names it, ``model_repair=true`` fetches exactly it again.
+
+Last, a central Prometheus (Debian's package, on this machine) scrapes the host through
+the job ``tools.scrape_config`` writes.
 """
 
 from __future__ import annotations
@@ -22,10 +29,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
+import urllib.request
 
 import pytest
 
-from tests.e2e.conftest import REPO_ROOT, booted
+from tests.e2e.conftest import PYINFRA, REPO_ROOT, booted
 
 pytestmark = pytest.mark.e2e
 
@@ -43,12 +52,22 @@ OP_STALE = ("full | vllm_service | vLLM service: the running engine has its unit
             "line and environment")
 OP_FOREIGN = ("full | gateway | Gateway: no other nginx server on the gateway's port (nginx -t "
               "before reload)")
+OP_RESTART_REPAIRED = ("full | vllm_service | vLLM service: restarted for its new unit or "
+                       "repaired model files")
+MODEL_DIR = "/srv/models/sandbox/tiny-qwen2"
 OVERRIDE = "/etc/systemd/system/vllm.service.d/override.conf"
 FOREIGN = "/etc/nginx/conf.d/zz-foreign.conf"
 
 
 def run(sandbox, timeout: float = 900):
     proc = sandbox.pyinfra("--json", *DATA, "deploys/full.py", timeout=timeout)
+    return proc, (json.loads(proc.stdout) if proc.stdout.strip() else None)
+
+
+def run_with(sandbox, *data: str, timeout: float = 900):
+    """A run with more settings than the module's (``KEY=VALUE`` each)."""
+    extra = [arg for pair in data for arg in ("--data", pair)]
+    proc = sandbox.pyinfra("--json", *DATA, *extra, "deploys/full.py", timeout=timeout)
     return proc, (json.loads(proc.stdout) if proc.stdout.strip() else None)
 
 
@@ -203,3 +222,95 @@ def test_a_foreign_nginx_server_on_the_gateway_port_is_named_and_set_aside(serve
                                "http://127.0.0.1:8001/health").stdout
     assert health == "200"
     converged_again(sandbox)
+
+
+def test_dry_diff_previews_a_unit_change_and_shows_no_secret(served):
+    sandbox, host = served
+    unit = "/etc/systemd/system/vllm.service"
+    sandbox.ssh(host, f"sed -i 's/\"--max-model-len\" \"131072\"/\"--max-model-len\" \"4096\"/' "
+                      f"{unit}")
+    proc = subprocess.run(
+        [str(PYINFRA), str(sandbox.inventory), "--dry", "--diff", "-vvv", *DATA,
+         "deploys/full.py"],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=600,
+    )
+    shown = proc.stdout + proc.stderr
+    assert proc.returncode == 0, shown[-3000:]
+    assert f"Will modify {unit}" in shown
+    lines = [line.strip() for line in shown.splitlines()]
+    assert any(line.startswith("-") and '"--max-model-len" "4096"' in line for line in lines)
+    assert any(line.startswith("+") and '"--max-model-len" "131072"' in line for line in lines)
+    assert KEY not in shown
+    # Nothing changed on the host: the preview is a dry run.
+    assert '"4096"' in sandbox.ssh(host, f"cat {unit}").stdout
+
+    proc, data = run(sandbox)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert changed(data) == {OP_UNIT, OP_RESTART}, changed(data)
+    converged_again(sandbox)
+
+
+def test_the_deep_check_finds_a_shard_changed_under_the_same_size_and_mtime(served):
+    sandbox, host = served
+    shard = sandbox.ssh(host, f"ls {MODEL_DIR}/*.safetensors | sed -n 2p").stdout.strip()
+    name = shard.rsplit("/", 1)[1]
+    mtimes = sandbox.ssh(host, f"stat -c '%n %Y' {MODEL_DIR}/*.safetensors").stdout
+    sandbox.ssh(host, f"cp -p {shard} /root/ref && dd if=/dev/urandom of={shard} bs=1 count=4 "
+                      f"seek=4096 conv=notrunc status=none && touch -r /root/ref {shard} && "
+                      "rm /root/ref")
+    assert sandbox.ssh(host, f"stat -c '%n %Y' {MODEL_DIR}/*.safetensors").stdout == mtimes
+
+    assert audit(sandbox).returncode == 0  # size and mtime unchanged: the stat check trusts it
+    proc = audit(sandbox, "--deep")
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    refused = [line for line in proc.stderr.splitlines() if ": refused: model:" in line]
+    assert len(refused) == 1 and name in refused[0] and "model_repair=true" in refused[0]
+
+    proc, data = run_with(sandbox, "model_repair=true")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert OP_RESTART_REPAIRED in changed(data)
+    assert {name.split(" | ")[1] for name in changed(data)} == {"model", "vllm_service"}
+    after = sandbox.ssh(host, f"stat -c '%n %Y' {MODEL_DIR}/*.safetensors").stdout.splitlines()
+    before = mtimes.splitlines()
+    # Only the corrupt shard was fetched again: the others keep their mtimes.
+    assert [a for a, b in zip(after, before, strict=True) if a != b and name not in a] == []
+    assert audit(sandbox, "--deep").returncode == 0
+    converged_again(sandbox)
+
+
+def test_a_central_prometheus_scrapes_the_host_through_the_written_job(served, tmp_path):
+    sandbox, host = served
+    allowed = ["--data", f'prometheus_servers=["{host.address.rsplit(".", 1)[0]}.1"]']
+    proc, data = run_with(sandbox, *allowed[1:])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    config = subprocess.run(
+        [sys.executable, "-m", "tools.scrape_config", str(sandbox.inventory), *DATA, *allowed,
+         "--rules", "vllm-alerts.yml"],
+        cwd=REPO_ROOT, capture_output=True, text=True, check=True,
+    ).stdout
+    (tmp_path / "vllm-fleet.yml").write_text(config)
+    (tmp_path / "vllm-alerts.yml").write_text(
+        (REPO_ROOT / "monitoring" / "vllm-alerts.yml").read_text())
+    prometheus = subprocess.Popen(
+        ["prometheus", f"--config.file={tmp_path / 'vllm-fleet.yml'}",
+         f"--storage.tsdb.path={tmp_path / 'data'}", "--web.listen-address=127.0.0.1:19090"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        health: dict[str, str] = {}
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            time.sleep(5)
+            try:
+                with urllib.request.urlopen("http://127.0.0.1:19090/api/v1/targets",
+                                            timeout=5) as answer:
+                    targets = json.load(answer)["data"]["activeTargets"]
+            except OSError:
+                continue
+            health = {t["labels"]["job"]: t["health"] for t in targets}
+            if health and all(state == "up" for state in health.values()):
+                break
+        assert health == {"vllm": "up", "vllm-node": "up"}, health
+    finally:
+        prometheus.terminate()
+        prometheus.wait(timeout=30)
