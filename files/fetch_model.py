@@ -66,7 +66,7 @@ LOCK_VERSION = 1
 # Large files: several Range connections each (see RangedFetch).
 PIECE_BYTES = 32 * 2**20  # one Range request; short enough to keep hashing close behind
 SPLIT_MIN_BYTES = 64 * 2**20  # smaller files: one connection (two pieces at least)
-SYNC_SECONDS = 5.0  # fdatasync the .part and save its piece record at most this often
+SYNC_SECONDS = 1.0  # fdatasync the .part and save its piece record at most this often
 HASH_READ = 4 * 2**20  # the hasher's reads of the landed prefix
 RANGES_SUFFIX = ".ranges"  # beside a split .part: bytes received per piece
 ALGOS = ("sha256", "git-blob-sha1")
