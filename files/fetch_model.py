@@ -4,14 +4,20 @@
 Uploaded by the deploy and run on the GPU server (Python 3.10+, standard library only):
 
     python3 fetch_model.py --lock LOCK.json --dest DIR --base-url URL \
-        [--token-file F] [--jobs 4] [--ca-bundle PEM] [--timeout 60] [--refetch PATH ...]
+        [--token-file F] [--jobs 4] [--connections 8] [--ca-bundle PEM] [--timeout 60]
+        [--refetch PATH ...]
 
 For every file of the lock (written by ``tools.model_lock`` on the operator's machine)
 it fetches ``{base}/{model_id}/resolve/{commit}/{path}`` into
 ``DIR/.incoming/{path}.part``, resuming a partial ``.part`` with ``Range: bytes=N-``
 (206 appends, 200 restarts), checks the size and checksum the lock names (sha256 for
 LFS files, the git blob sha1 for small files), fsyncs, and ``os.replace``s it to
-``DIR/{path}``. So nothing unverified ever sits under a final name. A file that fails
+``DIR/{path}``. So nothing unverified ever sits under a final name. A file of at least
+``SPLIT_MIN_BYTES`` comes over ``--connections`` Range connections at once, each piece
+written at its offset and the whole hashed in order as it lands; its progress per piece
+is kept beside the ``.part`` in ``.part.ranges`` for a restart (``RangedFetch``). A
+server that answers a Range request with the whole file (200) gets one connection. A
+file that fails
 verification is fetched once more from scratch; failing twice stops the run (exit 1)
 naming the file and both checksums.
 
@@ -57,6 +63,12 @@ VERIFIED_NAME = ".verified.json"
 INCOMING = ".incoming"
 FETCH_LOCK = ".fetch.lock"
 LOCK_VERSION = 1
+# Large files: several Range connections each (see RangedFetch).
+PIECE_BYTES = 32 * 2**20  # one Range request; short enough to keep hashing close behind
+SPLIT_MIN_BYTES = 64 * 2**20  # smaller files: one connection (two pieces at least)
+SYNC_SECONDS = 1.0  # fdatasync the .part and save its piece record at most this often
+HASH_READ = 4 * 2**20  # the hasher's reads of the landed prefix
+RANGES_SUFFIX = ".ranges"  # beside a split .part: bytes received per piece
 ALGOS = ("sha256", "git-blob-sha1")
 
 EXIT_OK, EXIT_VERIFY, EXIT_USAGE, EXIT_IO = 0, 1, 2, 3
@@ -196,11 +208,14 @@ class Http:
         quoted = urllib.parse.quote(path)
         return f"{self.base_url}/{model_id}/resolve/{commit}/{quoted}"
 
-    def open(self, url: str, start: int):
+    def open(self, url: str, start: int, end: int | None = None):
+        """GET ``url`` from byte ``start`` (to ``end``, exclusive, when given: a piece)."""
         request = urllib.request.Request(url)
         if self.token:
             request.add_header("Authorization", f"Bearer {self.token}")
-        if start:
+        if end is not None:
+            request.add_header("Range", f"bytes={start}-{end - 1}")
+        elif start:
             request.add_header("Range", f"bytes={start}-")
         # Identity encoding: a transparently compressed body would break Range offsets.
         request.add_header("Accept-Encoding", "identity")
@@ -223,8 +238,9 @@ class Job:
     """Fetch and verify one file of the lock."""
 
     def __init__(self, entry: dict, lock: dict, dest: str, http: Http, counters: Counters,
-                 log) -> None:
+                 log, connections: int = 1) -> None:
         self.entry = entry
+        self.connections = connections
         self.path = entry["path"]
         self.size = int(entry["size"])
         self.algo = entry["algo"]
@@ -254,8 +270,15 @@ class Job:
                          f"({100 * position / max(self.size, 1):.0f}%) {rate / 2**20:.1f} MiB/s")
 
     def _fetch(self) -> str:
-        """Download (resuming the .part) and return the content's checksum."""
+        """Download (resuming the .part) and return the content's checksum: a large file
+        over several connections when the server honours Range, else one."""
+        if self.connections > 1 and self.size >= SPLIT_MIN_BYTES:
+            try:
+                return RangedFetch(self, self.connections).fetch()
+            except NoRanges as exc:
+                self.log(f"{exc}: the server does not serve ranges; one connection")
         os.makedirs(os.path.dirname(self.part), exist_ok=True)
+        RangedFetch.settle(self.part)
         start = os.path.getsize(self.part) if os.path.exists(self.part) else 0
         if start > self.size:
             os.unlink(self.part)
@@ -328,10 +351,287 @@ class Job:
             self.log(f"{self.path}: verification failed on attempt {attempt}: expected "
                      f"{self.algo} {self.expected}, got {actual}")
             os.unlink(self.part)
+            if os.path.exists(self.part + RANGES_SUFFIX):
+                os.unlink(self.part + RANGES_SUFFIX)
         raise VerifyError(
             f"{self.path}: {self.algo} mismatch twice: expected {self.expected} "
             f"({self.size} bytes), got {got[0]} then {got[1]}"
         )
+
+
+# --- one large file over several connections ------------------------------------------
+class NoRanges(Exception):
+    """The server answered a piece's Range request with the whole file: one connection."""
+
+
+class RangedFetch:
+    """One large file over several HTTP Range connections, hashed in order as it lands.
+
+    The file is cut into pieces of ``PIECE_BYTES``; up to ``connections`` threads claim
+    them in order, each with its own ``Range: bytes=a-b`` request, and ``os.pwrite`` what
+    arrives at its offset in the ``.part``, preallocated to the full size. sha256 cannot
+    be split, so one hasher thread reads back (``os.pread``, from the page cache) the
+    contiguous prefix that has landed and hashes it while the connections fill the rest:
+    pieces are claimed in order, so that prefix trails the newest byte by at most about
+    ``connections`` pieces.
+
+    Resume: ``<part>.ranges`` records the bytes received of each piece. It is written
+    only after an ``fdatasync`` of the ``.part`` (every ``SYNC_SECONDS`` and when a run
+    stops), so it never names bytes that are not on disk. A restart re-hashes the
+    contiguous prefix the record names, from disk, and continues every piece where it
+    stopped; bytes past the prefix are hashed when the prefix reaches them. Nothing is
+    trusted without being hashed: the caller compares the whole file's checksum with
+    the lock before the file takes its final name.
+    """
+
+    def __init__(self, job: Job, connections: int) -> None:
+        self.job = job
+        self.size = job.size
+        self.record = job.part + RANGES_SUFFIX
+        self.connections = connections
+        self.starts = list(range(0, self.size, PIECE_BYTES))
+        self.done = [0] * len(self.starts)
+        self.cond = threading.Condition()
+        self.claimed = 0  # pieces before this index are done or being fetched
+        self.front = 0  # pieces before this index are complete
+        self.error: BaseException | None = None
+        self.probed = threading.Event()
+        self.fd = -1
+
+    # -- the record ------------------------------------------------------------------
+    def length(self, index: int) -> int:
+        return min(PIECE_BYTES, self.size - self.starts[index])
+
+    def frontier(self) -> int:
+        """End of the contiguous landed prefix (called under ``cond``)."""
+        while self.front < len(self.starts) and \
+                self.done[self.front] == self.length(self.front):
+            self.front += 1
+        if self.front == len(self.starts):
+            return self.size
+        return self.starts[self.front] + self.done[self.front]
+
+    def _load(self) -> bool:
+        """Take the progress of an earlier run from the record, if it is one of ours."""
+        try:
+            with open(self.record, encoding="utf-8") as handle:
+                data = json.load(handle)
+            done = [int(n) for n in data["done"]]
+            fits = (data.get("size") == self.size and data.get("piece") == PIECE_BYTES
+                    and os.path.getsize(self.job.part) == self.size
+                    and len(done) == len(self.starts)
+                    and all(0 <= n <= self.length(i) for i, n in enumerate(done)))
+        except (OSError, ValueError, KeyError, TypeError):
+            return False
+        if fits:
+            self.done = done
+        return fits
+
+    def _save(self, done: list[int]) -> None:
+        tmp = self.record + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as handle:
+            json.dump({"size": self.size, "piece": PIECE_BYTES, "done": done}, handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, self.record)
+
+    def checkpoint(self) -> None:
+        """Make the landed bytes durable, then record them (never the other way round)."""
+        with self.cond:
+            done = list(self.done)
+        os.fdatasync(self.fd)
+        self._save(done)
+
+    @staticmethod
+    def settle(part: str) -> None:
+        """Turn a split ``.part`` into a plain prefix for the one-connection path: cut it
+        at the contiguous prefix its record names and drop the record."""
+        record = part + RANGES_SUFFIX
+        if not os.path.exists(record):
+            return
+        prefix = 0
+        try:
+            with open(record, encoding="utf-8") as handle:
+                data = json.load(handle)
+            for index, got in enumerate(data["done"]):
+                prefix = index * int(data["piece"]) + int(got)
+                if int(got) < min(int(data["piece"]), int(data["size"]) - index * int(data["piece"])):
+                    break
+        except (OSError, ValueError, KeyError, TypeError):
+            prefix = 0
+        if os.path.exists(part):
+            os.truncate(part, min(prefix, os.path.getsize(part)))
+        os.unlink(record)
+
+    # -- the run ---------------------------------------------------------------------
+    def fetch(self) -> str:
+        """Download every piece, hash in order, fsync; return the content's checksum."""
+        job = self.job
+        os.makedirs(os.path.dirname(job.part), exist_ok=True)
+        resumed = self._load()
+        if not resumed:
+            # A plain .part from a one-connection run is a prefix: keep it. The record is
+            # written before the file grows, so a longer .part always has one.
+            have = os.path.getsize(job.part) if os.path.exists(job.part) else 0
+            have = have if have <= self.size else 0
+            self.done = [max(0, min(have - start, self.length(i)))
+                         for i, start in enumerate(self.starts)]
+            if os.path.exists(job.part) and not have:
+                os.unlink(job.part)
+            self._save(list(self.done))
+        self.fd = os.open(job.part, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            if not resumed:
+                try:
+                    os.posix_fallocate(self.fd, 0, self.size)
+                except OSError:  # a file system without fallocate: a sparse file will do
+                    os.ftruncate(self.fd, self.size)
+            return self._run()
+        finally:
+            os.close(self.fd)
+
+    def _run(self) -> str:
+        job, started = self.job, time.monotonic()
+        digest = Digest(job.algo, self.size)
+        resumed_bytes = sum(self.done)
+        with self.cond:
+            prefix = self.frontier()
+        if prefix:
+            # Bytes an earlier run wrote are trusted only once hashed: the prefix now,
+            # pieces beyond it when the prefix reaches them.
+            self.job.log(f"{job.path}: resuming {sum(self.done)} of {self.size} bytes "
+                         f"({prefix} contiguous) over {self.connections} connections")
+        hasher = threading.Thread(target=self._hasher, args=(digest,), daemon=True)
+        hasher.start()
+        pending = sum(1 for i in range(len(self.starts)) if self.done[i] < self.length(i))
+        workers = [threading.Thread(target=self._worker, daemon=True)
+                   for _ in range(max(1, min(self.connections, pending)))]
+        # The first connection alone tells whether the server honours Range at all.
+        workers[0].start()
+        self.probed.wait()
+        for worker in workers[1:]:
+            worker.start()
+        for worker in workers:
+            worker.join()
+        with self.cond:
+            self.cond.notify_all()
+        hasher.join()
+        if self.error is not None:
+            self.checkpoint()  # a later run continues each piece where it stopped
+            raise self.error
+        os.fsync(self.fd)
+        os.unlink(self.record)
+        elapsed = max(time.monotonic() - started, 1e-6)
+        job.log(f"{job.path}: {self.size} bytes in {elapsed:.1f}s "
+                f"({(self.size - resumed_bytes) / elapsed / 2**20:.1f} MiB/s, "
+                f"{len(workers)} connections)")
+        job.counters.add(hashed_files=1)
+        return digest.hexdigest()
+
+    def _fail(self, exc: BaseException) -> None:
+        with self.cond:
+            if self.error is None:
+                self.error = exc
+            self.cond.notify_all()
+        self.probed.set()
+
+    def _claim(self) -> int | None:
+        with self.cond:
+            while self.error is None and self.claimed < len(self.starts):
+                index = self.claimed
+                self.claimed += 1
+                if self.done[index] < self.length(index):
+                    return index
+        return None
+
+    def _worker(self) -> None:
+        try:
+            index = self._claim()
+            if index is None:
+                self.probed.set()
+            while index is not None:
+                self._piece(index)
+                index = self._claim()
+        except BaseException as exc:  # noqa: BLE001 (handed to the main thread)
+            self._fail(exc)
+
+    def _piece(self, index: int) -> None:
+        """Fetch what is missing of one piece, resuming it after a dropped connection."""
+        job, failures = self.job, 0
+        end = self.starts[index] + self.length(index)
+        while True:
+            position = self.starts[index] + self.done[index]
+            if position >= end or self.error is not None:
+                return
+            try:
+                with job.http.open(job.url, position, end) as response:
+                    if response.status != 206:
+                        raise NoRanges(f"{job.path}: HTTP {response.status} to a Range request")
+                    if resume_offset(response, position) != position:
+                        raise FetchError(f"{job.path}: bad answer to Range {position}-")
+                    self.probed.set()
+                    while position < end and self.error is None:
+                        block = response.read(min(CHUNK, end - position))
+                        if not block:
+                            break
+                        view, at = memoryview(block), position
+                        while view:
+                            written = os.pwrite(self.fd, view, at)
+                            view, at = view[written:], at + written
+                        position += len(block)
+                        job.counters.add(received=len(block))
+                        with self.cond:
+                            self.done[index] = position - self.starts[index]
+                            if index == self.front:
+                                self.cond.notify_all()
+                if position < end and self.error is None:
+                    raise http.client.IncompleteRead(b"", end - position)
+                return
+            except urllib.error.HTTPError as exc:
+                raise FetchError(f"{job.path}: HTTP {exc.code} {exc.reason} from "
+                                 f"{job.url} (bytes {position}-{end - 1})") from exc
+            except (OSError, http.client.HTTPException) as exc:
+                failures += 1
+                if failures > NETWORK_RETRIES:
+                    raise FetchError(f"{job.path}: {exc!r} after {failures} attempts") from exc
+                job.log(f"{job.path}: connection lost at {position} bytes ({exc!r}); "
+                        f"resuming that piece (retry {failures}/{NETWORK_RETRIES})")
+                time.sleep(min(0.2 * 2 ** failures, 5.0))
+
+    def _hasher(self, digest: Digest) -> None:
+        """Hash the contiguous landed prefix as it grows; checkpoint now and then."""
+        job, hashed = self.job, 0
+        last_sync = last_log = time.monotonic()
+        try:
+            while hashed < self.size:
+                with self.cond:
+                    frontier = self.frontier()
+                    while frontier <= hashed and self.error is None:
+                        self.cond.wait(SYNC_SECONDS)
+                        frontier = self.frontier()
+                    if self.error is not None:
+                        return
+                while hashed < frontier:
+                    want = min(HASH_READ, frontier - hashed)
+                    data = os.pread(self.fd, want, hashed)
+                    if len(data) != want:
+                        raise FetchError(f"{job.path}: short read at {hashed} of the .part")
+                    digest.update(data)
+                    hashed += want
+                    job.counters.add(hashed_bytes=want)
+                now = time.monotonic()
+                if now - last_sync >= SYNC_SECONDS and hashed < self.size:
+                    last_sync = now
+                    self.checkpoint()
+                if now - last_log >= PROGRESS_SECONDS:
+                    last_log = now
+                    with self.cond:
+                        landed = sum(self.done)
+                    job.log(f"{job.path}: {landed / 2**20:.0f}/{self.size / 2**20:.0f} MiB "
+                            f"({100 * landed / max(self.size, 1):.0f}%), "
+                            f"{hashed / 2**20:.0f} MiB hashed")
+        except BaseException as exc:  # noqa: BLE001 (handed to the main thread)
+            self._fail(exc)
 
 
 # --- the verified-state cache -------------------------------------------------------
@@ -428,9 +728,10 @@ def check_space(dest: str, lock: dict, refetch: frozenset = frozenset()) -> None
 
 
 def run(lock: dict, dest: str, http: Http, jobs: int, log,
-        refetch: frozenset = frozenset()) -> dict:
+        refetch: frozenset = frozenset(), connections: int = 1) -> dict:
     """Download and verify every file (``refetch``: paths fetched again whatever the
-    record says); return the summary dict."""
+    record says; ``connections``: Range connections per large file); return the
+    summary dict."""
     unknown = sorted(refetch - {entry["path"] for entry in lock["files"]})
     if unknown:
         raise UsageError(f"--refetch {', '.join(unknown)}: not a file of the lock")
@@ -442,7 +743,8 @@ def run(lock: dict, dest: str, http: Http, jobs: int, log,
     errors: list[Exception] = []
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         futures = {
-            pool.submit(process, entry, Job(entry, lock, dest, http, counters, log), cache,
+            pool.submit(process, entry,
+                        Job(entry, lock, dest, http, counters, log, connections), cache,
                         counters, entry["path"] in refetch): entry["path"]
             for entry in lock["files"]
         }
@@ -477,6 +779,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--base-url", required=True, help="Hub or mirror base URL")
     parser.add_argument("--token-file", help="file holding the bearer token (else HF_TOKEN)")
     parser.add_argument("--jobs", type=int, default=4, help="parallel downloads")
+    parser.add_argument("--connections", type=int, default=8,
+                        help="Range connections per file of at least "
+                             f"{SPLIT_MIN_BYTES // 2**20} MiB (1: one per file)")
     parser.add_argument("--ca-bundle", help="PEM file of CAs to trust for HTTPS")
     parser.add_argument("--timeout", type=float, default=60.0, help="socket timeout, s")
     parser.add_argument("--refetch", action="append", default=[], metavar="PATH",
@@ -501,7 +806,8 @@ def main(argv: list[str] | None = None) -> int:
             # One run per directory: two would race on the same .part files.
             fcntl.flock(guard, fcntl.LOCK_EX)
             summary = run(lock, args.dest, http, args.jobs, log,
-                          frozenset(safe_relpath(path) for path in args.refetch))
+                          frozenset(safe_relpath(path) for path in args.refetch),
+                          max(1, args.connections))
         code = summary.pop("exit", EXIT_OK)
     except UsageError as exc:
         summary.update(ok=False, error=str(exc))

@@ -31,7 +31,8 @@ def model_path(model_dir: str, model_id: str) -> str:
 @operation()
 def downloaded(lock: dict, dest: str, base_url: str, token: str | None = None,
                ca_bundle: str | None = None, proxy: str | None = None, jobs: int = 4,
-               downloader: str = "files/fetch_model.py", refetch: list[str] | None = None):
+               connections: int = 8, downloader: str = "files/fetch_model.py",
+               refetch: list[str] | None = None):
     """
     Download the lock's files into ``dest`` and verify each against the lock.
 
@@ -43,6 +44,7 @@ def downloaded(lock: dict, dest: str, base_url: str, token: str | None = None,
     + ca_bundle: CA bundle file on the host trusted for HTTPS
     + proxy: HTTP(S) proxy
     + jobs: files downloaded in parallel
+    + connections: HTTP Range connections per file of at least 64 MiB
     + downloader: local path of files/fetch_model.py
     + refetch: files of the lock whose content is known not to match it (a deep check
       found them): removed and fetched again, whatever the verification record says
@@ -67,7 +69,8 @@ def downloaded(lock: dict, dest: str, base_url: str, token: str | None = None,
     yield FileUploadCommand(downloader, script)
     yield FileUploadCommand(StringIO(json.dumps(lock, indent=1) + "\n"), lock_file)
     argv = ["python3", QuoteString(script), "--lock", QuoteString(lock_file), "--dest",
-            QuoteString(dest), "--base-url", QuoteString(base_url), "--jobs", str(jobs)]
+            QuoteString(dest), "--base-url", QuoteString(base_url), "--jobs", str(jobs),
+            "--connections", str(connections)]
     if ca_bundle:
         argv += ["--ca-bundle", QuoteString(ca_bundle)]
     for path in refetch:

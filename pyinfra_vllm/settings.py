@@ -452,6 +452,13 @@ class Settings(BaseModel):
     """
     model_revision: str = "main"
     """Model revision (branch, tag or commit) to lock and download."""
+    model_download_connections: int = Field(default=8, ge=1, le=32)
+    """HTTP Range connections per model file of at least 64 MiB (files/fetch_model.py;
+    smaller files take one). One connection per file is what limits a download from the
+    Hub, whose own fast path opens several per file; 1 fetches each file over one
+    connection. Up to 4 files download at once, so at most 4 times this many
+    connections. A server that ignores Range gets one connection per file anyway.
+    """
     model_lock: str | None = None
     """The model's lock file on the operator's machine: every file with its size and
     checksum, the resolved commit and config.json (``python -m tools.model_lock``). Default

@@ -67,6 +67,7 @@ def model() -> None:
             token=token,
             ca_bundle=settings.pip_ca_bundle,
             proxy=settings.http_proxy,
+            connections=settings.model_download_connections,
             refetch=corrupt,
         )
         if corrupt:

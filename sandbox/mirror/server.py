@@ -112,12 +112,13 @@ class MirrorHTTPServer(ThreadingHTTPServer):
     allow_reuse_address = True
 
     def __init__(self, address: tuple[str, int], repos: dict[str, Repo],
-                 token: str | None = None, quiet: bool = True) -> None:
+                 token: str | None = None, quiet: bool = True, ranges: bool = True) -> None:
         if ":" in address[0]:
             self.address_family = socket.AF_INET6
         self.repos = repos
         self.token = token
         self.quiet = quiet
+        self.ranges = ranges  # False: every Range is ignored (200, whole file), like some CDNs
         self.faults = faults_mod.FaultTable()
         self.stats = faults_mod.Stats()
         super().__init__(address, MirrorHandler)
@@ -256,7 +257,8 @@ class MirrorHandler(BaseHTTPRequestHandler):
         self._send_json(200, body, head=head)
 
     def _file_headers(self, repo: Repo, entry: dict[str, object]) -> dict[str, str]:
-        headers = {"Accept-Ranges": "bytes", "X-Repo-Commit": repo.sha,
+        headers = {"Accept-Ranges": "bytes" if self.server.ranges else "none",
+                   "X-Repo-Commit": repo.sha,
                    "Content-Type": _CONTENT_TYPES.get(Path(str(entry["path"])).suffix,
                                                       "application/octet-stream")}
         if entry["lfs"]:
@@ -281,7 +283,7 @@ class MirrorHandler(BaseHTTPRequestHandler):
         size = int(entry["size"])
         headers = self._file_headers(repo, entry)
         try:
-            span = parse_range(self.headers.get("Range"), size)
+            span = parse_range(self.headers.get("Range") if self.server.ranges else None, size)
         except RangeNotSatisfiable:
             # RFC 9110: a 416 names the current length so the client can recover.
             self._error(416, "RangeNotSatisfiable", "range not satisfiable", head,
@@ -346,11 +348,12 @@ class MirrorServer:
     """
 
     def __init__(self, root: Path, *, bind: str = "127.0.0.1", port: int = 0,
-                 token: str | None = None, quiet: bool = True) -> None:
+                 token: str | None = None, quiet: bool = True, ranges: bool = True) -> None:
         repos = discover(Path(root))
         if not repos:
             raise RuntimeError(f"no generated repos under {root} (run `generate` first)")
-        self.httpd = MirrorHTTPServer((bind, port), repos, token=token, quiet=quiet)
+        self.httpd = MirrorHTTPServer((bind, port), repos, token=token, quiet=quiet,
+                                      ranges=ranges)
         self._thread: threading.Thread | None = None
 
     @property

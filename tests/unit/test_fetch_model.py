@@ -226,3 +226,134 @@ def test_git_blob_digest_matches_git():
     digest = fetch_model.Digest("git-blob-sha1", 6)
     digest.update(b"hello\n")
     assert digest.hexdigest() == "ce013625030ba8dba906f756967f9e9ca394464a"  # git hash-object
+
+
+# --- large files over several Range connections ----------------------------------------
+PIECE = 256 * 1024  # the shards (1.7-2.1 MB) become 7-9 pieces each
+
+
+@pytest.fixture
+def split(monkeypatch):
+    """Every file of at least two pieces is split, as 64 MiB+ files are for real."""
+    monkeypatch.setattr(fetch_model, "PIECE_BYTES", PIECE)
+    monkeypatch.setattr(fetch_model, "SPLIT_MIN_BYTES", 2 * PIECE)
+
+
+def pieces(size: int) -> int:
+    return -(-size // PIECE)
+
+
+def test_large_file_comes_over_ranged_pieces_and_is_verified(
+        split, mirror, mirror_root, lock_file, tmp_path, capsys):
+    dest = tmp_path / "m"
+    code, summary, err = fetch(lock_file, dest, mirror.url, capsys, "--connections", "4")
+    assert code == 0 and summary["ok"]
+    files = manifest_files(mirror_root)
+    total = sum(f["size"] for f in files.values())
+    assert summary["bytes"] == total and summary["hashed_bytes"] == total
+    stats = admin(mirror, "/_stats")["files"]
+    size = files[SHARD]["size"]
+    assert stats[f"{REPO}/{SHARD}"] == {"get": pieces(size), "head": 0,
+                                        "ranged": pieces(size), "bytes_sent": size}
+    # Small files: one plain request each.
+    assert stats[f"{REPO}/config.json"]["get"] == 1
+    assert stats[f"{REPO}/config.json"]["ranged"] == 0
+    assert f"{SHARD}: {size} bytes in" in err and "4 connections)" in err
+    assert_tree_matches(dest, mirror_root)
+    assert not list((dest / ".incoming").rglob("*.ranges"))
+
+
+def test_connections_1_keeps_one_request_per_file(split, mirror, mirror_root, lock_file,
+                                                  tmp_path, capsys):
+    code, _, _ = fetch(lock_file, tmp_path / "m", mirror.url, capsys, "--connections", "1")
+    assert code == 0
+    assert admin(mirror, "/_stats")["files"][f"{REPO}/{SHARD}"]["get"] == 1
+
+
+def test_dropped_piece_resumes_alone(split, mirror, mirror_root, lock_file, tmp_path, capsys):
+    admin(mirror, "/_faults", {"path": SHARD, "mode": "drop", "after_bytes": 100_000,
+                               "times": 1})
+    code, _, err = fetch(lock_file, tmp_path / "m", mirror.url, capsys, "--connections", "4")
+    assert code == 0
+    size = manifest_files(mirror_root)[SHARD]["size"]
+    stats = admin(mirror, "/_stats")["files"][f"{REPO}/{SHARD}"]
+    assert stats["get"] == pieces(size) + 1 and stats["bytes_sent"] == size
+    assert "resuming that piece (retry 1/5)" in err
+    assert_tree_matches(tmp_path / "m", mirror_root)
+
+
+def interrupted(dest: Path, mirror_root: Path, done: list[int], garbage: bool = False) -> int:
+    """A .part and its record as a run stopped mid-way leaves them; returns bytes kept."""
+    data = (mirror_root / REPO / SHARD).read_bytes()
+    part = dest / ".incoming" / (SHARD + ".part")
+    part.parent.mkdir(parents=True)
+    content = bytearray(len(data))
+    for index, got in enumerate(done):
+        start = index * PIECE
+        content[start:start + got] = data[start:start + got]
+    if garbage:  # a recorded piece whose bytes on disk are not the file's
+        content[2 * PIECE + 10] ^= 0xFF
+    part.write_bytes(bytes(content))
+    part.with_name(part.name + ".ranges").write_text(
+        json.dumps({"size": len(data), "piece": PIECE, "done": done}))
+    return sum(done)
+
+
+def test_split_part_resumes_every_piece_where_it_stopped(split, mirror, mirror_root,
+                                                         lock_file, tmp_path, capsys):
+    dest = tmp_path / "m"
+    size = manifest_files(mirror_root)[SHARD]["size"]
+    done = [PIECE, 1000, PIECE, 0] + [0] * (pieces(size) - 4)
+    kept = interrupted(dest, mirror_root, done)
+    code, summary, err = fetch(lock_file, dest, mirror.url, capsys, "--connections", "4")
+    assert code == 0
+    stats = admin(mirror, "/_stats")["files"][f"{REPO}/{SHARD}"]
+    assert stats["bytes_sent"] == size - kept  # nothing fetched twice
+    assert stats["get"] == pieces(size) - 2  # pieces 0 and 2 were complete
+    assert f"{SHARD}: resuming {kept} of {size} bytes ({PIECE + 1000} contiguous)" in err
+    assert_tree_matches(dest, mirror_root)
+    assert not (dest / ".incoming" / (SHARD + ".part.ranges")).exists()
+
+
+def test_recorded_bytes_are_trusted_only_once_hashed(split, mirror, mirror_root, lock_file,
+                                                     tmp_path, capsys):
+    dest = tmp_path / "m"
+    size = manifest_files(mirror_root)[SHARD]["size"]
+    interrupted(dest, mirror_root, [PIECE, 0, PIECE] + [0] * (pieces(size) - 3), garbage=True)
+    code, summary, err = fetch(lock_file, dest, mirror.url, capsys, "--connections", "4")
+    assert code == 0 and SHARD in summary["downloaded"]
+    assert "verification failed on attempt 1" in err  # then fetched again from scratch
+    stats = admin(mirror, "/_stats")["files"][f"{REPO}/{SHARD}"]
+    assert stats["bytes_sent"] == 2 * size - 2 * PIECE
+    assert_tree_matches(dest, mirror_root)
+
+
+def test_plain_part_of_a_one_connection_run_is_kept_as_prefix(split, mirror, mirror_root,
+                                                              lock_file, tmp_path, capsys):
+    dest = tmp_path / "m"
+    part = dest / ".incoming" / (SHARD + ".part")
+    part.parent.mkdir(parents=True)
+    part.write_bytes((mirror_root / REPO / SHARD).read_bytes()[:PIECE + 123])
+    code, summary, _ = fetch(lock_file, dest, mirror.url, capsys, "--connections", "4")
+    assert code == 0
+    size = manifest_files(mirror_root)[SHARD]["size"]
+    assert admin(mirror, "/_stats")["files"][f"{REPO}/{SHARD}"]["bytes_sent"] == \
+        size - PIECE - 123
+    assert_tree_matches(dest, mirror_root)
+
+
+def test_server_without_ranges_gets_one_connection(split, mirror_root, lock_file, tmp_path,
+                                                   capsys):
+    dest = tmp_path / "m"
+    size = manifest_files(mirror_root)[SHARD]["size"]
+    interrupted(dest, mirror_root, [PIECE, 0, PIECE] + [0] * (pieces(size) - 3))
+    with MirrorServer(mirror_root, ranges=False) as plain:
+        code, summary, err = fetch(lock_file, dest, plain.url, capsys, "--connections", "4")
+        stats = plain.stats.snapshot()["files"][f"{REPO}/{SHARD}"]
+    assert code == 0
+    assert f"{SHARD}: HTTP 200 to a Range request: the server does not serve ranges" in err
+    # The probe (closed after its headers) and one whole-file request; the split .part
+    # was cut to its contiguous prefix, which a 200 then restarts from zero.
+    assert stats["get"] == 2 and stats["ranged"] == 0
+    assert_tree_matches(dest, mirror_root)
+    assert not (dest / ".incoming" / (SHARD + ".part.ranges")).exists()
