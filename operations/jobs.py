@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from paramiko import SSHException
 from pyinfra import logger
 from pyinfra.api import FileUploadCommand, FunctionCommand, QuoteString, StringCommand
 from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS
@@ -120,8 +121,9 @@ def start(unit: str, description: str, steps: list[tuple[str, StringCommand]],
     yield StringCommand(
         "systemd-run", QuoteString(f"--unit={unit}"), "--collect --quiet",
         QuoteString(f"--description={description}"),
-        # exec: systemd-run fails when the script cannot even start.
-        "--property=Type=exec",
+        # exec: systemd-run fails when the script cannot even start. User=root: systemd
+        # then sets HOME and USER (systemd.exec(5)), as sudo does, for pip's and uv's caches.
+        "--property=Type=exec --property=User=root",
         # A stop (systemctl stop) ends every process of the job: no orphaned pip.
         "--property=KillMode=control-group", "--property=TimeoutStopSec=30",
         QuoteString(f"--property=ExecStopPost=/bin/sh {script} finished"),
@@ -315,7 +317,7 @@ def follow_job(state, host, unit: str, label: str, meter: dict[str, Any],
     try:
         ok, words = follow(lambda: split_reading(_run(state, host, command)),
                            lambda line: host.log(f"{label}: {line}"), Meter(meter))
-    except OSError as exc:
+    except (OSError, SSHException) as exc:
         host.log_styled(f"{label}: lost {unit} ({exc}); it runs on on the host: run "
                         "again to attach", fg="red", log_func=logger.error)
         return False
