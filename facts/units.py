@@ -148,3 +148,74 @@ def parse_drop_ins(output: list[str]) -> list[dict[str, Any]]:
     paths = {path for path in loaded | on_disk if path.rpartition("/")[0] in dirs}
     return [{"path": path, "loaded": path in loaded, "on_disk": path in on_disk}
             for path in sorted(paths)]
+
+
+class SystemdBooted(FactBase[bool]):
+    """
+    Returns True when systemd is the host's init (PID 1), False otherwise (a container
+    started without it, another init):
+
+    .. code:: python
+
+        True
+
+    The test is sd_booted(3)'s: ``/run/systemd/system/`` exists only when systemd booted
+    the system. Long jobs run as transient units only where this is True.
+    """
+
+    @override
+    def command(self) -> str:
+        return "test -d /run/systemd/system && echo yes || echo no"
+
+    @override
+    @staticmethod
+    def default() -> bool:
+        return False
+
+    @override
+    def process(self, output: list[str]) -> bool:
+        return [line.strip() for line in output] == ["yes"]
+
+
+# Read by UnitState and by the watch of a long job (operations/jobs.py), which polls them.
+UNIT_STATE_PROPERTIES = "LoadState,ActiveState,SubState,Result,ExecMainStatus"
+
+
+def parse_unit_state(output: list[str]) -> dict[str, Any] | None:
+    """``systemctl show`` lines of ``UNIT_STATE_PROPERTIES`` as UnitState's value."""
+    values = dict(line.strip().partition("=")[::2] for line in output if "=" in line)
+    if values.get("LoadState") in (None, "", "not-found"):
+        return None
+    status = values.get("ExecMainStatus") or ""
+    return {
+        "active": values.get("ActiveState"),
+        "sub": values.get("SubState"),
+        "result": values.get("Result"),
+        "status": int(status) if status.isdigit() else None,
+    }
+
+
+class UnitState(FactBase[dict[str, Any] | None]):
+    """
+    Returns a systemd unit's state, or None when systemd does not know it (never
+    started, a transient unit collected after it ended, or systemd absent):
+
+    .. code:: python
+
+        {"active": "active", "sub": "running", "result": "success", "status": 0}
+
+    ``status`` is the main process's exit status (``ExecMainStatus``).
+    """
+
+    @override
+    def requires_command(self, unit: str) -> str:
+        return "systemctl"
+
+    @override
+    def command(self, unit: str) -> StringCommand:
+        return StringCommand(f"systemctl show --property={UNIT_STATE_PROPERTIES} --",
+                             QuoteString(unit))
+
+    @override
+    def process(self, output: list[str]) -> dict[str, Any] | None:
+        return parse_unit_state(output)

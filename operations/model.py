@@ -17,6 +17,8 @@ from pyinfra import host
 from pyinfra.api import FileUploadCommand, QuoteString, StringCommand, operation
 
 from facts.model import ModelFiles, unverified
+from facts.units import SystemdBooted, UnitState
+from operations import jobs as job_units
 from operations.uploads import SECRET_DIR, env_file_text, secret_file, sourced
 
 # Where the downloader and the lock live on the host (root only).
@@ -52,8 +54,15 @@ def downloaded(lock: dict, dest: str, base_url: str, token: str | None = None,
     Every file verified before and unchanged since: no command. Otherwise the downloader
     and the lock are uploaded and the downloader runs; it re-hashes only files whose
     size or mtime changed, and fails naming the file and both checksums when a file
-    fails verification twice. ``pyinfra -vvv`` shows its progress lines (pyinfra
-    prints command output from verbosity 3).
+    fails verification twice.
+
+    Where systemd is the init (facts.units.SystemdBooted) the downloader runs as the
+    transient unit ``pyinfra-vllm-model-<hash of dest and commit>`` (operations/jobs.py),
+    which a lost SSH session does not stop; the operation follows it, a progress line
+    per host every few seconds (bytes on disk of the total, rate, ETA), and fails with
+    its last journal lines when it fails. A run that finds that unit still running
+    follows it instead of starting another. Without systemd it runs in the SSH session,
+    and ``pyinfra -vvv`` shows its progress lines.
     """
     pending = unverified(host.get_fact(ModelFiles, path=dest), lock)
     refetch = sorted(refetch or [])
@@ -64,10 +73,6 @@ def downloaded(lock: dict, dest: str, base_url: str, token: str | None = None,
     name = lock["model_id"].replace("/", "--")
     script = f"{TOOL_DIR}/fetch_model.py"
     lock_file = f"{TOOL_DIR}/locks/{name}.json"
-    yield StringCommand("install -d -m 700", QuoteString(f"{TOOL_DIR}/locks"), "&& mkdir -p",
-                        QuoteString(dest))
-    yield FileUploadCommand(downloader, script)
-    yield FileUploadCommand(StringIO(json.dumps(lock, indent=1) + "\n"), lock_file)
     argv = ["python3", QuoteString(script), "--lock", QuoteString(lock_file), "--dest",
             QuoteString(dest), "--base-url", QuoteString(base_url), "--jobs", str(jobs),
             "--connections", str(connections)]
@@ -75,9 +80,37 @@ def downloaded(lock: dict, dest: str, base_url: str, token: str | None = None,
         argv += ["--ca-bundle", QuoteString(ca_bundle)]
     for path in refetch:
         argv += ["--refetch", QuoteString(path)]
-    # The proxy (it may carry credentials) and the token reach the downloader through
-    # root-only files in SECRET_DIR, never its command line; both go whatever the
-    # download does, and the download's exit status is kept.
+    detached = host.get_fact(SystemdBooted)
+    if detached:
+        # One job per directory and commit, whatever it refetches: a re-run attaches to
+        # it rather than starting a second download into the same files.
+        unit = job_units.unit_name("model", dest, lock["commit"])
+        meter = {"kind": "bytes", "path": dest,
+                 "sizes": {entry["path"]: entry["size"] for entry in lock["files"]}}
+        if job_units.running(host.get_fact(UnitState, unit=unit)):
+            yield job_units.watch(unit, "model", meter, attached=True)
+            return
+    yield StringCommand("install -d -m 700", QuoteString(f"{TOOL_DIR}/locks"), "&& mkdir -p",
+                        QuoteString(dest))
+    yield FileUploadCommand(downloader, script)
+    yield FileUploadCommand(StringIO(json.dumps(lock, indent=1) + "\n"), lock_file)
+    if detached:
+        # The proxy (it may carry credentials) and the token (HF_TOKEN, which the
+        # downloader reads when it has no --token-file) reach the job through its env
+        # file, which it removes as it starts: never on its command line or the unit's.
+        pairs = {"https_proxy": proxy, "http_proxy": proxy} if proxy else {}
+        if token is not None:
+            pairs["HF_TOKEN"] = token
+        yield from job_units.start(
+            unit, f"pyinfra-vllm: {lock['model_id']}@{lock['commit'][:12]} into {dest}",
+            [(f"downloading and verifying {len(lock['files'])} files", StringCommand(*argv))],
+            env_file_text(pairs),
+        )
+        yield job_units.watch(unit, "model", meter)
+        return
+    # Without systemd, in the SSH session: the proxy and the token reach the downloader
+    # through root-only files in SECRET_DIR, never its command line; both go whatever
+    # the download does, and the download's exit status is kept.
     secrets = []
     if proxy:
         env_path = f"{SECRET_DIR}/model-download.env"

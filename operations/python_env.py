@@ -32,6 +32,8 @@ from pyinfra import host
 from pyinfra.api import FileUploadCommand, QuoteString, StringCommand, operation
 
 from facts.python_env import MANIFEST, MARKER, VllmEnvironments, listing_command
+from facts.units import SystemdBooted, UnitState
+from operations import jobs as job_units
 from operations.uploads import SECRET_DIR, env_file_text, secret_file, sourced
 from pyinfra_vllm.stack_locks import distribution, read_lock
 from pyinfra_vllm.versions import version_tuple
@@ -253,10 +255,12 @@ def _create_commands(root: str, path: str, manager: str, python: str,
 
 
 def _install_command(root: str, path: str, manager: str, env: list[str | QuoteString],
-                     stack: dict) -> StringCommand:
+                     stack: dict, forget: bool = True) -> StringCommand:
     """pip's or uv's install of the stack lock: exactly the packages it lists, each file
     checked against its hashes, nothing resolved (``--no-deps``), wheels only but for
-    the row's ``sdist_only``. It removes the download variables' file when done."""
+    the row's ``sdist_only``. With ``forget`` it removes the download variables' file
+    when done (a job has its own, removed as it starts)."""
+    forgotten = _FORGET_DOWNLOAD_ENV if forget else []
     exact: list[str | QuoteString] = ["--require-hashes", "--no-deps", "--only-binary", ":all:"]
     for name in sorted(stack.get("sdist_only") or []):
         exact += ["--no-binary", QuoteString(name)]
@@ -265,13 +269,51 @@ def _install_command(root: str, path: str, manager: str, env: list[str | QuoteSt
         # copy: the environment must not hard-link into a cache that may be pruned.
         return StringCommand(
             *env, "UV_LINK_MODE=copy", QuoteString(f"{root}/uv/bin/uv"), "pip", "install",
-            "-q", "--python", QuoteString(f"{path}/bin/python"), *exact, *lock,
-            *_FORGET_DOWNLOAD_ENV,
+            "-q", "--python", QuoteString(f"{path}/bin/python"), *exact, *lock, *forgotten,
         )
     return StringCommand(
         *env, QuoteString(f"{path}/bin/python"), "-m", "pip", "install", "-q", *exact, *lock,
-        *_FORGET_DOWNLOAD_ENV,
+        *forgotten,
     )
+
+
+def _probe_command(path: str, stack: dict, manager: str, sha256: str) -> StringCommand:
+    """The probe, run inside the environment: it writes the marker only if vLLM works."""
+    return StringCommand(
+        QuoteString(f"{path}/bin/python"), QuoteString(f"{path}/pyinfra-vllm-probe.py"),
+        "--expect-vllm", QuoteString(stack["vllm"]),
+        "--marker", QuoteString(f"{path}/{MARKER}"),
+        "--stack", QuoteString(stack_label(stack)),
+        "--requirements-sha256", QuoteString(sha256),
+        "--manager", QuoteString(manager),
+    )
+
+
+def _manifest_command(path: str) -> StringCommand:
+    return StringCommand(listing_command(QuoteString(path)), ">",
+                         QuoteString(f"{path}/{MANIFEST}.new"), "&& mv -f",
+                         QuoteString(f"{path}/{MANIFEST}.new"), QuoteString(f"{path}/{MANIFEST}"))
+
+
+def _build_steps(root: str, path: str, manager: str, python: str, stack: dict,
+                 sha256: str, staged: str) -> list[tuple[str, StringCommand]]:
+    """The build as a job's steps: the same commands as in the SSH session, the lock and
+    the probe copied from the job's directory ``staged``."""
+    return [
+        ("removing what an earlier build left", StringCommand(
+            "rm -rf", QuoteString(path), "&& mkdir -p", QuoteString(f"{root}/envs"))),
+        *((f"creating the environment ({manager})", command)
+          for command in _create_commands(root, path, manager, python, [])),
+        ("installing the stack lock", StringCommand(
+            "install -m 644", QuoteString(f"{staged}/{LOCK_NAME}"),
+            QuoteString(f"{path}/{LOCK_NAME}"), "&&",
+            _install_command(root, path, manager, [], stack, forget=False))),
+        ("proving it (vLLM imported, the server's --help)", StringCommand(
+            "install -m 644", QuoteString(f"{staged}/probe.py"),
+            QuoteString(f"{path}/pyinfra-vllm-probe.py"), "&&",
+            _probe_command(path, stack, manager, sha256))),
+        ("listing its files (the manifest)", _manifest_command(path)),
+    ]
 
 
 @operation()
@@ -304,14 +346,39 @@ def environment(root: str, stack: dict, manager: str, python: str, path: str,
     writes the marker only if all of that worked), and then the manifest written: every
     file's path, mode, size and mtime, which later runs compare the environment with.
     The ``current`` link is not this operation's: the deploy moves it afterwards.
+
+    Where systemd is the init (facts.units.SystemdBooted) all of that but the uploads
+    runs as the transient unit ``pyinfra-vllm-env-<hash of path>``
+    (operations/jobs.py), which a lost SSH session does not stop; the operation follows
+    it, a line per host every few seconds (the step, the environment's size), and fails
+    with its last journal lines when it fails. A run that finds that unit still running
+    follows it instead of starting another; one that finds the environment proven (the
+    job finished while nobody watched) has nothing to do. A job stopped half-way leaves
+    no marker, so the next run builds from scratch.
     """
     lock = read_lock(stack)
     if proven(environments or host.get_fact(VllmEnvironments, root=root), path, stack):
         host.noop(f"{path} works (vLLM {stack['vllm']}, checked when it was built; its "
                   "files unchanged since)")
         return
+    pairs = download_env(index_url, ca_bundle, proxy)
+    if host.get_fact(SystemdBooted):
+        # The path names the lock, manager and interpreter: one job per environment.
+        unit = job_units.unit_name("env", path)
+        meter = {"kind": "steps", "path": path}
+        if job_units.running(host.get_fact(UnitState, unit=unit)):
+            yield job_units.watch(unit, "python_env", meter, attached=True)
+            return
+        yield from job_units.start(
+            unit, f"pyinfra-vllm: vLLM {stack_label(stack)} environment at {path}",
+            _build_steps(root, path, manager, python, stack, lock.sha256,
+                         job_units.job_dir(unit)),
+            env_file_text(pairs), payload=[(lock.local_name, LOCK_NAME), (probe, "probe.py")],
+        )
+        yield job_units.watch(unit, "python_env", meter)
+        return
     env = sourced(DOWNLOAD_ENV)
-    yield from _download_env_file(download_env(index_url, ca_bundle, proxy))
+    yield from _download_env_file(pairs)
     yield StringCommand(
         "rm -rf", QuoteString(path), "&& mkdir -p", QuoteString(f"{root}/envs"),
     )
@@ -319,17 +386,8 @@ def environment(root: str, stack: dict, manager: str, python: str, path: str,
     yield FileUploadCommand(lock.local_name, f"{path}/{LOCK_NAME}")
     yield _install_command(root, path, manager, env, stack)
     yield FileUploadCommand(probe, f"{path}/pyinfra-vllm-probe.py")
-    yield StringCommand(
-        QuoteString(f"{path}/bin/python"), QuoteString(f"{path}/pyinfra-vllm-probe.py"),
-        "--expect-vllm", QuoteString(stack["vllm"]),
-        "--marker", QuoteString(f"{path}/{MARKER}"),
-        "--stack", QuoteString(stack_label(stack)),
-        "--requirements-sha256", QuoteString(lock.sha256),
-        "--manager", QuoteString(manager),
-    )
-    yield StringCommand(listing_command(QuoteString(path)), ">",
-                        QuoteString(f"{path}/{MANIFEST}.new"), "&& mv -f",
-                        QuoteString(f"{path}/{MANIFEST}.new"), QuoteString(f"{path}/{MANIFEST}"))
+    yield _probe_command(path, stack, manager, lock.sha256)
+    yield _manifest_command(path)
 
 
 @operation()

@@ -5,11 +5,28 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from pyinfra_testing.util import FakeFact, FakeHost
 
 from sandbox.mirror import model
 from sandbox.mirror.server import MirrorServer
 
 MIRROR_REPO = model.DEFAULT_REPO_ID
+
+_get_fact = FakeHost.get_fact
+
+
+def _get_fact_none_aware(self, fact_cls, *args, **kwargs):
+    # pyinfra-testing 0.2.1 wraps an argument-less fact's value in a FakeFact, even a
+    # JSON null, so ``fact is None`` (how the operations read "no driver") never holds.
+    # Hand None back as None, like a real host does; and a boolean as itself (a FakeFact
+    # of False is true: ``if host.get_fact(SystemdBooted)`` would always hold).
+    value = _get_fact(self, fact_cls, *args, **kwargs)
+    if isinstance(value, FakeFact) and (value.data is None or isinstance(value.data, bool)):
+        return value.data
+    return value
+
+
+FakeHost.get_fact = _get_fact_none_aware
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 from pyinfra_testing.operations import make_operation_tests
-from pyinfra_testing.util import FakeFact, FakeHost
 
 BASE = Path(__file__).parent / "operations"
 
@@ -25,21 +24,7 @@ def _repository_root(monkeypatch):
     monkeypatch.chdir(Path(__file__).parents[1])
 
 
-_get_fact = FakeHost.get_fact
-
-
-def _get_fact_none_aware(self, fact_cls, *args, **kwargs):
-    # pyinfra-testing 0.2.1 wraps an argument-less fact's value in a FakeFact, even a
-    # JSON null, so ``fact is None`` (how the operations read "no driver") never holds.
-    # Hand None back as None, like a real host does.
-    value = _get_fact(self, fact_cls, *args, **kwargs)
-    if isinstance(value, FakeFact) and value.data is None:
-        return None
-    return value
-
-
-FakeHost.get_fact = _get_fact_none_aware
-
+# tests/conftest.py makes FakeHost.get_fact answer None and booleans as a real host does.
 for _name in sorted(d.name for d in BASE.iterdir() if d.is_dir()):
     locals()[f"TestOperation_{_name.replace('.', '_')}"] = make_operation_tests(
         "operations", _name, BASE / _name

@@ -92,7 +92,8 @@ def test_downloaded_keeps_the_token_and_proxy_credentials_out_of_every_command_s
     password = "proxy-pw-31d2"
     lock = _lock(("config.json", 10, "c" * 64))
     state = FakeState()
-    host = create_host(state, facts={"model.ModelFiles": {"path=/srv/m/Q": None}})
+    host = create_host(state, facts={"model.ModelFiles": {"path=/srv/m/Q": None},
+                                     "units.SystemdBooted": False})
     with ctx_state.use(state), ctx_host.use(host):
         commands = list(model_ops.downloaded._inner(
             lock=lock, dest="/srv/m/Q", base_url="https://huggingface.co", token=token,
@@ -120,6 +121,46 @@ def test_downloaded_keeps_the_token_and_proxy_credentials_out_of_every_command_s
     assert "--token-file /run/pyinfra-vllm/hf_token" in last
     assert last.endswith(
         "rm -f /run/pyinfra-vllm/model-download.env /run/pyinfra-vllm/hf_token ; exit $rc")
+
+
+def test_the_download_job_keeps_the_token_and_proxy_credentials_in_its_env_file_only():
+    # With systemd the downloader runs as a transient unit: ExecStart and the unit's
+    # description are shown to any user by systemctl, so neither may carry a secret;
+    # nor may the job script, the watch's arguments, or any command string.
+    token = "hf_unit-test-token-5e1a2b"
+    password = "proxy-pw-77c0"
+    lock = _lock(("config.json", 10, "c" * 64))
+    unit = "pyinfra-vllm-model-" + "0" * 12
+    state = FakeState()
+    host = create_host(state, facts={"model.ModelFiles": {"path=/srv/m/Q": None},
+                                     "units.SystemdBooted": True,
+                                     "units.UnitState": {f"unit={unit}": None}})
+    with ctx_state.use(state), ctx_host.use(host), \
+            pytest.MonkeyPatch.context() as patch:
+        patch.setattr("operations.jobs.unit_name", lambda *_: unit)
+        commands = list(model_ops.downloaded._inner(
+            lock=lock, dest="/srv/m/Q", base_url="https://huggingface.co", token=token,
+            proxy=f"http://ops:{password}@proxy:3128",
+        ))
+
+    def text(command) -> str:
+        if isinstance(command, StringCommand):
+            return command.get_raw_value()
+        if isinstance(command, FileUploadCommand):
+            data = command.src.getvalue() if hasattr(command.src, "getvalue") else ""
+            return data.decode() if isinstance(data, bytes) else data
+        return json.dumps([command.args, command.kwargs])
+
+    carrying = [c for c in commands if token in text(c) or password in text(c)]
+    assert [c.dest for c in carrying] == [f"/run/pyinfra-vllm/jobs/{unit}/env"]
+    assert text(carrying[0]) == (f"https_proxy=http://ops:{password}@proxy:3128\n"
+                                 f"http_proxy=http://ops:{password}@proxy:3128\n"
+                                 f"HF_TOKEN={token}\n")
+    assert carrying[0].remote_temp_filename.startswith("/run/pyinfra-vllm-upload/")
+    start = [c for c in commands if isinstance(c, StringCommand)
+             and c.get_raw_value().startswith("systemd-run")]
+    assert len(start) == 1
+    assert "--token-file" not in start[0].get_raw_value()
 
 
 def test_model_path():

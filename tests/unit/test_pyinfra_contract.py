@@ -131,3 +131,27 @@ def test_the_diff_switch_and_printer():
     assert fact.command("/etc/x").get_raw_value().startswith("( test -e /etc/x && cat /etc/x )"), \
         broken("FileContents.command", "no longer cats the file")
     assert fact.process(["one", "two"]) == ["one", "two"]
+
+
+def test_a_function_command_finds_its_operations_connector_arguments(monkeypatch):
+    # operations/jobs.py's watch runs commands from a FunctionCommand, which pyinfra does
+    # not give the operation's _sudo: it reads them from the operation's data by
+    # Host.executing_op_hash (set while the operation runs).
+    from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS
+
+    from operations.jobs import _connector_arguments
+
+    monkeypatch.setattr(pyinfra, "is_cli", True)
+    inventory = Inventory((["h1"], {"_sudo": True, "_sudo_user": "root"}))
+    state = State(inventory, Config(), check_for_changes=True)
+    state.set_stage(StateStage.Prepare)
+    host = inventory.get_host("h1")
+    state.activate_host(host)
+    with ctx_state.use(state), ctx_host.use(host):
+        meta = probe(name="Changes", change=True)
+    assert "_sudo" in CONNECTOR_ARGUMENT_KEYS, broken("CONNECTOR_ARGUMENT_KEYS", "lacks _sudo")
+    host.executing_op_hash = meta._hash
+    found = _connector_arguments(state, host)
+    assert found["_sudo"] is True and found["_sudo_user"] == "root", broken(
+        "State.get_op_data_for_host(...).global_arguments", f"give {found}")
+    assert set(found) <= set(CONNECTOR_ARGUMENT_KEYS)
