@@ -7,7 +7,10 @@ server's ``--help`` before the unit is written. Before
 each start the GPU guard checks GPU count, MIG, foreign processes and NVLink (one line in
 the journal when it refuses); after it, the unit stays "activating" until /health, a
 one-token completion and the warm-ups answered. A change to the unit, or model files the
-model stage repaired (model_repair), restarts the engine once; no change, no restart. A drop-in for the unit that the suite did not write is moved
+model stage repaired (model_repair), restarts the engine once; no change, no restart. The
+restart rolls (operations/rolling.py): at most rolling_batch hosts of the run at once,
+each drained first, the new unit moved in from its staged copy inside the host's slot,
+and the rollout stopped at the first host that fails readiness. A drop-in for the unit that the suite did not write is moved
 aside (/var/lib/pyinfra-vllm/disabled-drop-ins/), and an engine whose main process runs
 with another command line or environment than its unit gives (edited without a restart)
 is restarted: both once, with the unit's own restart. On vllm_device "cpu" the workers are CPU processes with
