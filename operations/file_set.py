@@ -20,6 +20,7 @@ from pyinfra.api import OperationValueError, QuoteString, StringCommand, operati
 
 from facts.files import FileDigests, PathTypes
 from operations import file_diff
+from operations.rolling import STAGED_SUFFIX
 from operations.uploads import private_upload
 
 
@@ -34,13 +35,17 @@ def _private(mode: str) -> bool:
 
 
 @operation()
-def present(files: dict[str, tuple[str | bytes, str]], user: str = "root", group: str = "root"):
+def present(files: dict[str, tuple[str | bytes, str]], user: str = "root", group: str = "root",
+            stage: bool = False):
     """
     Keep a set of files in place: content and mode, owned by ``user``:``group``.
 
     + files: ``{remote path: (local path or bytes, octal mode)}``
     + user: owner of every file
     + group: group of every file
+    + stage: a file whose content differs is uploaded beside its path, under
+      operations/rolling.py's ``STAGED_SUFFIX``, and left there: the caller moves it
+      into place (``rolling.promote_command``), so the live file changes only then
 
     Every file with the wanted content, owner and mode: no command (one remote read for
     the set). A file whose content differs is uploaded to a temporary name beside it that
@@ -73,6 +78,11 @@ def present(files: dict[str, tuple[str | bytes, str]], user: str = "root", group
                 yield StringCommand("chmod", QuoteString(mode), QuoteString(path))
                 if path not in changed:
                     changed.append(path)
+            continue
+        if stage:
+            yield from private_upload(data, f"{path}{STAGED_SUFFIX}", mode=mode,
+                                      owner=f"{user}:{group}")
+            changed.append(path)
             continue
         temporary = f"{path}.pyinfra-new"
         yield from private_upload(data, temporary, mode=mode, owner=f"{user}:{group}")

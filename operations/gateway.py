@@ -34,6 +34,7 @@ from pyinfra.api import (
 from pyinfra.facts.files import File, Sha1File
 
 from operations import file_diff
+from operations.rolling import DRAIN_FLAG
 from operations.uploads import private_upload
 from operations.vllm_service import engine_address
 from pyinfra_vllm.settings import API_KEY_ALPHABET, API_KEY_CHARS
@@ -167,6 +168,7 @@ def render_site(
     tls_cert_path: str = TLS_CERT_PATH,
     tls_key_path: str = TLS_KEY_PATH,
     node_exporter_port: int | None = None,
+    drain_flag: str = DRAIN_FLAG,
 ) -> str:
     """The site file (``conf.d/vllm.conf``): upstream, server, locations.
 
@@ -176,6 +178,8 @@ def render_site(
       every request with a 301 to https on gateway_port and serves nothing else
     + node_exporter_port: node_exporter's port on 127.0.0.1, served as /node-metrics to
       the metrics_allow networks; None serves no /node-metrics
+    + drain_flag: while this file exists, /health and /v1 answer 503 (a rolling restart
+      drains the host: operations/rolling.py)
     """
     if http_redirect_port is not None and not tls:
         raise OperationValueError("http_redirect_port needs tls (a redirect to https)")
@@ -195,6 +199,7 @@ def render_site(
         tls_cert_path=tls_cert_path,
         tls_key_path=tls_key_path,
         node_exporter_port=node_exporter_port,
+        drain_flag=drain_flag,
     )
 
 

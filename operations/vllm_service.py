@@ -30,10 +30,12 @@ from typing import Any
 
 from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, OperationValueError, QuoteString, StringCommand, operation
+from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS
 
 from facts.cpu_host import cpu_ranges
 from facts.units import UnitActivation
 from facts.vllm_service import EngineProcess
+from operations import rolling
 from pyinfra_vllm.settings import Settings
 from pyinfra_vllm.templating import render
 
@@ -51,6 +53,7 @@ STATE_DIR = "/var/lib/vllm"
 HELPER_DIR = "/usr/local/lib/pyinfra-vllm"
 GUARD_PATH = f"{HELPER_DIR}/gpu_guard.py"
 READY_PATH = f"{HELPER_DIR}/wait_ready.py"
+IDLE_PATH = f"{HELPER_DIR}/engine_idle.py"
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 
 # SIGTERM, then SIGKILL to the whole cgroup after this long (the unit's comment says why).
@@ -557,22 +560,107 @@ def _report_ready(state, host) -> bool:
     return found.get("active") == "active"
 
 
+def restart_command(staged: Sequence[tuple[str, str]], start: bool) -> StringCommand:
+    """The staged unit and environment file moved into place (``rolling.promote_command``),
+    systemd reloaded, the engine restarted; on failure, the lines the unit's processes
+    logged since (their ``SyslogIdentifier``) on stderr and the failure kept."""
+    verb = "restart" if start else "try-restart"
+    return StringCommand(
+        "since=$(date +%s) &&", rolling.promote_command(staged),
+        "&& systemctl daemon-reload && systemctl", verb, UNIT,
+        "|| { rc=$?; journalctl -u", UNIT, "-t", SERVICE, '--since "@$since" -n',
+        str(JOURNAL_LINES), "--no-pager -o cat >&2; exit $rc; }",
+    )
+
+
+def idle_command(python: str, metrics_url: str, grace_s: int) -> StringCommand:
+    """files/engine_idle.py: until no request is in flight, at most ``grace_s``."""
+    return StringCommand(QuoteString(python), QuoteString(IDLE_PATH), "--url",
+                         QuoteString(metrics_url), "--grace", QuoteString(str(grace_s)))
+
+
+def failure_reason(lines: Sequence[str]) -> str:
+    """Why a restart failed, from the journal lines ``restart_command`` printed: the last
+    readiness wait line (files/wait_ready.py, ``wait-ready: ...``), else the last line."""
+    lines = [line.strip() for line in lines if line.strip()]
+    ready = [line for line in lines if line.startswith("wait-ready:")]
+    if ready:
+        return ready[-1]
+    if lines:
+        return lines[-1]
+    return f"{UNIT} did not become active (no line in its journal since the restart)"
+
+
+def _roll(state, host, staged: list[list[str]], start: bool, serving: bool, batch: int,
+          grace_s: int, python: str, metrics_url: str) -> bool:
+    pairs = [(path, digest) for path, digest in staged]
+    # The operation's own connector arguments (_sudo ...), as pyinfra passes them to a
+    # StringCommand (pyinfra/api/operations.py, _run_host_op).
+    arguments = {key: value for key, value in (host.current_op_global_arguments or {}).items()
+                 if key in CONNECTOR_ARGUMENT_KEYS}
+
+    def run(command: StringCommand):
+        return host.run_shell_command(command, print_output=state.print_output,
+                                      print_input=state.print_input, **arguments)
+
+    def work() -> str | None:
+        if serving:
+            ok, output = run(rolling.drain_command())
+            if not ok:
+                return "to drain: " + (" ".join(output.stderr_lines) or "touch failed")
+            _, output = run(idle_command(python, metrics_url, grace_s))
+            host.log_styled(f"drained: {' '.join(output.stdout_lines)}", log_func=logger.info)
+        ok, output = run(restart_command(pairs, start))
+        if not ok:
+            # Still drained (a failed engine serves nothing); rolling.not_draining puts
+            # the host back once a later run has its engine running.
+            return "readiness: " + failure_reason(output.stderr_lines)
+        if serving:
+            run(rolling.undrain_command())
+        if start:
+            _report_ready(state, host)
+        return None
+
+    outcome = rolling.rollout(state, batch, host.name).step(host.name, serving, work)
+    if outcome is None:
+        return True
+    if outcome.startswith(rolling.STOPPED):
+        # Not reached: the staged files go, the live unit and the engine stay as they are.
+        run(rolling.discard_command([path for path, _ in pairs]))
+    host.log_styled(outcome, fg="red", log_func=logger.error)
+    return False
+
+
 @operation(is_idempotent=False)
-def restarted(start: bool = True):
+def restarted(start: bool = True, staged: dict[str, str] | None = None, batch: int = 1,
+              grace_s: int = 0, python: str = "python3",
+              metrics_url: str = "http://127.0.0.1:8000/metrics"):
     """
-    Restart the engine after its unit or environment changed: once, and report how
-    long it took to become ready. Use with ``_if=any_changed(...)``.
+    Restart the engine after its unit or environment changed, rolling: at most ``batch``
+    hosts of the run at once, each drained first, and none once a host failed readiness
+    (operations/rolling.py). Use with ``_if=any_changed(...)``.
 
     + start: restart it (start it when stopped); False restarts it only if it runs
+    + staged: ``{live path: sha256}`` of the files staged for this restart
+      (``file_set.present(stage=True)``), moved into place inside the slot
+    + batch: the run's rolling_batch (0: no limit)
+    + grace_s: drain_grace_s, the longest wait for in-flight requests
+    + python: the interpreter that runs files/engine_idle.py (the environment's)
+    + metrics_url: the engine's /metrics
 
-    ``systemctl restart`` returns when ExecStartPost's readiness wait (health, a
-    one-token completion, the warm-ups) answered, so a failure here is a server that
-    never became ready: its last journal lines are printed.
+    An engine that runs (``UnitActivation`` when the operation executes) takes a slot, is
+    drained (the gateway answers 503), waits until no request is in flight or the grace
+    ends, gets the staged files, restarts, and is put back once ready: ``systemctl
+    restart`` returns when ExecStartPost's readiness wait (health, a one-token completion,
+    the warm-ups) answered. One that does not run takes no slot and is not drained. A
+    restart that fails prints the unit's journal lines since, stops the rollout with the
+    last readiness line, and leaves the host drained; a host the rollout did not reach
+    fails with "rollout stopped: host X failed readiness: ..." and keeps its unit.
     """
-    verb = "restart" if start else "try-restart"
-    yield _journal_on_failure(StringCommand("systemctl daemon-reload && systemctl", verb, UNIT))
-    if start:
-        yield FunctionCommand(_report_ready, (), {})
+    found = host.get_fact(UnitActivation, unit=UNIT) or {}
+    serving = found.get("active") == "active"
+    yield FunctionCommand(_roll, (sorted([path, digest] for path, digest in (staged or {}).items()),
+                                  start, serving, batch, grace_s, python, metrics_url), {})
 
 
 @operation()

@@ -338,6 +338,23 @@ class Settings(BaseModel):
     starting it (hosts prepared before their GPUs are ready; sandbox hosts, which have no
     real GPU); a running engine is then restarted only if it already runs.
     """
+    rolling_batch: int = Field(default=1, ge=0, le=1000)
+    """Engines of the fleet drained and restarted at the same time when a run restarts
+    them (a new unit, stack, flag or model): the next host's restart starts only when one
+    of these slots is free, and the first host that fails readiness stops the rollout
+    (hosts not reached keep their unit and engine). 1: one host at a time, so a fleet of
+    N loses at most one engine's capacity; 0: no limit, every host at once (each still
+    drained). An engine that is not running takes no slot (it serves nothing). One value
+    for the whole run: hosts with different values are refused before any change.
+    """
+    drain_grace_s: int = Field(default=120, ge=0, le=3600)
+    """How long a drained host waits for its in-flight requests (vLLM's /metrics
+    vllm:num_requests_running and vllm:num_requests_waiting) to reach 0 before its engine
+    restarts; the restart comes at 0 or when this ends. While draining, the gateway
+    answers 503 on /health (load balancers stop sending) and on /v1 (new requests go
+    elsewhere). A bound, not a wait: an idle engine restarts at once; requests still
+    running when it ends are cut off by the restart.
+    """
     vllm_warmup_requests: int = Field(default=3, ge=0, le=20)
     """Warm-up completions sent once the engine answers (the seed's three, each one
     token), after a first one-token completion that must succeed; bounded by

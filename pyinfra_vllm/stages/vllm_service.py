@@ -7,7 +7,10 @@ server's ``--help`` before the unit is written. Before
 each start the GPU guard checks GPU count, MIG, foreign processes and NVLink (one line in
 the journal when it refuses); after it, the unit stays "activating" until /health, a
 one-token completion and the warm-ups answered. A change to the unit, or model files the
-model stage repaired (model_repair), restarts the engine once; no change, no restart. A drop-in for the unit that the suite did not write is moved
+model stage repaired (model_repair), restarts the engine once; no change, no restart. The
+restart rolls (operations/rolling.py): at most rolling_batch hosts of the run at once,
+each drained first, the new unit moved in from its staged copy inside the host's slot,
+and the rollout stopped at the first host that fails readiness. A drop-in for the unit that the suite did not write is moved
 aside (/var/lib/pyinfra-vllm/disabled-drop-ins/), and an engine whose main process runs
 with another command line or environment than its unit gives (edited without a restart)
 is restarted: both once, with the unit's own restart. On vllm_device "cpu" the workers are CPU processes with
@@ -19,14 +22,16 @@ read, or vllm_cpu_threads_bind) and no GPU guard runs.
 
 from __future__ import annotations
 
-from pyinfra import host, logger
+import hashlib
+
+from pyinfra import host, logger, state
 from pyinfra.api import deploy
 from pyinfra.operations.util import any_changed
 
 from facts.python_env import MARKER
 from facts.storage import FilesystemSize
 from facts.topology import tp_link_verdict
-from operations import accounts, file_set, gate, model, units
+from operations import accounts, file_set, gate, model, rolling, units
 from operations import vllm_service as vllm_service_ops
 from pyinfra_vllm.context import context
 
@@ -87,7 +92,10 @@ def vllm_service() -> None:
                 # No GPU guard on CPU: the unit has no ExecStartPre for it.
                 file_set.present(
                     name="vLLM service: readiness wait",
-                    files={vllm_service_ops.READY_PATH: ("files/wait_ready.py", "755")},
+                    files={
+                        vllm_service_ops.READY_PATH: ("files/wait_ready.py", "755"),
+                        vllm_service_ops.IDLE_PATH: ("files/engine_idle.py", "755"),
+                    },
                 )
             else:
                 file_set.present(
@@ -95,6 +103,7 @@ def vllm_service() -> None:
                     files={
                         vllm_service_ops.GUARD_PATH: ("files/gpu_guard.py", "755"),
                         vllm_service_ops.READY_PATH: ("files/wait_ready.py", "755"),
+                        vllm_service_ops.IDLE_PATH: ("files/engine_idle.py", "755"),
                     },
                 )
             if marker is None:
@@ -114,23 +123,25 @@ def vllm_service() -> None:
                 name="vLLM service: no foreign drop-in for its unit",
                 unit=vllm_service_ops.UNIT,
             )
+            # Staged beside the live files, moved into place inside the rolling restart's
+            # slot: a host the rollout never reaches (another failed readiness) keeps its
+            # unit, and its engine the configuration it runs with.
+            unit_files = {
+                vllm_service_ops.UNIT_PATH: vllm_service_ops.render_unit(
+                    settings, python=python, model_path=model_path, devices=devices,
+                    accepted=accepted, threads_bind=threads_bind,
+                ).encode(),
+                vllm_service_ops.ENV_PATH: vllm_service_ops.render_env(
+                    api_key=vllm_service_ops.engine_api_key(settings),
+                ).encode(),
+            }
             unit = file_set.present(
                 name="vLLM service: systemd unit and its environment file",
                 files={
-                    vllm_service_ops.UNIT_PATH: (
-                        vllm_service_ops.render_unit(
-                            settings, python=python, model_path=model_path, devices=devices,
-                            accepted=accepted, threads_bind=threads_bind,
-                        ).encode(),
-                        "644",
-                    ),
-                    vllm_service_ops.ENV_PATH: (
-                        vllm_service_ops.render_env(
-                            api_key=vllm_service_ops.engine_api_key(settings),
-                        ).encode(),
-                        "600",
-                    ),
+                    vllm_service_ops.UNIT_PATH: (unit_files[vllm_service_ops.UNIT_PATH], "644"),
+                    vllm_service_ops.ENV_PATH: (unit_files[vllm_service_ops.ENV_PATH], "600"),
                 },
+                stage=True,
             )
             expected = vllm_service_ops.engine_expected(
                 settings, python=python, model_path=model_path, devices=devices,
@@ -146,12 +157,22 @@ def vllm_service() -> None:
             # Model files the model stage fetched again (model_repair): an engine started
             # before may hold their bad bytes. One restart for every reason.
             repaired = [] if ctx.model_repair is None else [ctx.model_repair]
+            # Here, while the run is planned: hosts with another rolling_batch stop the
+            # run before any change.
+            rolling.rollout(state, settings.rolling_batch, host.name)
             vllm_service_ops.restarted(
                 name="vLLM service: restarted for its new unit" if not repaired else
                 "vLLM service: restarted for its new unit or repaired model files",
                 start=settings.vllm_start,
+                staged={path: hashlib.sha256(data).hexdigest()
+                        for path, data in unit_files.items()},
+                batch=settings.rolling_batch,
+                grace_s=settings.drain_grace_s,
+                python=python,
+                metrics_url=f"http://{vllm_service_ops.engine_address(settings.vllm_host, settings.vllm_port)}/metrics",
                 _if=any_changed(unit, foreign, stale, *repaired),
             )
             vllm_service_ops.running(name="vLLM service: enabled and running"
                                  if settings.vllm_start else "vLLM service: enabled",
                                  start=settings.vllm_start)
+            rolling.not_draining(name="vLLM service: the gateway serves (no drain left)")

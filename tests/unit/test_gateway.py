@@ -162,7 +162,10 @@ def test_failed_key_checks_are_counted_per_address_and_limited_on_v1_only():
     assert v1.index("limit_req ") < v1.index("auth_request")
     assert text.count("limit_req zone=") == 1
     # A rewrite-phase "return 401" here would end the request before limit_req saw it.
-    assert not [line for line in v1.splitlines() if line.strip().startswith("return")]
+    # The one return is the drain's 503 (a rolling restart), under its flag only.
+    returns = [line.strip() for line in v1.splitlines() if line.strip().startswith("return")]
+    assert len(returns) == 1 and returns[0].startswith("return 503 ")
+    assert "if (-f /run/pyinfra-vllm/draining) {" in v1
 
 
 def test_server_tokens_off_in_every_server():

