@@ -145,3 +145,24 @@ def volume_released(path: str):
         yield StringCommand("umount", QuoteString(path))
     if lines:
         yield StringCommand(fstab_without(path))
+
+
+@operation(is_idempotent=False)
+def sysctl_reapplied(keys: list[str]):
+    """
+    Re-apply the kernel parameters the remaining sysctl files set (``sysctl --system``),
+    after the suite's drop-in is gone.
+
+    + keys: the parameters the suite's drop-in set
+
+    A parameter of another file the host refuses to set (in a container, a read-only
+    ``kernel.pid_max`` or ``fs.protected_*``: "permission denied") is that file's matter,
+    not this removal's: only a refusal naming one of ``keys`` fails the operation. A key
+    only the drop-in set keeps its live value until the next boot. Run it with ``_if``
+    the drop-in's removal changed.
+    """
+    pattern = "(" + "|".join(key.replace(".", "[.]") for key in sorted(keys)) + ")"
+    yield StringCommand(
+        "refused=$(sysctl --system 2>&1 >/dev/null);",
+        'printf "%s\\n" "$refused" | grep -E', QuoteString(pattern), ">&2 && exit 1; true",
+    )

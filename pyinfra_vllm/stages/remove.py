@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from pyinfra import host, logger
 from pyinfra.api import deploy
-from pyinfra.operations import server, systemd
+from pyinfra.operations import systemd
 
 from operations import driver as driver_ops
 from operations import file_set
@@ -82,9 +82,11 @@ def remove() -> None:
         name="Remove: the sysctl drop-in",
         paths=[sysctl_ops.drop_in_path(settings.sysctl_file_priority)],
     )
-    # Re-applies the files left; a key only the drop-in set keeps its value until a boot.
-    server.shell(name="Remove: sysctl --system (the remaining files)",
-                 commands=["sysctl --system >/dev/null"], _if=sysctl_file.did_change)
+    remove_ops.sysctl_reapplied(
+        name="Remove: sysctl --system (the remaining files)",
+        keys=sorted(settings.sysctl),
+        _if=sysctl_file.did_change,
+    )
 
     persistenced = file_set.absent(
         name="Remove: the nvidia-persistenced drop-in",

@@ -5,16 +5,22 @@ what the suite installs, not serving). After deploys/full.py, node_exporter list
 127.0.0.1 only and exposes the suite's textfile. deploys/remove.py then takes off the
 unit, the gateway's files, the environments, the metrics files and drop-ins; nginx stays
 installed and working, the model's files stay (no remove_model_files). A second removal
-changes nothing, and deploys/full.py converges the host again.
+changes nothing, and deploys/full.py converges the host again: its environment build, a
+transient systemd unit, survives the operator's run killed in the middle of it, and the
+next run attaches to it.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import time
 
 import pytest
 
-from tests.e2e.conftest import CUDA_063, booted
+from tests.e2e.conftest import CUDA_063, PYINFRA, REPO_ROOT, booted
 
 pytestmark = pytest.mark.e2e
 
@@ -67,6 +73,24 @@ def test_remove_takes_off_what_the_suite_installed_and_full_converges_again(conv
     again = run(sandbox, "deploys/remove.py")
     assert again["results"]["totals"]["success"] == 0, changed(again)
 
-    run(sandbox, "deploys/full.py", timeout=INSTALL_TIMEOUT)
+    # The environment is built again, as a transient unit: the operator's run killed in
+    # the middle of it, the build goes on, and the next run attaches to it.
+    argv = [PYINFRA, "-y", str(sandbox.inventory), *DATA, "deploys/full.py"]
+    first = subprocess.Popen(argv, cwd=REPO_ROOT, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, start_new_session=True)
+    unit = ""
+    deadline = time.monotonic() + 900
+    while not unit and time.monotonic() < deadline and first.poll() is None:
+        time.sleep(2)
+        unit = sandbox.ssh(host, "systemctl list-units --no-legend --plain --state=active "
+                                 "'pyinfra-vllm-env-*' | awk '{print $1}'").stdout.strip()
+    assert unit, "the build never started as a unit"
+    os.killpg(first.pid, signal.SIGKILL)  # the laptop lid closes
+    first.wait(timeout=30)
+    time.sleep(5)
+    assert sandbox.ssh(host, f"systemctl is-active {unit}").stdout.strip() == "active"
+    proc = sandbox.pyinfra("--json", *DATA, "deploys/full.py", timeout=INSTALL_TIMEOUT)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "attached to " + unit in proc.stderr, proc.stderr[-4000:]
     after = run(sandbox, "deploys/full.py")
     assert after["results"]["totals"]["success"] == 0, changed(after)

@@ -1,0 +1,151 @@
+"""A restart rolls over the fleet one host at a time, drained first; a host that fails
+readiness stops the rollout with the others untouched.
+
+Two `seed` hosts serving with the real vLLM 0.17.0 CPU engine (tensor parallel 1, so two
+engines fit this machine), `rolling_batch` 1. While a client on this machine sends
+completions through both gateways (a 503 is retried once on the other host, as a load
+balancer would), a flag change (`max_num_seqs`) restarts both engines: the second host's
+restart begins only after the first is ready again, no request fails but the draining
+host's 503s, and the run after changes nothing. Then the first host is made unable to
+start (one of its model's shards unreadable to the engine's user) and another flag change
+is run: the first host fails readiness and stays drained, the second is not touched (its
+unit, its engine's PID, still serving).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from tests.e2e.conftest import booted
+
+pytestmark = pytest.mark.e2e
+
+KEY = "sk-rolling-" + "0123456789abcdef" * 2
+INSTALL_TIMEOUT = 2400
+BASE = ["--data", f'api_keys=["{KEY}"]', "--data", "tensor_parallel_size=1",
+        "--data", "rolling_batch=1", "--data", "drain_grace_s=30",
+        # A host that cannot start fails readiness in minutes, not the default half hour.
+        "--data", "vllm_start_timeout_s=240"]
+MODEL = "sandbox/tiny-qwen2"
+MODEL_DIR = "/srv/models/sandbox/tiny-qwen2"
+UNIT = "/etc/systemd/system/vllm.service"
+
+
+def run(sandbox, *data: str, timeout: float = 1200):
+    extra = [arg for pair in data for arg in ("--data", pair)]
+    proc = sandbox.pyinfra("--json", *BASE, *extra, "deploys/full.py", timeout=timeout)
+    return proc, (json.loads(proc.stdout) if proc.stdout.strip() else None)
+
+
+def changed(data: dict) -> set[str]:
+    return {op["name"] for op in data["results"]["operations"] if op["success"]}
+
+
+class Client(threading.Thread):
+    """Completions through both gateways in turn; a 503 is retried once on the other."""
+
+    def __init__(self, addresses: list[str]):
+        super().__init__(daemon=True)
+        self.addresses = addresses
+        self.stop = threading.Event()
+        self.results: list[tuple[str, int, int | None]] = []  # (host, status, retry status)
+
+    def call(self, address: str) -> int:
+        body = json.dumps({"model": MODEL, "prompt": "Hello", "max_tokens": 2}).encode()
+        request = urllib.request.Request(
+            f"http://{address}:8001/v1/completions", data=body, method="POST",
+            headers={"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"})
+        try:
+            with urllib.request.urlopen(request, timeout=120) as answer:
+                return answer.status
+        except urllib.error.HTTPError as error:
+            return error.code
+        except OSError:
+            return 0  # refused or reset: what a load balancer would count as failed
+
+    def run(self) -> None:
+        turn = 0
+        while not self.stop.is_set():
+            address = self.addresses[turn % len(self.addresses)]
+            other = self.addresses[(turn + 1) % len(self.addresses)]
+            status = self.call(address)
+            retried = self.call(other) if status == 503 else None
+            self.results.append((address, status, retried))
+            turn += 1
+            time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def fleet():
+    with booted(["seed", "seed"]) as sandbox:
+        proc, data = run(sandbox, timeout=INSTALL_TIMEOUT)
+        if data is None or proc.returncode != 0:
+            pytest.fail(f"first run failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
+        yield sandbox
+
+
+def restart_times(sandbox, host) -> tuple[float, float]:
+    """When the host's engine last began starting and became active (monotonic s)."""
+    shown = sandbox.ssh(host, "systemctl show vllm -p ExecMainStartTimestampMonotonic "
+                              "-p ActiveEnterTimestampMonotonic --value").stdout.split()
+    return float(shown[0]) / 1e6, float(shown[1]) / 1e6
+
+
+def test_a_flag_change_rolls_one_host_at_a_time_and_no_request_fails(fleet):
+    sandbox = fleet
+    first, second = sandbox.hosts
+    client = Client([host.address for host in sandbox.hosts])
+    client.start()
+    time.sleep(3)
+    proc, data = run(sandbox, "max_num_seqs=8")
+    client.stop.set()
+    client.join(timeout=180)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert data["results"]["totals"]["error"] == 0
+    # One host at a time: the second began starting after the first was active again.
+    # (Both hosts share this machine's clock: sandbox hosts are containers.)
+    _, first_ready = restart_times(sandbox, first)
+    second_start, _ = restart_times(sandbox, second)
+    assert second_start >= first_ready, (first_ready, second_start)
+    statuses = [status for _, status, _ in client.results]
+    assert statuses, "the client sent nothing"
+    failed = [r for r in client.results if r[1] not in (200, 503) or r[2] not in (None, 200)]
+    assert failed == [], failed[:10]
+    assert 503 in statuses  # a drained host answered, and its request went elsewhere
+    for host in sandbox.hosts:
+        assert '"--max-num-seqs" "8"' in sandbox.ssh(host, f"cat {UNIT}").stdout
+    proc, data = run(sandbox, "max_num_seqs=8")
+    assert proc.returncode == 0 and data["results"]["totals"]["success"] == 0, changed(data)
+
+
+def test_a_host_that_fails_readiness_stops_the_rollout(fleet):
+    sandbox = fleet
+    first, second = sandbox.hosts
+    shard = sandbox.ssh(first, f"ls {MODEL_DIR}/*.safetensors | head -1").stdout.strip()
+    sandbox.ssh(first, f"chmod 000 {shard}")  # the engine's user cannot load the model
+    unit_before = sandbox.ssh(second, f"sha256sum {UNIT}").stdout
+    pid_before = sandbox.ssh(second, "systemctl show vllm -p MainPID --value").stdout.strip()
+
+    proc, data = run(sandbox, "max_num_seqs=4", timeout=2400)
+    assert proc.returncode != 0
+    errors = proc.stderr
+    assert f"rollout stopped: host {first.name} failed readiness" in errors, errors[-4000:]
+    assert sandbox.ssh(second, f"sha256sum {UNIT}").stdout == unit_before
+    assert sandbox.ssh(second, "systemctl show vllm -p MainPID --value").stdout.strip() == (
+        pid_before)
+    assert sandbox.ssh(second, f"ls {UNIT}.pyinfra-staged 2>/dev/null; true").stdout == ""
+    health = "curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:8001/health"
+    assert sandbox.ssh(first, health).stdout == "503"  # left drained
+    assert sandbox.ssh(second, health).stdout == "200"
+
+    # Fixed, the same change goes through, and the first host serves again.
+    sandbox.ssh(first, f"chmod 644 {shard}")
+    proc, data = run(sandbox, "max_num_seqs=4", timeout=2400)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert sandbox.ssh(first, health).stdout == "200"
