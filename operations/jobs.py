@@ -20,7 +20,9 @@ Per job, under ``JOB_ROOT/<unit>/`` (tmpfs, root only):
                job as it starts, never on a command line (``systemctl show`` prints
                ExecStart to any user)
     progress   the step the job is at
-    result     ``$SERVICE_RESULT $EXIT_CODE $EXIT_STATUS``, written by ExecStopPost
+    result     ``success exited 0`` / ``exit-code exited N``, written by the job as it
+               exits; by ExecStopPost (``$SERVICE_RESULT $EXIT_CODE $EXIT_STATUS``)
+               when the job could not (killed)
                (systemd.exec(5), "Environment Variables Set or Propagated by the Service
                Manager"): the outcome survives the unit, which --collect unloads at once
 """
@@ -71,8 +73,11 @@ def running(state: dict[str, Any] | None) -> bool:
 def job_script(unit: str, description: str, steps: list[tuple[str, StringCommand]]) -> bytes:
     """The job: the env file's variables exported (the file removed at once), then each
     step, its words in the progress file; the first step that fails ends the job with
-    its exit status. ``finished`` (ExecStopPost) records the result."""
+    its exit status, which the job records itself as it exits. ``finished`` (the unit's
+    ExecStopPost) takes away an env file the job never read and records a result the job
+    could not (killed), from the variables systemd gives it."""
     base = job_dir(unit)
+    record = ('> "$dir/result.new" && mv -f "$dir/result.new" "$dir/result"')
     lines = [
         "#!/bin/sh",
         f"# {unit}: {description}",
@@ -80,10 +85,14 @@ def job_script(unit: str, description: str, steps: list[tuple[str, StringCommand
         f"dir={base}",
         'if [ "${1:-}" = finished ]; then',
         '    rm -f "$dir/env"',
-        '    printf \'%s %s %s\\n\' "${SERVICE_RESULT:-}" "${EXIT_CODE:-}" "${EXIT_STATUS:-}"'
-        ' > "$dir/result.new" && mv -f "$dir/result.new" "$dir/result"',
+        '    [ -e "$dir/result" ] || { printf \'%s %s %s\\n\' "${SERVICE_RESULT:-}" '
+        '"${EXIT_CODE:-}" "${EXIT_STATUS:-}" ' + record + "; }",
         "    exit 0",
         "fi",
+        # The job's own record: an ExecStopPost can fail to start (seen: status
+        # 219/CGROUP in a container under load), and the result must not depend on it.
+        "trap 'status=$?; if [ $status -eq 0 ]; then r=success; else r=exit-code; fi; "
+        'printf "%s exited %s\\n" "$r" "$status" ' + record.replace("'", "") + "' EXIT",
         'if [ -e "$dir/env" ]; then set -a; . "$dir/env"; set +a; rm -f "$dir/env"; fi',
     ]
     for number, (words, command) in enumerate(steps, start=1):
@@ -126,7 +135,8 @@ def start(unit: str, description: str, steps: list[tuple[str, StringCommand]],
         "--property=Type=exec --property=User=root",
         # A stop (systemctl stop) ends every process of the job: no orphaned pip.
         "--property=KillMode=control-group", "--property=TimeoutStopSec=30",
-        QuoteString(f"--property=ExecStopPost=/bin/sh {script} finished"),
+        # "-": a failure of this clean-up (or of its start) is not the job's.
+        QuoteString(f"--property=ExecStopPost=-/bin/sh {script} finished"),
         "-- /bin/sh", QuoteString(script),
     )
 

@@ -84,6 +84,7 @@ def test_remove_takes_off_what_the_suite_installed_and_full_converges_again(conv
         time.sleep(2)
         unit = sandbox.ssh(host, "systemctl list-units --no-legend --plain --state=active "
                                  "'pyinfra-vllm-env-*' | awk '{print $1}'").stdout.strip()
+        unit = unit.removesuffix(".service")
     assert unit, "the build never started as a unit"
     os.killpg(first.pid, signal.SIGKILL)  # the laptop lid closes
     first.wait(timeout=30)

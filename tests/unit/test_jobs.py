@@ -216,12 +216,27 @@ def test_the_job_script_reads_and_removes_its_env_file_runs_steps_and_records_re
     assert not (base / "env").exists()
     assert not (tmp_path / "never").exists()
     assert (base / "progress").read_text() == "2/3 failing\n"
-    # ExecStopPost, with the variables systemd gives it
+    # The job recorded its own result as it exited; ExecStopPost (with the variables
+    # systemd gives it, here other ones) leaves that record as it is.
+    assert (base / "result").read_text() == "exit-code exited 1\n"
     subprocess.run(["/bin/sh", str(base / "run.sh"), "finished"], check=True,
-                   env={"PATH": "/usr/bin:/bin", "SERVICE_RESULT": "exit-code",
-                        "EXIT_CODE": "exited", "EXIT_STATUS": "1"})
+                   env={"PATH": "/usr/bin:/bin", "SERVICE_RESULT": "success",
+                        "EXIT_CODE": "exited", "EXIT_STATUS": "0"})
     assert (base / "result").read_text() == "exit-code exited 1\n"
     assert jobs.outcome(jobs.Reading(None, [], "exit-code exited 1"))[0] is False
+
+
+def test_a_job_that_succeeds_records_success_itself(tmp_path, monkeypatch):
+    monkeypatch.setattr(jobs, "JOB_ROOT", str(tmp_path))
+    unit = "pyinfra-vllm-env-0123456789ab"
+    (tmp_path / unit).mkdir()
+    (tmp_path / unit / "run.sh").write_bytes(
+        jobs.job_script(unit, "t", [("ok", StringCommand("true"))]))
+    run = subprocess.run(["/bin/sh", str(tmp_path / unit / "run.sh")], check=False,
+                         capture_output=True, env={"PATH": "/usr/bin:/bin"})
+    assert run.returncode == 0
+    assert (tmp_path / unit / "result").read_text() == "success exited 0\n"
+    assert jobs.outcome(jobs.Reading(None, [], "success exited 0")) == (True, "finished")
 
 
 def test_the_job_script_finished_removes_an_env_file_never_read(tmp_path, monkeypatch):
