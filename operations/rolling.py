@@ -8,7 +8,9 @@ the previous one did. Here the hosts' greenlets of one run share a ``Rollout`` (
 pyinfra ``State``): a gevent semaphore of ``rolling_batch`` slots, taken before a host
 is drained and given back once its engine is ready, and the first failure, which every
 host still waiting reads when its turn comes and fails with instead of changing
-anything.
+anything. The hosts take their turns in the order pyinfra runs them, which comes from
+its set of active hosts (``State.active_hosts``), not the inventory's order: no host is
+a designated canary; whichever goes first and fails stops the others.
 
 A host is drained with a flag file (``DRAIN_FLAG``, on the /run tmpfs, so a reboot
 clears it) that the gateway's site tests on every request: while it exists, /health and

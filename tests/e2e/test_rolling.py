@@ -12,10 +12,10 @@ engines fit this machine), `rolling_batch` 1. While a client on this machine sen
 completions through both gateways (a 503 is retried once on the other host, as a load
 balancer would), a flag change (`max_num_seqs`) restarts both engines: the second host's
 restart begins only after the first is ready again, no request fails but the draining
-host's 503s, and the run after changes nothing. Then the first host is made unable to
-start (one of its model's shards unreadable to the engine's user) and another flag change
-is run: the first host fails readiness and stays drained, the second is not touched (its
-unit, its engine's PID, still serving).
+host's 503s, and the run after changes nothing. Then both hosts are made unable to
+start (a shard unreadable to the engine's user) and another flag change is run: the host
+pyinfra runs first (its order, not the inventory's) fails readiness and stays drained,
+and the other is not touched (its unit, its engine's PID, still serving).
 """
 
 from __future__ import annotations
@@ -141,11 +141,11 @@ def test_a_flag_change_rolls_one_host_at_a_time_and_no_request_fails(fleet):
     client.join(timeout=180)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert data["results"]["totals"]["error"] == 0
-    # One host at a time: the second began starting after the first was active again.
-    # (Both hosts share this machine's clock: sandbox hosts are containers.)
-    _, first_ready = restart_times(sandbox, first)
-    second_start, _ = restart_times(sandbox, second)
-    assert second_start >= first_ready, (first_ready, second_start)
+    # One host at a time, in pyinfra's order: the later one began starting after the
+    # earlier one was active again (one clock: sandbox hosts are containers).
+    (start_a, ready_a), (start_b, ready_b) = sorted(
+        restart_times(sandbox, host) for host in (first, second))
+    assert start_b >= ready_a, ((start_a, ready_a), (start_b, ready_b))
     statuses = [status for _, status, _ in client.results]
     assert statuses, "the client sent nothing"
     failed = [r for r in client.results if r[1] not in (200, 503) or r[2] not in (None, 200)]
@@ -159,26 +159,39 @@ def test_a_flag_change_rolls_one_host_at_a_time_and_no_request_fails(fleet):
 
 def test_a_host_that_fails_readiness_stops_the_rollout(fleet):
     sandbox = fleet
-    first, second = sandbox.hosts
-    shard = sandbox.ssh(first, f"ls {MODEL_DIR}/*.safetensors | head -1").stdout.strip()
-    sandbox.ssh(first, f"chmod 000 {shard}")  # the engine's user cannot load the model
-    unit_before = sandbox.ssh(second, f"sha256sum {UNIT}").stdout
-    pid_before = sandbox.ssh(second, "systemctl show vllm -p MainPID --value").stdout.strip()
+    # Both hosts made unable to start (a shard unreadable to the engine's user; the
+    # engines running now have their weights loaded and go on serving): whichever host
+    # pyinfra runs first fails readiness, and the other must not be touched.
+    shards = {}
+    before = {}
+    for host in sandbox.hosts:
+        shards[host.name] = sandbox.ssh(
+            host, f"ls {MODEL_DIR}/*.safetensors | head -1").stdout.strip()
+        sandbox.ssh(host, f"chmod 000 {shards[host.name]}")
+        before[host.name] = (sandbox.ssh(host, f"sha256sum {UNIT}").stdout,
+                             sandbox.ssh(host, "systemctl show vllm -p MainPID --value").stdout)
 
     proc, data = run(sandbox, "max_num_seqs=4", timeout=2400)
     assert proc.returncode != 0
-    errors = proc.stderr
-    assert f"rollout stopped: host {first.name} failed readiness" in errors, errors[-4000:]
-    assert sandbox.ssh(second, f"sha256sum {UNIT}").stdout == unit_before
-    assert sandbox.ssh(second, "systemctl show vllm -p MainPID --value").stdout.strip() == (
-        pid_before)
-    assert sandbox.ssh(second, f"ls {UNIT}.pyinfra-staged 2>/dev/null; true").stdout == ""
+    failed = [host for host in sandbox.hosts
+              if f"[{host.name}] failed readiness:" in proc.stderr]
+    assert len(failed) == 1, proc.stderr[-4000:]
+    first = failed[0]
+    (other,) = [host for host in sandbox.hosts if host is not first]
+    assert f"[{other.name}] rollout stopped: host {first.name} failed readiness" in (
+        proc.stderr), proc.stderr[-4000:]
+    assert (sandbox.ssh(other, f"sha256sum {UNIT}").stdout,
+            sandbox.ssh(other, "systemctl show vllm -p MainPID --value").stdout) == (
+        before[other.name])
+    assert sandbox.ssh(other, f"ls {UNIT}.pyinfra-staged 2>/dev/null; true").stdout == ""
     health = "curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:8001/health"
     assert sandbox.ssh(first, health).stdout == "503"  # left drained
-    assert sandbox.ssh(second, health).stdout == "200"
+    assert sandbox.ssh(other, health).stdout == "200"
 
-    # Fixed, the same change goes through, and the first host serves again.
-    sandbox.ssh(first, f"chmod 644 {shard}")
+    # Fixed, the same change goes through, and both hosts serve.
+    for host in sandbox.hosts:
+        sandbox.ssh(host, f"chmod 644 {shards[host.name]}")
     proc, data = run(sandbox, "max_num_seqs=4", timeout=2400)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    assert sandbox.ssh(first, health).stdout == "200"
+    for host in sandbox.hosts:
+        assert sandbox.ssh(host, health).stdout == "200"

@@ -29,7 +29,8 @@ HOSTS = ["gpu-1", "gpu-2", "gpu-3", "gpu-4"]
 def roll(rollout: rolling.Rollout, hosts: list[str], *, seconds: float = 0.05,
          fail: dict[str, str] | None = None, serving: set[str] | None = None,
          ) -> tuple[dict[str, str | None], list[str], dict[str, tuple[float, float]]]:
-    """Each host in its own greenlet, spawned in inventory order as pyinfra spawns them:
+    """Each host in its own greenlet, spawned in turn as pyinfra spawns them (from its set
+    of active hosts: an order of its own, not the inventory's):
     (each host's outcome, the hosts whose work ran, when each one's work ran)."""
     ran: list[str] = []
     times: dict[str, tuple[float, float]] = {}
@@ -51,7 +52,7 @@ def roll(rollout: rolling.Rollout, hosts: list[str], *, seconds: float = 0.05,
 
 
 @pytest.mark.parametrize(("batch", "peak"), [(1, 1), (2, 2), (3, 3), (0, 4), (9, 4)])
-def test_at_most_batch_hosts_in_a_slot_at_once_in_inventory_order(batch, peak):
+def test_at_most_batch_hosts_in_a_slot_at_once_in_the_order_they_come(batch, peak):
     rollout = rolling.Rollout(batch)
     outcomes, ran, times = roll(rollout, HOSTS)
     assert outcomes == dict.fromkeys(HOSTS)
