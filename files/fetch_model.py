@@ -86,6 +86,19 @@ class FetchError(Exception):
     """Network or disk failure that retries did not cure (exit 3)."""
 
 
+def retry_or_raise(log, path: str, position: int, exc: BaseException, failures: int,
+                   what: str = "") -> int:
+    """After a lost connection: FetchError once NETWORK_RETRIES are spent, else log,
+    back off (exponentially, at most 5 s) and return the failures counted so far."""
+    failures += 1
+    if failures > NETWORK_RETRIES:
+        raise FetchError(f"{path}: {exc!r} after {failures} attempts") from exc
+    log(f"{path}: connection lost at {position} bytes ({exc!r}); "
+        f"resuming{' ' + what if what else ''} (retry {failures}/{NETWORK_RETRIES})")
+    time.sleep(min(0.2 * 2 ** failures, 5.0))
+    return failures
+
+
 # --- lock ---------------------------------------------------------------------------
 def safe_relpath(path: str) -> str:
     """Refuse absolute paths and '..': a lock must not write outside --dest."""
@@ -317,12 +330,7 @@ class Job:
                 raise FetchError(f"{self.path}: HTTP {exc.code} {exc.reason} from "
                                  f"{self.url}") from exc
             except (OSError, http.client.HTTPException) as exc:
-                failures += 1
-                if failures > NETWORK_RETRIES:
-                    raise FetchError(f"{self.path}: {exc!r} after {failures} attempts") from exc
-                self.log(f"{self.path}: connection lost at {position} bytes ({exc!r}); "
-                         f"resuming (retry {failures}/{NETWORK_RETRIES})")
-                time.sleep(min(0.2 * 2 ** failures, 5.0))
+                failures = retry_or_raise(self.log, self.path, position, exc, failures)
         elapsed = max(time.monotonic() - started, 1e-6)
         self.log(f"{self.path}: {self.size} bytes in {elapsed:.1f}s "
                  f"({(self.size - start) / elapsed / 2**20:.1f} MiB/s)")
@@ -591,12 +599,8 @@ class RangedFetch:
                 raise FetchError(f"{job.path}: HTTP {exc.code} {exc.reason} from "
                                  f"{job.url} (bytes {position}-{end - 1})") from exc
             except (OSError, http.client.HTTPException) as exc:
-                failures += 1
-                if failures > NETWORK_RETRIES:
-                    raise FetchError(f"{job.path}: {exc!r} after {failures} attempts") from exc
-                job.log(f"{job.path}: connection lost at {position} bytes ({exc!r}); "
-                        f"resuming that piece (retry {failures}/{NETWORK_RETRIES})")
-                time.sleep(min(0.2 * 2 ** failures, 5.0))
+                failures = retry_or_raise(job.log, job.path, position, exc, failures,
+                                          "that piece")
 
     def _hasher(self, digest: Digest) -> None:
         """Hash the contiguous landed prefix as it grows; checkpoint now and then."""
