@@ -31,5 +31,5 @@ through() { echo "$PYINFRA -y $INV deploys/full.py --data ssh_hostname=127.0.0.1
 
 echo "remote commands in one no-op run: $($(through "$P0") -vvv 2>&1 | grep -c '>>> ' || true)"
 $(through "$P20") --json | $PY -c 'import json,sys; print("20 ms, totals:", json.load(sys.stdin)["results"]["totals"])'
-farm-bench -n "$RUNS" --timeout 1800 -- $(through "$P20") --vs "$(through "$P0")"
-farm-bench -n "$RUNS" --timeout 1800 -- $(through "$P100") --vs "$(through "$P0")"
+farm-bench -n "$RUNS" --timeout 1800 --vs "$(through "$P0")" -- $(through "$P20")
+farm-bench -n "$RUNS" --timeout 1800 --vs "$(through "$P0")" -- $(through "$P100")
