@@ -155,6 +155,13 @@ def test_environment_changes_are_named_then_rebuilt_beside(served):
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
+def repair(sandbox) -> set[str]:
+    """The run after a hand change: it must succeed; what it changed."""
+    proc, data = run(sandbox)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return changed(data)
+
+
 def converged_again(sandbox) -> None:
     proc, data = run(sandbox)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -172,9 +179,7 @@ def test_a_hand_made_drop_in_is_named_set_aside_and_the_engine_restarted(served)
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert f"foreign drop-in for vllm.service: {OVERRIDE}" in " ".join(found_lines(proc))
 
-    proc, data = run(sandbox)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert changed(data) == {OP_DROP_INS, OP_RESTART}, changed(data)
+    assert repair(sandbox) == {OP_DROP_INS, OP_RESTART}
     kept = "/var/lib/pyinfra-vllm/disabled-drop-ins" + OVERRIDE
     shown = sandbox.ssh(host, f"test -e {OVERRIDE} && echo present; test -f {kept} && echo "
                               "kept; systemctl is-active vllm").stdout.split()
@@ -197,9 +202,7 @@ def test_an_engine_left_running_with_an_old_unit_is_named_and_restarted(served):
     assert "engine runs with another configuration than its unit" in found, found
     assert "VLLM_CPU_KVCACHE_SPACE" in found
 
-    proc, data = run(sandbox)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert changed(data) == {OP_STALE, OP_RESTART}, changed(data)
+    assert repair(sandbox) == {OP_STALE, OP_RESTART}
     converged_again(sandbox)
 
 
@@ -244,9 +247,7 @@ def test_dry_diff_previews_a_unit_change_and_shows_no_secret(served):
     # Nothing changed on the host: the preview is a dry run.
     assert '"4096"' in sandbox.ssh(host, f"cat {unit}").stdout
 
-    proc, data = run(sandbox)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert changed(data) == {OP_UNIT, OP_RESTART}, changed(data)
+    assert repair(sandbox) == {OP_UNIT, OP_RESTART}
     converged_again(sandbox)
 
 
