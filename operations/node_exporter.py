@@ -24,6 +24,9 @@ DROP_IN_TEMPLATE = "prometheus-node-exporter-override.conf.j2"
 SYSTEMD_UNITS = "(vllm|nginx|nvidia-persistenced|prometheus-node-exporter)[.]service"
 # The file the metrics stage writes in textfile_collector_dir.
 TEXTFILE_NAME = "pyinfra_vllm.prom"
+# Written by the gateway stage before the scrape job moved to the operator's side
+# (python -m tools.scrape_config): nothing reads it any more; the metrics stage removes it.
+LEGACY_SCRAPE_JOB = "/etc/prometheus/scrape.d/vllm.yml"
 
 
 def render_drop_in(port: int, textfile_dir: str) -> str:

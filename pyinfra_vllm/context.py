@@ -28,6 +28,7 @@ from facts.gpu_host import GpuHostState
 from facts.model import ModelContent
 from facts.python_env import VllmEnvironments
 from operations import python_env
+from pyinfra_vllm import host_reads
 from pyinfra_vllm.locks import load_lock
 from pyinfra_vllm.settings import Settings, load_settings
 from pyinfra_vllm.stack_locks import read_lock
@@ -142,9 +143,12 @@ class HostContext:
         return True
 
 
-def context(host: Any, lock_required: bool = True) -> HostContext:
+def context(host: Any, lock_required: bool = True,
+            stages: tuple[str, ...] = ()) -> HostContext:
     """The run's context for ``host``, made on first use. The model lock is required
-    unless ``lock_required`` is False or the model stage is skipped."""
+    unless ``lock_required`` is False or the model stage is skipped. On first use, the
+    host's state for the preflight and ``stages`` is read in one remote command
+    (pyinfra_vllm/host_reads.py)."""
     found = _CONTEXTS.get(host)
     if found is None:
         settings = load_settings(host)
@@ -152,6 +156,8 @@ def context(host: Any, lock_required: bool = True) -> HostContext:
         lock = load_lock(settings, required=required)
         # The stack's whole lock, checked against its row before any host changes.
         read_lock(settings.stack)
+        reads = host_reads.stage_reads(settings, ("preflight", *stages))
+        host_reads.answer_from(host, host_reads.read_all(host, reads))
         found = HostContext(settings=settings, state=collect(host, settings.vllm_device),
                             lock=lock)
         _CONTEXTS[host] = found

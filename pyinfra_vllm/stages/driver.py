@@ -32,7 +32,7 @@ from pyinfra_vllm.context import context
 @deploy("driver")
 def driver() -> None:
     """Driver: install the pinned branch on a host without one, and keep it from drifting."""
-    ctx = context(host)
+    ctx = context(host, stages=("driver",))
 
     if ctx.gpu_stage(host, "driver"):
         settings = ctx.settings

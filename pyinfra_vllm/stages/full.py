@@ -8,8 +8,10 @@ with the skip_stages setting.
 
 from __future__ import annotations
 
+from pyinfra import host
 from pyinfra.api import deploy
 
+from pyinfra_vllm.context import context
 from pyinfra_vllm.stages.driver import driver
 from pyinfra_vllm.stages.gateway import gateway
 from pyinfra_vllm.stages.metrics import metrics
@@ -22,10 +24,15 @@ from pyinfra_vllm.stages.python_env import python_env
 from pyinfra_vllm.stages.sysctl import sysctl
 from pyinfra_vllm.stages.vllm_service import vllm_service
 
+STAGES = ("preflight", "driver", "mig", "persistence", "sysctl", "model_volume",
+          "python_env", "model", "vllm_service", "gateway", "metrics")
+
 
 @deploy("full")
 def full() -> None:
     """Bootstrap or repair a GPU server, stage by stage."""
+    # What every stage reads of a converged host, read in one remote command up front.
+    context(host, stages=STAGES)
     # Check, change nothing: OS, driver, GPUs, NVLink between the tensor-parallel GPUs.
     preflight()
     # The pinned driver on a bare host (then reboot), packages held against upgrades.

@@ -43,7 +43,7 @@ logger = logging.getLogger("pyinfra")
 @deploy("gateway")
 def gateway() -> None:
     """Gateway: nginx in front of the engine, with API keys, streaming and a safe reload."""
-    ctx = context(host)
+    ctx = context(host, stages=("gateway",))
 
     if ctx.proceed("gateway"):
         settings = ctx.settings

@@ -33,10 +33,6 @@ from pyinfra_vllm.gates import model_gates
 from pyinfra_vllm.report import summarize
 from pyinfra_vllm.textfile import metrics_text
 
-# Written by the gateway stage before the scrape job moved to the operator's side
-# (python -m tools.scrape_config): nothing reads it any more.
-LEGACY_SCRAPE_JOB = "/etc/prometheus/scrape.d/vllm.yml"
-
 
 def node_exporter(port: int, textfile_dir: str) -> None:
     """node_exporter from the distribution, on loopback, with the suite's command line."""
@@ -71,14 +67,14 @@ def node_exporter(port: int, textfile_dir: str) -> None:
 def metrics() -> None:
     """Metrics: node_exporter on loopback, and this host's verdicts for its textfile
     collector."""
-    ctx = context(host)
+    ctx = context(host, stages=("metrics",))
 
     if ctx.proceed("metrics"):
         if ctx.settings.node_exporter_install:
             node_exporter(ctx.settings.node_exporter_port, ctx.settings.textfile_collector_dir)
         file_set.absent(name="Metrics: no per-host scrape job (the operator's Prometheus "
                         "has the fleet's, from tools.scrape_config)",
-                        paths=[LEGACY_SCRAPE_JOB])
+                        paths=[node_exporter_ops.LEGACY_SCRAPE_JOB])
 
     if ctx.proceed("metrics") and ctx.stale:
         # The verdicts would describe the host before its reboot into the new driver.

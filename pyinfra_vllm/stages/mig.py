@@ -25,7 +25,7 @@ from pyinfra_vllm.context import context
 @deploy("mig")
 def mig() -> None:
     """MIG: off on every GPU, so vLLM's tensor parallelism gets whole GPUs."""
-    ctx = context(host)
+    ctx = context(host, stages=("mig",))
 
     if ctx.gpu_stage(host, "mig"):
         # mig_mode allows only "disabled" (vLLM tensor parallelism needs whole GPUs).

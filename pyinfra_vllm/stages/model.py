@@ -31,7 +31,7 @@ from pyinfra_vllm.locks import hf_token
 @deploy("model")
 def model() -> None:
     """Model: the locked files in the model volume, each verified against the lock."""
-    ctx = context(host)
+    ctx = context(host, stages=("model",))
 
     if ctx.proceed("model"):
         settings = ctx.settings

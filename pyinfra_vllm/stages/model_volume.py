@@ -22,7 +22,7 @@ from pyinfra_vllm.context import context
 @deploy("model_volume")
 def model_volume() -> None:
     """Model volume: XFS for the weights, mounted with noatime at model_dir, in fstab by UUID."""
-    ctx = context(host)
+    ctx = context(host, stages=("model_volume",))
 
     if ctx.proceed("model_volume"):
         settings = ctx.settings

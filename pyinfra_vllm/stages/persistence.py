@@ -29,7 +29,7 @@ from pyinfra_vllm.context import context
 @deploy("persistence")
 def persistence() -> None:
     """Persistence: the nvidia-persistenced daemon keeps every GPU initialised."""
-    ctx = context(host)
+    ctx = context(host, stages=("persistence",))
 
     if ctx.gpu_stage(host, "persistence"):
         unit = persistence_ops.PERSISTENCED_UNIT

@@ -25,7 +25,7 @@ from pyinfra_vllm.gates import installed_registry, model_gates
 @deploy("preflight")
 def preflight() -> None:
     """Preflight: check the host can serve the stack before anything changes."""
-    ctx = context(host)
+    ctx = context(host, stages=("preflight",))
 
     if ctx.proceed("preflight"):
         settings = ctx.settings

@@ -33,7 +33,7 @@ from pyinfra_vllm.stacks import INSTALLERS
 @deploy("python_env")
 def python_env() -> None:
     """Python environment: vLLM and torch, pinned by the stack, in an environment of their own."""
-    ctx = context(host)
+    ctx = context(host, stages=("python_env",))
 
     if ctx.proceed("python_env"):
         settings = ctx.settings

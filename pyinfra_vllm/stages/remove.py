@@ -38,7 +38,6 @@ from operations import remove as remove_ops
 from operations import sysctl as sysctl_ops
 from operations import vllm_service as vllm_ops
 from pyinfra_vllm.settings import load_settings
-from pyinfra_vllm.stages.metrics import LEGACY_SCRAPE_JOB
 
 # Under /var/lib/pyinfra-vllm (operations/model.py TOOL_DIR): the downloader and the
 # model locks go; gateway_ops.DISABLED_DIR and units.DISABLED_DROP_IN_DIR, what the suite
@@ -75,7 +74,7 @@ def remove() -> None:
     file_set.absent(
         name="Remove: the metrics textfile and the old scrape job",
         paths=[f"{settings.textfile_collector_dir}/{node_exporter_ops.TEXTFILE_NAME}",
-               LEGACY_SCRAPE_JOB],
+               node_exporter_ops.LEGACY_SCRAPE_JOB],
     )
 
     sysctl_file = file_set.absent(

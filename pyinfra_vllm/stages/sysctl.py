@@ -20,7 +20,7 @@ from pyinfra_vllm.context import context
 @deploy("sysctl")
 def sysctl() -> None:
     """Sysctl: kernel parameters for a long-context server, persisted and applied."""
-    ctx = context(host)
+    ctx = context(host, stages=("sysctl",))
 
     if ctx.proceed("sysctl"):
         sysctl_ops.drop_in(

@@ -39,7 +39,7 @@ from pyinfra_vllm.context import context
 @deploy("vllm_service")
 def vllm_service() -> None:
     """vLLM service: the OpenAI server under systemd, tensor parallel on the NVLink-joined GPUs."""
-    ctx = context(host)
+    ctx = context(host, stages=("vllm_service",))
 
     if ctx.proceed("vllm_service"):
         settings = ctx.settings

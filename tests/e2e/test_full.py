@@ -80,6 +80,16 @@ def test_second_run_changes_nothing(fleet):
     assert hosts_with(data, "error") == set(REASONS)  # still refused, still untouched
 
 
+def test_a_converged_host_is_read_in_at_most_five_remote_commands(fleet):
+    # pyinfra_vllm/host_reads.py: the whole run's reads in one command; -vvv prints each
+    # remote command once, behind ">>> ".
+    proc = fleet.pyinfra("-vvv", *CUDA_063, "deploys/full.py")
+    lines = (proc.stdout + proc.stderr).splitlines()
+    for name in SEED:
+        commands = [line for line in lines if line.strip().startswith(f"[{name}] >>> ")]
+        assert 1 <= len(commands) <= 5, (name, [line[:160] for line in commands])
+
+
 def test_audit_no_drift_then_one_drifted_host(fleet):
     limits = [arg for name in SEED for arg in ("--limit", name)]
     clean = audit(fleet, *limits)

@@ -20,7 +20,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("entry points", ("deploys", "tools")),
     ("stages", ("pyinfra_vllm.stages",)),
     ("plans", (
-        "pyinfra_vllm.context", "pyinfra_vllm.checks", "pyinfra_vllm.gates",
+        "pyinfra_vllm.context", "pyinfra_vllm.host_reads", "pyinfra_vllm.checks", "pyinfra_vllm.gates",
         "pyinfra_vllm.capacity", "pyinfra_vllm.compat", "pyinfra_vllm.report",
         "pyinfra_vllm.textfile", "pyinfra_vllm.locks", "pyinfra_vllm.report_changes",
         "pyinfra_vllm.report_html", "pyinfra_vllm.report_store",

@@ -192,3 +192,17 @@ def test_a_function_command_runs_remote_commands_with_its_operations_arguments()
     run_ops(state)
     assert seen == {"ok": True, "lines": ["from the operation"]}, broken(
         "host.current_op_global_arguments", "no longer carries the operation's arguments")
+
+
+def test_the_one_read_stands_on_what_pyinfra_reads_and_runs_through():
+    # pyinfra_vllm/host_reads.py answers host.get_fact and watches run_shell_command and
+    # put_file on the Host object, and writes pyinfra's missing-binary line itself.
+    from pyinfra.api import facts as pyinfra_facts
+    from pyinfra.api.host import Host
+
+    from pyinfra_vllm.host_reads import MISSING_COMMAND
+
+    for name in ("get_fact", "run_shell_command", "put_file"):
+        assert callable(getattr(Host, name, None)), broken(f"Host.{name}", "is gone")
+    marker = getattr(pyinfra_facts, "_MISSING_COMMAND_MARKER", None)
+    assert marker == MISSING_COMMAND, broken("the missing-command marker", f"is {marker!r}")

@@ -1,0 +1,296 @@
+"""A host's state read once, in one remote command, while the run is planned.
+
+pyinfra 3 reads a fact with one remote command each time an operation asks for it, one
+after another. Over a link with 20 ms round trips, a converged host's run spent most of
+its time waiting for about thirty of them. The stages' reads are listed here
+(``STAGE_READS``, each with the settings that make it); at the start of a run every one
+of them is read in one remote command (facts.host_state.StateSections), each section
+parsed by its own fact, with pyinfra's rules for a single fact. The host's ``get_fact``
+then answers those reads from what was read, while the run is planned only: an operation
+that runs (pyinfra calls it again to execute it) reads the host as it is then, after the
+operations before it changed it.
+
+A read not listed is read on its own, as before: listing is about speed, never about
+what is read. Each fact stays usable alone (``pyinfra HOST fact facts.x.Y``).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import secrets
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from inspect import getcallargs
+from typing import Any
+
+from pyinfra import logger
+from pyinfra.api import FactBase, StringCommand
+from pyinfra.api.facts import ShortFactBase
+from pyinfra.api.host import Host
+from pyinfra.context import ContextObject, ctx_host
+from pyinfra.facts.deb import DebPackage
+from pyinfra.facts.files import Directory, File, Link, Sha1File
+from pyinfra.facts.server import KernelVersion, LinuxDistribution
+
+from facts.accounts import Account
+from facts.cpu_host import CpuHostState
+from facts.driver import DriverPackages, HeldPackages
+from facts.files import FileDigests, PathTypes
+from facts.gpu_host import GpuHostState
+from facts.gpus import GpuInventory
+from facts.host_state import StateSections, split_sections
+from facts.model import ModelFiles
+from facts.nginx import NginxServers
+from facts.python_env import VllmEnvironments
+from facts.storage import BlockDevice, FilesystemSize, Fstab, MountPoint
+from facts.sysctl import KernelParam
+from facts.units import UnitActivation, UnitDropIns
+from facts.vllm_service import EngineProcess
+from operations import driver as driver_ops
+from operations import gateway as gateway_ops
+from operations import model as model_ops
+from operations import node_exporter as node_exporter_ops
+from operations import persistence as persistence_ops
+from operations import rolling
+from operations import sysctl as sysctl_ops
+from operations import vllm_service as vllm_service_ops
+from pyinfra_vllm.settings import Settings
+
+# pyinfra's line for "this fact's binary is not installed" (pyinfra.api.facts, the guard
+# it wraps a fact with ``requires_command`` in): the fact's default, as pyinfra gives it
+# while a run is planned.
+MISSING_COMMAND = "##PYINFRA_NOCMD##"
+
+
+@dataclass(frozen=True)
+class Read:
+    """One fact with its arguments, as an operation asks ``host.get_fact`` for it."""
+
+    fact: type[FactBase]
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def key(self) -> tuple[type[FactBase], str]:
+        return read_key(self.fact, (), self.kwargs)
+
+
+def read_key(fact: type[FactBase], args: tuple, kwargs: dict[str, Any]) -> tuple[type, str]:
+    """The same key for the same read, however its arguments were passed."""
+    named = dict(kwargs)
+    if args or named:
+        named = getcallargs(fact().command, *args, **named)
+        named.pop("self", None)
+    return fact, json.dumps(named, sort_keys=True, default=str)
+
+
+def _shell(fact: FactBase, read: Read) -> str:
+    """The fact's command line, as pyinfra would run it for this read (some of pyinfra's
+    facts keep their arguments on the instance for ``process``: the same instance
+    parses the output)."""
+    command = fact.command(**read.kwargs) if callable(fact.command) else fact.command
+    line = command.get_raw_value() if isinstance(command, StringCommand) else str(command)
+    requires: Any = fact.requires_command
+    if callable(requires):
+        requires = requires(**read.kwargs)
+    if requires:
+        needs = requires.get_raw_value() if isinstance(requires, StringCommand) else requires
+        line = (f"if command -v {needs} >/dev/null 2>&1; then ( {line}\n); "
+                f"else echo '{MISSING_COMMAND}'; fi")
+    return line
+
+
+def _value(fact: FactBase, status: int, lines: list[str]) -> Any:
+    """What pyinfra's get_fact returns for this output, while a run is planned."""
+    if status != 0 or not lines or lines == [MISSING_COMMAND]:
+        return fact.default()
+    return fact.process(lines)
+
+
+def read_all(host: Any, reads: Iterable[Read]) -> dict[tuple[type, str], Any]:
+    """Every read's value, from one remote command; a read whose section did not come
+    back is left out (it is then read on its own)."""
+    unique: dict[tuple[type, str], Read] = {}
+    for read in reads:
+        if issubclass(read.fact, ShortFactBase):
+            continue  # derived from another fact by pyinfra itself: nothing to run
+        unique.setdefault(read.key(), read)
+    if not unique:
+        return {}
+    listed = [(read, read.fact()) for read in unique.values()]
+    nonce = secrets.token_hex(8)
+    output = host.get_fact(StateSections, nonce=nonce,
+                           commands=[_shell(fact, read) for read, fact in listed])
+    sections = split_sections(output or [], nonce)
+    return {read.key(): _value(fact, *sections[index])
+            for index, (read, fact) in enumerate(listed) if index in sections}
+
+
+def answer_from(host: Any, values: dict[tuple[type, str], Any]) -> None:
+    """Make ``host.get_fact`` answer the reads in ``values`` until the first command that
+    is not a fact's runs on the host (an operation's command, an upload); from then on,
+    and for every other read, the host is read as before. pyinfra runs an operation's
+    reads both when it plans the run and (``-y``: only) when it executes it: the values
+    hold for both as long as nothing was changed."""
+    host = ctx_host.get() if isinstance(host, ContextObject) else host
+    read_live: Callable[..., Any] = Host.get_fact.__get__(host)
+    run_live: Callable[..., Any] = Host.run_shell_command.__get__(host)
+    put_live: Callable[..., Any] = Host.put_file.__get__(host)
+    # "reading": inside a fact's own command; "changed": a command of any other kind ran.
+    marks = {"reading": 0, "changed": False}
+
+    def get_fact(fact: Any, *args: Any, **kwargs: Any) -> Any:
+        if not marks["changed"] and not any(name.startswith("_") for name in kwargs):
+            try:
+                key = read_key(fact, args, kwargs)
+            except TypeError:
+                key = None
+            if key in values:
+                # A copy: an operation that edits what it read must not edit the next one's.
+                return copy.deepcopy(values[key])
+            logger.debug(f"{host.name}: {fact.__name__} {key and key[1]} was not read "
+                         "with the host's state: reading it on its own")
+        marks["reading"] += 1
+        try:
+            return read_live(fact, *args, **kwargs)
+        finally:
+            marks["reading"] -= 1
+
+    def run_shell_command(*args: Any, **kwargs: Any) -> Any:
+        if not marks["reading"]:
+            marks["changed"] = True
+        return run_live(*args, **kwargs)
+
+    def put_file(*args: Any, **kwargs: Any) -> Any:
+        marks["changed"] = True
+        return put_live(*args, **kwargs)
+
+    host.get_fact = get_fact
+    host.run_shell_command = run_shell_command
+    host.put_file = put_file
+
+
+# What each stage reads on a converged host, from its settings: the run's one read.
+# Reads that only a host needing work makes (a build's interpreter, apt's package lists)
+# are not listed: that host pays for them with the work.
+
+def preflight_reads(settings: Settings) -> list[Read]:
+    reads = [Read(LinuxDistribution), Read(KernelVersion), Read(GpuHostState),
+             Read(VllmEnvironments, {"root": settings.python_env_root})]
+    if settings.vllm_device == "cpu":
+        reads.append(Read(CpuHostState))
+    return reads
+
+
+def driver_reads(settings: Settings) -> list[Read]:
+    if settings.vllm_device == "cpu":
+        return []
+    return [Read(DriverPackages), Read(HeldPackages),
+            Read(FileDigests, {"paths": [driver_ops.BLACKLIST_FILE]})]
+
+
+def mig_reads(settings: Settings) -> list[Read]:
+    return [] if settings.vllm_device == "cpu" else [Read(GpuInventory)]
+
+
+def persistence_reads(settings: Settings) -> list[Read]:
+    if settings.vllm_device == "cpu":
+        return []
+    unit = persistence_ops.PERSISTENCED_UNIT
+    reads = [Read(UnitDropIns, {"unit": unit}), Read(GpuInventory)]
+    if settings.persistence_mode:
+        reads += [Read(FileDigests, {"paths": [persistence_ops.PERSISTENCED_DROP_IN]}),
+                  Read(UnitActivation, {"unit": unit})]
+    return reads
+
+
+def sysctl_reads(settings: Settings) -> list[Read]:
+    path = sysctl_ops.drop_in_path(settings.sysctl_file_priority)
+    return [Read(FileDigests, {"paths": [path]}),
+            *(Read(KernelParam, {"key": key}) for key in settings.sysctl)]
+
+
+def model_volume_reads(settings: Settings) -> list[Read]:
+    path = settings.model_dir
+    reads = [Read(Directory, {"path": path})]
+    if settings.model_volume_device is not None:
+        reads += [Read(BlockDevice, {"device": settings.model_volume_device}), Read(Fstab),
+                  Read(MountPoint, {"path": path})]
+    return reads
+
+
+def python_env_reads(settings: Settings) -> list[Read]:
+    return [Read(Link, {"path": f"{settings.python_env_root}/current"})]
+
+
+def model_reads(settings: Settings) -> list[Read]:
+    return [Read(ModelFiles, {"path": model_ops.model_path(settings.model_dir,
+                                                           settings.model_id)})]
+
+
+def vllm_service_reads(settings: Settings) -> list[Read]:
+    ops = vllm_service_ops
+    helpers = [ops.READY_PATH, ops.IDLE_PATH]
+    if settings.vllm_device != "cpu":
+        helpers.append(ops.GUARD_PATH)
+    return [
+        Read(FilesystemSize, {"path": "/dev/shm"}),
+        Read(Account, {"account": ops.SERVICE_USER}),
+        Read(FileDigests, {"paths": sorted(helpers)}),
+        Read(UnitDropIns, {"unit": ops.UNIT}),
+        Read(FileDigests, {"paths": sorted([ops.UNIT_PATH, ops.ENV_PATH])}),
+        Read(EngineProcess, {"unit": ops.UNIT, "keys": list(ops.ENGINE_ENV_KEYS),
+                             "secret_keys": list(ops.SECRET_ENV_KEYS)}),
+        Read(UnitActivation, {"unit": ops.UNIT}),
+        Read(PathTypes, {"paths": [rolling.DRAIN_FLAG]}),
+    ]
+
+
+def gateway_reads(settings: Settings) -> list[Read]:
+    live = [gateway_ops.SITE_PATH, gateway_ops.KEYS_PATH]
+    secret = [gateway_ops.KEYS_PATH]
+    if settings.gateway_tls_cert and settings.gateway_tls_key:
+        live += [gateway_ops.TLS_CERT_PATH, gateway_ops.TLS_KEY_PATH]
+        secret.append(gateway_ops.TLS_KEY_PATH)
+    return [
+        Read(DebPackage, {"package": "nginx"}),
+        Read(NginxServers),
+        *(Read(Sha1File, {"path": path}) for path in live),
+        *(Read(File, {"path": path}) for path in secret),
+        Read(UnitActivation, {"unit": "nginx.service"}),
+    ]
+
+
+def metrics_reads(settings: Settings) -> list[Read]:
+    textfile = f"{settings.textfile_collector_dir}/{node_exporter_ops.TEXTFILE_NAME}"
+    reads = [Read(PathTypes, {"paths": [node_exporter_ops.LEGACY_SCRAPE_JOB]}),
+             Read(FileDigests, {"paths": [textfile]})]
+    if settings.node_exporter_install:
+        reads += [Read(FileDigests, {"paths": [node_exporter_ops.DROP_IN]}),
+                  Read(DebPackage, {"package": node_exporter_ops.PACKAGE}),
+                  Read(UnitActivation, {"unit": node_exporter_ops.UNIT})]
+    return reads
+
+
+STAGE_READS: dict[str, Callable[[Settings], list[Read]]] = {
+    "preflight": preflight_reads,
+    "driver": driver_reads,
+    "mig": mig_reads,
+    "persistence": persistence_reads,
+    "sysctl": sysctl_reads,
+    "model_volume": model_volume_reads,
+    "python_env": python_env_reads,
+    "model": model_reads,
+    "vllm_service": vllm_service_reads,
+    "gateway": gateway_reads,
+    "metrics": metrics_reads,
+}
+
+
+def stage_reads(settings: Settings, stages: Iterable[str]) -> list[Read]:
+    """The reads of ``stages``, each once (a stage skipped by settings reads nothing)."""
+    reads: dict[tuple[type, str], Read] = {}
+    for stage in stages:
+        if stage in STAGE_READS and stage not in settings.skip_stages:
+            for read in STAGE_READS[stage](settings):
+                reads.setdefault(read.key(), read)
+    return list(reads.values())

@@ -1,0 +1,96 @@
+"""The run's one read (pyinfra_vllm/host_reads.py) against this machine, through pyinfra's
+own @local connector: each fact read in the one command equals the same fact read on its
+own, and the host is read again once something else ran on it."""
+
+from __future__ import annotations
+
+import pytest
+from pyinfra.api import Config, Inventory, State
+from pyinfra.api.connect import connect_all
+from pyinfra.context import ctx_host, ctx_state
+from pyinfra.facts.files import File, Sha1File
+from pyinfra.facts.server import KernelVersion, LinuxDistribution
+
+from facts.files import FileDigests, PathTypes
+from facts.host_state import SECTION, STATUS, split_sections
+from facts.storage import Fstab
+from facts.sysctl import KernelParam
+from pyinfra_vllm import host_reads
+from pyinfra_vllm.host_reads import Read
+from pyinfra_vllm.settings import validate
+
+
+@pytest.fixture()
+def local():
+    inventory = Inventory((["@local"], {}))
+    state = State(inventory, Config())
+    connect_all(state)
+    host = inventory.get_host("@local")
+    with ctx_state.use(state), ctx_host.use(host):
+        yield state, host
+
+
+def test_sections_are_taken_apart_by_their_own_nonce_only():
+    output = [
+        f"{SECTION}-abc 0", "one", f"{STATUS}-abc 0",
+        f"{SECTION}-abc 1", f"{STATUS}-zzz 0", "two", f"{STATUS}-abc 3",
+        f"{SECTION}-abc 2", "cut off",
+    ]
+    assert split_sections(output, "abc") == {
+        0: (0, ["one"]),
+        1: (3, [f"{STATUS}-zzz 0", "two"]),  # another nonce is output, not a marker
+    }
+
+
+def test_each_fact_read_at_once_equals_the_fact_read_alone(local, tmp_path):
+    _state, host = local
+    present = tmp_path / "present.txt"
+    present.write_text("x\n")
+    absent = str(tmp_path / "absent")
+    reads = [
+        Read(LinuxDistribution), Read(KernelVersion), Read(Fstab),
+        Read(FileDigests, {"paths": [str(present), absent]}),
+        Read(PathTypes, {"paths": [str(tmp_path), absent]}),
+        Read(Sha1File, {"path": str(present)}), Read(Sha1File, {"path": absent}),
+        Read(File, {"path": str(present)}),
+        Read(KernelParam, {"key": "kernel.no_such_key"}),
+    ]
+    values = host_reads.read_all(host, reads)
+    assert len(values) == len(reads)
+    for read in reads:
+        assert values[read.key()] == host.get_fact(read.fact, **read.kwargs), read
+    assert values[Read(Sha1File, {"path": absent}).key()] is None
+    assert values[Read(KernelParam, {"key": "kernel.no_such_key"}).key()] is None
+
+
+def test_reads_are_answered_until_a_command_runs_then_read_again(local, tmp_path):
+    _state, host = local
+    path = str(tmp_path / "made")
+    read = Read(PathTypes, {"paths": [path]})
+    host_reads.answer_from(host, host_reads.read_all(host, [read]))
+    assert host.get_fact(PathTypes, paths=[path]) == {path: None}
+    (tmp_path / "made").write_text("")  # changed behind pyinfra's back: still the read
+    assert host.get_fact(PathTypes, paths=[path]) == {path: None}
+    # An operation's command: every read after it goes to the host.
+    host.run_shell_command("true")
+    assert host.get_fact(PathTypes, paths=[path]) == {path: "file"}
+
+
+def test_a_read_that_was_not_listed_is_made_on_its_own(local, tmp_path):
+    _state, host = local
+    host_reads.answer_from(host, {})
+    assert host.get_fact(FileDigests, paths=[str(tmp_path / "none")]) == {
+        str(tmp_path / "none"): None}
+
+
+def test_the_default_settings_read_every_stage_at_once_without_duplicates():
+    settings = validate({"gateway_open": True})
+    reads = host_reads.stage_reads(settings, host_reads.STAGE_READS)
+    keys = [read.key() for read in reads]
+    assert len(keys) == len(set(keys))
+    assert {read.fact.__name__ for read in reads} >= {
+        "LinuxDistribution", "GpuHostState", "VllmEnvironments", "KernelParam",
+        "ModelFiles", "EngineProcess", "NginxServers", "UnitActivation", "DebPackage"}
+    skipped = settings.model_copy(update={"skip_stages": ["gateway", "metrics"]})
+    names = {read.fact.__name__ for read in host_reads.stage_reads(skipped, host_reads.STAGE_READS)}
+    assert "NginxServers" not in names and "DebPackage" not in names
