@@ -32,6 +32,7 @@ import signal
 import subprocess
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -107,47 +108,19 @@ def test_remove_then_a_run_killed_mid_download_is_attached_to(converged, tmp_pat
 
     # The largest file at about 30 s; the others at full speed.
     largest = max(lock["files"], key=lambda f: f["size"])
-    rate = -(-largest["size"] // SLOW_SECONDS)
+    key = f"{lock['model_id']}/{largest['path']}"
     mirror("/_faults", method="DELETE")
     mirror("/_stats", method="DELETE")
-    mirror("/_faults", {"mode": "slow", "path": largest["path"], "rate": rate, "times": -1})
+    mirror("/_faults", {"mode": "slow", "path": largest["path"],
+                        "rate": -(-largest["size"] // SLOW_SECONDS), "times": -1})
+    try:
+        unit = killed_in_the_download(sandbox, host, largest, key, tmp_path / "killed.log")
+    finally:
+        # A response already under way keeps its pace: clearing the fault leaves the job
+        # at it (and a reused sandbox without the fault, whatever happened above).
+        mirror("/_faults", method="DELETE")
+    assert unit == unit_name("model", MODEL_DIR, lock["commit"])
 
-    # The environment is built again, then the model downloaded as a transient unit: the
-    # operator's run is killed while that unit is active.
-    expected_unit = unit_name("model", MODEL_DIR, lock["commit"])
-    log = tmp_path / "killed-run.log"
-    argv = [PYINFRA, "-y", str(sandbox.inventory), *DATA, "deploys/full.py"]
-    with open(log, "wb") as out:
-        first = subprocess.Popen(argv, cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT,
-                                 start_new_session=True)
-    unit = ""
-    deadline = time.monotonic() + INSTALL_TIMEOUT
-    while not unit and time.monotonic() < deadline and first.poll() is None:
-        time.sleep(1)
-        unit = sandbox.ssh(host, "systemctl list-units --no-legend --plain --state=active "
-                                 "'pyinfra-vllm-model-*' | awk '{print $1}'").stdout.strip()
-        unit = unit.removesuffix(".service")
-    if not unit:
-        os.killpg(first.pid, signal.SIGKILL)
-        first.wait(timeout=30)
-    assert unit, "the download never started as a unit:\n" + log.read_text()[-4000:]
-    os.killpg(first.pid, signal.SIGKILL)  # the laptop lid closes
-    first.wait(timeout=30)
-    time.sleep(5)
-    assert unit == expected_unit
-    assert sandbox.ssh(host, f"systemctl is-active {unit}").stdout.strip() == "active"
-    # In the middle of the slow file: part of it sent, its .part there (the downloader
-    # writes 1 MiB reads, so it may still be empty), nothing under its final name.
-    key = f"{lock['model_id']}/{largest['path']}"
-    assert 0 < mirror("/_stats")["files"][key]["bytes_sent"] < largest["size"]
-    part = sandbox.ssh(host, f"stat -c %s {MODEL_DIR}/.incoming/{largest['path']}.part; "
-                             f"test -e {MODEL_DIR}/{largest['path']} && echo final; "
-                             "true").stdout.split()
-    assert len(part) == 1 and int(part[0]) < largest["size"], part
-    assert KEY not in log.read_text(errors="replace")
-
-    # A response already under way keeps its pace: clearing the fault leaves the job at it.
-    mirror("/_faults", method="DELETE")
     proc = sandbox.pyinfra("--json", *DATA, "deploys/full.py", timeout=INSTALL_TIMEOUT)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert KEY not in proc.stdout + proc.stderr
@@ -165,3 +138,39 @@ def test_remove_then_a_run_killed_mid_download_is_attached_to(converged, tmp_pat
 
     after = run(sandbox, *DATA, "deploys/full.py")
     assert after["results"]["totals"]["success"] == 0, changed(after)
+
+
+def killed_in_the_download(sandbox, host, largest: dict, key: str, log: Path) -> str:
+    """deploys/full.py in its own session, SIGKILLed (its whole process group: the laptop
+    lid closes) once the model download's unit is active; that unit, checked still active
+    5 s later and in the middle of ``largest`` (the mirror's counters under ``key``)."""
+    argv = [PYINFRA, "-y", str(sandbox.inventory), *DATA, "deploys/full.py"]
+    with open(log, "wb") as out:
+        first = subprocess.Popen(argv, cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT,
+                                 start_new_session=True)
+    unit = ""
+    try:
+        # The environment is built again first (its own unit), then the model's starts.
+        deadline = time.monotonic() + INSTALL_TIMEOUT
+        while not unit and time.monotonic() < deadline and first.poll() is None:
+            time.sleep(1)
+            unit = sandbox.ssh(host, "systemctl list-units --no-legend --plain --state=active "
+                                     "'pyinfra-vllm-model-*' | awk '{print $1}'").stdout.strip()
+            unit = unit.removesuffix(".service")
+    finally:
+        if first.poll() is None:
+            os.killpg(first.pid, signal.SIGKILL)
+        first.wait(timeout=30)
+    output = log.read_text(errors="replace")
+    assert unit, "the download never started as a unit:\n" + output[-4000:]
+    assert KEY not in output
+    time.sleep(5)
+    assert sandbox.ssh(host, f"systemctl is-active {unit}").stdout.strip() == "active"
+    # In the middle of the slow file: part of it sent, its .part there (the downloader
+    # reads 1 MiB at a time, so it may still be empty), nothing under its final name.
+    assert 0 < mirror("/_stats")["files"][key]["bytes_sent"] < largest["size"]
+    part = sandbox.ssh(host, f"stat -c %s {MODEL_DIR}/.incoming/{largest['path']}.part; "
+                             f"test -e {MODEL_DIR}/{largest['path']} && echo final; "
+                             "true").stdout.split()
+    assert len(part) == 1 and int(part[0]) < largest["size"], part
+    return unit
