@@ -4,8 +4,12 @@ Tests flip faults over HTTP (``POST /_faults``) while a download is in flight el
 both tables are shared between server threads and guarded by one lock each.
 
 A fault is consumed only when it actually changes a response: a ``drop`` needs a body longer
-than ``after_bytes``; a ``corrupt`` needs the served range to cover ``offset``. So a resumed
-request that starts past the corrupt byte does not silently use up the fault.
+than ``after_bytes``; a ``corrupt`` needs the served range to cover ``offset``; a ``slow`` needs
+a body at all (a GET of at least one byte). So a resumed request that starts past the corrupt
+byte does not silently use up the fault.
+
+A response takes a copy of its fault as it starts: clearing the table (``DELETE /_faults``)
+does not speed up a ``slow`` body already on its way, it only leaves the next ones alone.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from __future__ import annotations
 import threading
 from dataclasses import asdict, dataclass, field
 
-MODES = ("drop", "corrupt", "status")
+MODES = ("drop", "corrupt", "status", "slow")
 
 
 class FaultError(ValueError):
@@ -30,6 +34,7 @@ class Fault:
     after_bytes: int = 0  # drop: body bytes sent before the connection is closed
     offset: int = 0  # corrupt: byte offset in the *file* (equals the body offset for a full GET)
     status: int = 503  # status: the HTTP status answered instead of the file
+    rate: int = 0  # slow: body bytes per second, per response (each connection paced alone)
     times: int = 1
     id: int = 0
     fired: int = 0
@@ -42,22 +47,28 @@ def parse_fault(spec: object) -> Fault:
     """Validate a JSON fault specification from ``POST /_faults``."""
     if not isinstance(spec, dict):
         raise FaultError("a fault is a JSON object")
-    unknown = set(spec) - {"mode", "path", "repo_id", "after_bytes", "offset", "status", "times"}
+    unknown = set(spec) - {"mode", "path", "repo_id", "after_bytes", "offset", "status", "rate",
+                           "times"}
     if unknown:
         raise FaultError(f"unknown fault fields: {sorted(unknown)}")
     if spec.get("mode") not in MODES:
         raise FaultError(f"mode must be one of {MODES}")
     fault = Fault(**spec)
-    for name in ("after_bytes", "offset", "status", "times"):
+    for name in ("after_bytes", "offset", "status", "rate", "times"):
         value = getattr(fault, name)
         if not isinstance(value, int) or isinstance(value, bool):
-            raise FaultError(f"{name} must be an integer")
+            raise FaultError(f"{name} must be an integer, got {value!r}")
     if fault.after_bytes < 0 or fault.offset < 0:
         raise FaultError("after_bytes and offset must be >= 0")
     if fault.times == 0 or fault.times < -1:
         raise FaultError("times must be -1 (always) or a positive count")
     if fault.mode == "status" and not 400 <= fault.status <= 599:
         raise FaultError("status must be an HTTP error status (400-599)")
+    if fault.mode == "slow" and fault.rate <= 0:
+        raise FaultError(f"rate must be > 0 for mode slow (body bytes per second, e.g. "
+                         f"200000), got {fault.rate}")
+    if fault.mode != "slow" and fault.rate != 0:
+        raise FaultError(f"rate applies to mode slow only, not {fault.mode}")
     return fault
 
 
@@ -103,9 +114,11 @@ def _applies(fault: Fault, method: str, start: int, length: int) -> bool:
     if fault.mode == "status":
         return True
     if method != "GET":
-        return False  # drop and corrupt act on a body; HEAD has none
+        return False  # drop, corrupt and slow act on a body; HEAD has none
     if fault.mode == "drop":
         return fault.after_bytes < length
+    if fault.mode == "slow":
+        return length > 0
     return start <= fault.offset < start + length  # corrupt
 
 

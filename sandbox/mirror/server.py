@@ -21,6 +21,7 @@ import re
 import socket
 import sys
 import threading
+import time
 from dataclasses import asdict, dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -30,6 +31,9 @@ from sandbox.mirror import faults as faults_mod
 from sandbox.mirror import model
 
 CHUNK = 64 * 1024
+# A slow body goes out in slices of about a tenth of a second at its rate: a steady trickle
+# rather than a chunk and a long silence (a client's read timeout sees bytes every 0.1 s).
+SLOW_SLICES_PER_S = 10
 MAX_ADMIN_BODY = 64 * 1024
 _RESOLVE = re.compile(r"^/(?P<repo>.+?)/resolve/(?P<rev>[^/]+)/(?P<file>.+)$")
 _API = re.compile(r"^/api/models/(?P<repo>.+?)(?:/revision/(?P<rev>[^/]+))?/?$")
@@ -313,15 +317,23 @@ class MirrorHandler(BaseHTTPRequestHandler):
         limit = end
         if fault is not None and fault.mode == "drop":
             limit = start + fault.after_bytes
+        pace = fault.rate if fault is not None and fault.mode == "slow" else 0
+        size = max(1, min(CHUNK, pace // SLOW_SLICES_PER_S)) if pace else CHUNK
+        began = time.monotonic()
         chunk = bytearray()
         try:
             with open(file, "rb") as handle:
                 handle.seek(start)
                 position = start
                 while position < limit:
-                    chunk = bytearray(handle.read(min(CHUNK, limit - position)))
+                    chunk = bytearray(handle.read(min(size, limit - position)))
                     if not chunk:
                         break
+                    if pace:
+                        # Each byte leaves no earlier than its place in the body allows at
+                        # the rate, so the whole body takes its length / rate, Range or not.
+                        due = began + (position + len(chunk) - start) / pace
+                        time.sleep(max(0.0, due - time.monotonic()))
                     if fault is not None and fault.mode == "corrupt" and \
                             position <= fault.offset < position + len(chunk):
                         chunk[fault.offset - position] ^= 0xFF

@@ -1,13 +1,27 @@
-"""node_exporter on loopback, then a clean removal, then a full run converges again.
+"""node_exporter on loopback, then a clean removal with the model's files, then a full run
+killed in the middle of the model download converges again by attaching to it.
 
-One `seed` host with the CUDA 0.6.3 stack (the engine not started: this module is about
-what the suite installs, not serving). After deploys/full.py, node_exporter listens on
-127.0.0.1 only and exposes the suite's textfile. deploys/remove.py then takes off the
-unit, the gateway's files, the environments, the metrics files and drop-ins; nginx stays
-installed and working, the model's files stay (no remove_model_files). A second removal
-changes nothing, and deploys/full.py converges the host again: its environment build, a
-transient systemd unit, survives the operator's run killed in the middle of it, and the
-next run attaches to it.
+One `seed` host with the sandbox's own stack (vLLM 0.17.0's CPU build, sandbox/hosts.py
+SERVING_DATA), the engine not started (vllm_start=false: this module is about what the
+suite installs and removes, not serving). After deploys/full.py, node_exporter listens
+on 127.0.0.1 only and exposes the suite's textfile. deploys/remove.py with
+remove_model_files=true then takes off the unit, the gateway's files, the environments,
+the metrics files, the drop-ins and the model's directory; nginx stays installed and
+working. A second removal changes nothing.
+
+Then deploys/full.py builds the environment again and downloads the model, a transient
+systemd unit (operations/jobs.py), with the mirror's `slow` fault on the model's largest
+file (about 30 s for it): the operator's run is killed (SIGKILL to its process group: the
+laptop lid closes) while that unit is active; the download goes on, and the next run
+attaches to it instead of starting a second one (the mirror served that file once), and
+it succeeds with the files verified. A last run changes nothing.
+
+The environment build runs through the same kill-and-attach code of operations/jobs.py
+(start, watch, attach when the unit is still running); the download is the one tested
+because the mirror can slow it down, where the build's time is the package index's.
+
+The API key is given as data on the operator's machine, as an operator does; no run
+prints it.
 """
 
 from __future__ import annotations
@@ -17,22 +31,29 @@ import os
 import signal
 import subprocess
 import time
+import urllib.request
+from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import CUDA_063, PYINFRA, REPO_ROOT, booted
+from operations.jobs import unit_name
+from sandbox import model_mirror
+from tests.e2e.conftest import PYINFRA, REPO_ROOT, booted
 
 pytestmark = pytest.mark.e2e
 
 KEY = "sk-remove-" + "0123456789abcdef" * 2
-DATA = [*CUDA_063, "--data", f'api_keys=["{KEY}"]']
-INSTALL_TIMEOUT = 2400
-MODEL_DIR = "/srv/models/sandbox/tiny-qwen2"
+DATA = ["--data", "vllm_start=false", "--data", f'api_keys=["{KEY}"]']
+REMOVE_DATA = [*DATA, "--data", "remove_model_files=true"]
+INSTALL_TIMEOUT = 2400  # a cold uv cache downloads about 8.5 GB of wheels
+MODEL_DIR = "/srv/models/sandbox/tiny-qwen2"  # model_dir / model_id (operations/model.py)
+SLOW_SECONDS = 30  # the largest file's download under the slow fault
 
 
-def run(sandbox, deploy: str, timeout: float = 900):
-    proc = sandbox.pyinfra("--json", *DATA, deploy, timeout=timeout)
+def run(sandbox, *args: str, timeout: float = 900) -> dict:
+    proc = sandbox.pyinfra("--json", *args, timeout=timeout)
     assert proc.returncode == 0, proc.stderr[-4000:]
+    assert KEY not in proc.stdout + proc.stderr
     return json.loads(proc.stdout)
 
 
@@ -40,10 +61,20 @@ def changed(data: dict) -> set[str]:
     return {op["name"] for op in data["results"]["operations"] if op["success"]}
 
 
+def mirror(path: str, body: object | None = None, method: str | None = None) -> dict:
+    """The sandbox mirror's test controls (sandbox/mirror/README.md), from this machine."""
+    url = model_mirror.URL_FILE.read_text().strip()
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url + path, data=data, method=method,
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.loads(response.read())
+
+
 @pytest.fixture(scope="module")
 def converged():
     with booted(["seed"]) as sandbox:
-        run(sandbox, "deploys/full.py", timeout=INSTALL_TIMEOUT)
+        run(sandbox, *DATA, "deploys/full.py", timeout=INSTALL_TIMEOUT)
         yield sandbox, sandbox.hosts[0]
 
 
@@ -55,43 +86,91 @@ def test_node_exporter_listens_on_loopback_with_the_suite_textfile(converged):
     assert "\npyinfra_vllm_info{" in metrics
 
 
-def test_remove_takes_off_what_the_suite_installed_and_full_converges_again(converged):
+def test_remove_then_a_run_killed_mid_download_is_attached_to(converged, tmp_path):
     sandbox, host = converged
-    shards = sandbox.ssh(host, f"ls {MODEL_DIR}").stdout
-    data = run(sandbox, "deploys/remove.py")
+    lock = json.loads(model_mirror.LOCK_FILE.read_text())
+    present = sandbox.ssh(host, f"ls -A {MODEL_DIR}").stdout.split()
+    assert {f["path"] for f in lock["files"]} <= set(present)
+
+    data = run(sandbox, *REMOVE_DATA, "deploys/remove.py")
     assert data["results"]["totals"]["error"] == 0
     gone = sandbox.ssh(host, "for p in /etc/systemd/system/vllm.service /opt/vllm "
-                             "/etc/nginx/conf.d/vllm.conf /etc/sysctl.d/60-vllm.conf; do "
-                             "test -e $p && echo $p; done; true").stdout.split()
+                             "/etc/nginx/conf.d/vllm.conf /etc/sysctl.d/60-vllm.conf "
+                             f"{MODEL_DIR}; do test -e $p && echo $p; done; true").stdout.split()
     assert gone == []
     state = sandbox.ssh(host, "nginx -t 2>&1 | tail -1; systemctl is-active nginx; "
                               "systemctl is-active prometheus-node-exporter; true").stdout
     assert "test is successful" in state and "\nactive\n" in state
     assert state.rstrip().endswith("inactive")
-    assert sandbox.ssh(host, f"ls {MODEL_DIR}").stdout == shards  # kept without the setting
 
-    again = run(sandbox, "deploys/remove.py")
+    again = run(sandbox, *REMOVE_DATA, "deploys/remove.py")
     assert again["results"]["totals"]["success"] == 0, changed(again)
 
-    # The environment is built again, as a transient unit: the operator's run killed in
-    # the middle of it, the build goes on, and the next run attaches to it.
-    argv = [PYINFRA, "-y", str(sandbox.inventory), *DATA, "deploys/full.py"]
-    first = subprocess.Popen(argv, cwd=REPO_ROOT, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL, start_new_session=True)
-    unit = ""
-    deadline = time.monotonic() + 900
-    while not unit and time.monotonic() < deadline and first.poll() is None:
-        time.sleep(2)
-        unit = sandbox.ssh(host, "systemctl list-units --no-legend --plain --state=active "
-                                 "'pyinfra-vllm-env-*' | awk '{print $1}'").stdout.strip()
-        unit = unit.removesuffix(".service")
-    assert unit, "the build never started as a unit"
-    os.killpg(first.pid, signal.SIGKILL)  # the laptop lid closes
-    first.wait(timeout=30)
-    time.sleep(5)
-    assert sandbox.ssh(host, f"systemctl is-active {unit}").stdout.strip() == "active"
+    # The largest file at about 30 s; the others at full speed.
+    largest = max(lock["files"], key=lambda f: f["size"])
+    key = f"{lock['model_id']}/{largest['path']}"
+    mirror("/_faults", method="DELETE")
+    mirror("/_stats", method="DELETE")
+    mirror("/_faults", {"mode": "slow", "path": largest["path"],
+                        "rate": -(-largest["size"] // SLOW_SECONDS), "times": -1})
+    try:
+        unit = killed_in_the_download(sandbox, host, largest, key, tmp_path / "killed.log")
+    finally:
+        # A response already under way keeps its pace: clearing the fault leaves the job
+        # at it (and a reused sandbox without the fault, whatever happened above).
+        mirror("/_faults", method="DELETE")
+    assert unit == unit_name("model", MODEL_DIR, lock["commit"])
+
     proc = sandbox.pyinfra("--json", *DATA, "deploys/full.py", timeout=INSTALL_TIMEOUT)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    assert "attached to " + unit in proc.stderr, proc.stderr[-4000:]
-    after = run(sandbox, "deploys/full.py")
+    assert KEY not in proc.stdout + proc.stderr
+    assert f"model: attached to {unit}, started by an earlier run" in proc.stderr, \
+        proc.stderr[-4000:]
+    assert f"model: {unit} finished" in proc.stderr, proc.stderr[-4000:]
+    # Attached, not started again: the mirror served the slow file once, whole.
+    stats = mirror("/_stats")
+    served = stats["files"][key]
+    assert (served["get"], served["bytes_sent"]) == (1, largest["size"])
+    assert stats["faults_fired"] == 1
+    digest = sandbox.ssh(host, f"sha256sum {MODEL_DIR}/{largest['path']}").stdout.split()[0]
+    assert (largest["algo"], digest) == ("sha256", largest["digest"])
+    assert sandbox.ssh(host, f"systemctl is-active {unit}; true").stdout.strip() == "inactive"
+
+    after = run(sandbox, *DATA, "deploys/full.py")
     assert after["results"]["totals"]["success"] == 0, changed(after)
+
+
+def killed_in_the_download(sandbox, host, largest: dict, key: str, log: Path) -> str:
+    """deploys/full.py in its own session, SIGKILLed (its whole process group: the laptop
+    lid closes) once the model download's unit is active; that unit, checked still active
+    5 s later and in the middle of ``largest`` (the mirror's counters under ``key``)."""
+    argv = [PYINFRA, "-y", str(sandbox.inventory), *DATA, "deploys/full.py"]
+    with open(log, "wb") as out:
+        first = subprocess.Popen(argv, cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT,
+                                 start_new_session=True)
+    unit = ""
+    try:
+        # The environment is built again first (its own unit), then the model's starts.
+        deadline = time.monotonic() + INSTALL_TIMEOUT
+        while not unit and time.monotonic() < deadline and first.poll() is None:
+            time.sleep(1)
+            unit = sandbox.ssh(host, "systemctl list-units --no-legend --plain --state=active "
+                                     "'pyinfra-vllm-model-*' | awk '{print $1}'").stdout.strip()
+            unit = unit.removesuffix(".service")
+    finally:
+        if first.poll() is None:
+            os.killpg(first.pid, signal.SIGKILL)
+        first.wait(timeout=30)
+    output = log.read_text(errors="replace")
+    assert unit, "the download never started as a unit:\n" + output[-4000:]
+    assert KEY not in output
+    time.sleep(5)
+    assert sandbox.ssh(host, f"systemctl is-active {unit}").stdout.strip() == "active"
+    # In the middle of the slow file: part of it sent, its .part there (the downloader
+    # reads 1 MiB at a time, so it may still be empty), nothing under its final name.
+    assert 0 < mirror("/_stats")["files"][key]["bytes_sent"] < largest["size"]
+    part = sandbox.ssh(host, f"stat -c %s {MODEL_DIR}/.incoming/{largest['path']}.part; "
+                             f"test -e {MODEL_DIR}/{largest['path']} && echo final; "
+                             "true").stdout.split()
+    assert len(part) == 1 and int(part[0]) < largest["size"], part
+    return unit

@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -200,6 +201,81 @@ def test_fault_listing_and_validation(mirror):
     for bad in ({"mode": "explode"}, {"mode": "drop", "times": 0}, {"mode": "drop", "x": 1},
                 {"mode": "corrupt", "offset": -1}):
         assert call(mirror, "POST", "/_faults", body=bad)[0] == 400
+
+
+def timed(mirror, path: str, headers: dict[str, str] | None = None
+          ) -> tuple[int, bytes, bool, float]:
+    """One request: (status, body, complete, seconds from the request to its last byte)."""
+    began = time.monotonic()
+    status, _, body, complete = call(mirror, "GET", path, headers)
+    return status, body, complete, time.monotonic() - began
+
+
+@pytest.mark.parametrize("spec,rate,status", [
+    (None, 1_000_000, 200),  # the whole shard (1,708,624 bytes): 1.71 s
+    ("bytes=100000-699999", 200_000, 206),  # 600,000 bytes from the middle: 3.0 s
+])
+def test_slow_paces_the_body_at_its_rate(mirror, root, spec, rate, status):
+    data = file_bytes(root, SHARD)
+    expected = data[100000:700000] if spec else data
+    arm(mirror, path=SHARD, mode="slow", rate=rate, times=1)
+    got, body, complete, seconds = timed(mirror, resolve(SHARD), {"Range": spec} if spec else {})
+    assert (got, complete, body == expected) == (status, True, True)
+    assert seconds == pytest.approx(len(expected) / rate, rel=0.15)
+    assert mirror.faults.snapshot() == []  # spent by that one response
+    assert timed(mirror, resolve(SHARD))[3] < 0.5  # the next one is not paced
+    assert mirror.stats.snapshot()["faults_fired"] == 1
+
+
+def test_slow_paces_each_connection_alone(mirror, root):
+    # What a downloader's several Range connections per file see: each at the rate, so two
+    # of them together fetch at twice the rate.
+    data = file_bytes(root, SHARD)
+    arm(mirror, path=SHARD, mode="slow", rate=200_000, times=-1)
+    spans = [(0, 300_000), (300_000, 600_000)]
+    results: dict[int, tuple[int, bytes, bool, float]] = {}
+
+    def fetch(first: int, end: int) -> None:
+        results[first] = timed(mirror, resolve(SHARD), {"Range": f"bytes={first}-{end - 1}"})
+
+    threads = [threading.Thread(target=fetch, args=span) for span in spans]
+    began = time.monotonic()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=10)
+    wall = time.monotonic() - began
+    for first, end in spans:
+        status, body, complete, seconds = results[first]
+        assert (status, complete, body == data[first:end]) == (206, True, True)
+        assert seconds == pytest.approx(1.5, rel=0.15)
+    assert wall < 2.0  # together, not one after the other (3 s)
+    # A HEAD has no body to pace, other files are not matched, and -1 stays armed.
+    started = time.monotonic()
+    assert call(mirror, "HEAD", resolve(SHARD))[0] == 200
+    assert call(mirror, "GET", resolve("tokenizer.json"))[0] == 200
+    assert time.monotonic() - started < 0.5
+    assert [(f["mode"], f["rate"], f["times"], f["fired"]) for f in mirror.faults.snapshot()] \
+        == [("slow", 200_000, -1, 2)]
+
+
+@pytest.mark.parametrize("spec,message", [
+    ({"mode": "slow"}, "rate must be > 0 for mode slow (body bytes per second, e.g. 200000), "
+                       "got 0"),
+    ({"mode": "slow", "rate": 0}, "rate must be > 0 for mode slow"),
+    ({"mode": "slow", "rate": -200}, "rate must be > 0 for mode slow (body bytes per second, "
+                                     "e.g. 200000), got -200"),
+    ({"mode": "slow", "rate": "fast"}, "rate must be an integer, got 'fast'"),
+    ({"mode": "slow", "rate": 1.5}, "rate must be an integer, got 1.5"),
+    ({"mode": "slow", "rate": True}, "rate must be an integer, got True"),
+    ({"mode": "drop", "after_bytes": 1, "rate": 100}, "rate applies to mode slow only, not drop"),
+    ({"mode": "slow", "rate": 100, "times": 0}, "times must be -1 (always) or a positive count"),
+])
+def test_slow_refuses_a_bad_rate(mirror, spec, message):
+    status, headers, body, _ = call(mirror, "POST", "/_faults", body=spec)
+    assert (status, headers["X-Error-Code"]) == (400, "BadRequest")
+    assert message in json.loads(body)["error"]
+    assert mirror.faults.snapshot() == []
 
 
 # --- counters and API --------------------------------------------------------------------
