@@ -18,6 +18,14 @@ SECTION = "##PYINFRA-VLLM-SECTION"
 STATUS = "##PYINFRA-VLLM-STATUS"
 
 
+class CommandLines(list):
+    """The command lines given to StateSections, named by their count where pyinfra logs
+    a fact's arguments (``-v``: "Loaded fact ..."), not printed whole."""
+
+    def __str__(self) -> str:
+        return f"<{len(self)} command lines>"
+
+
 class StateSections(FactBase[list[str]]):
     """
     Returns the output of the commands given, each behind a marker line with its

@@ -39,7 +39,7 @@ from facts.driver import DriverPackages, HeldPackages
 from facts.files import FileDigests, PathTypes
 from facts.gpu_host import GpuHostState
 from facts.gpus import GpuInventory
-from facts.host_state import StateSections, split_sections
+from facts.host_state import CommandLines, StateSections, split_sections
 from facts.model import ModelFiles
 from facts.nginx import NginxServers
 from facts.python_env import VllmEnvironments
@@ -119,7 +119,7 @@ def read_all(host: Any, reads: Iterable[Read]) -> dict[tuple[type, str], Any]:
     listed = [(read, read.fact()) for read in unique.values()]
     nonce = secrets.token_hex(8)
     output = host.get_fact(StateSections, nonce=nonce,
-                           commands=[_shell(fact, read) for read, fact in listed])
+                           commands=CommandLines(_shell(fact, read) for read, fact in listed))
     sections = split_sections(output or [], nonce)
     return {read.key(): _value(fact, *sections[index])
             for index, (read, fact) in enumerate(listed) if index in sections}

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The no-op re-run of deploys/full.py on 1, 8, 16 and 32 converged sandbox hosts
+# (bench/fleet.md has the figures). Every host converges the host layer, the gateway and
+# the metrics stage; the Python environment, the model and the engine are skipped, since
+# 32 environments do not fit this machine's disk (the one-host run with every stage is
+# bench/latency.md). Each count: its sandbox booted, converged once, then farm-bench runs
+# the no-op run RUNS times; the last no-op run's own CPU (user + sys) is taken with
+# /usr/bin/time.
+#
+#   bash bench/fleet.sh [RUNS] [COUNTS...]       # default: 3 runs; 1 8 16 32 hosts
+#
+# Root, from the repository root; tears the sandbox down at the end.
+set -euo pipefail
+PY=.venv/bin/python
+PYINFRA=.venv/bin/pyinfra
+INV=.sandbox/inventory.py
+RUNS=${1:-3}
+shift || true
+COUNTS=("${@:-1 8 16 32}")
+# shellcheck disable=SC2206
+COUNTS=(${COUNTS[*]})
+SKIP='skip_stages=["python_env","model","vllm_service"]'
+
+for hosts in "${COUNTS[@]}"; do
+    $PY -m sandbox down >/dev/null
+    $PY -m sandbox up --hosts "$hosts" --scenario seed >/dev/null
+    $PYINFRA -y --json $INV deploys/full.py --data "$SKIP" \
+        | $PY -c 'import json,sys; print("converge:", json.load(sys.stdin)["results"]["totals"])'
+    noop="$PYINFRA -y $INV deploys/full.py --data $SKIP"
+    $noop --json | $PY -c 'import json,sys; t=json.load(sys.stdin)["results"]["totals"]; print("no-op totals:", t); sys.exit(t["success"] != 0)'
+    echo "== $hosts host(s)"
+    farm-bench -n "$RUNS" --timeout 1800 -- $noop
+    /usr/bin/time -f "pyinfra's own CPU, $hosts host(s): %U s user + %S s sys, %e s wall" \
+        $noop >/dev/null
+    echo "remote commands of gpu-sbx-1: $($noop -vvv 2>&1 | grep -c '\[gpu-sbx-1\] >>> ')"
+done
+$PY -m sandbox down >/dev/null
