@@ -9,7 +9,9 @@
 #
 #   bash bench/fleet.sh [RUNS] [COUNTS...]       # default: 3 runs; 1 8 16 32 hosts
 #
-# Root, from the repository root; tears the sandbox down at the end.
+# Root, from the repository root; tears the sandbox down at the end. 32 hosts need more
+# inotify instances than the default 128 (each host's systemd takes several):
+# sysctl fs.inotify.max_user_instances=1024 first.
 set -euo pipefail
 PY=.venv/bin/python
 PYINFRA=.venv/bin/pyinfra
@@ -32,6 +34,6 @@ for hosts in "${COUNTS[@]}"; do
     farm-bench -n "$RUNS" --timeout 1800 -- $noop
     /usr/bin/time -f "pyinfra's own CPU, $hosts host(s): %U s user + %S s sys, %e s wall" \
         $noop >/dev/null
-    echo "remote commands of gpu-sbx-1: $($noop -vvv 2>&1 | grep -c '\[gpu-sbx-1\] >>> ')"
+    echo "remote commands of gpu-sbx-1: $($noop -vvv 2>&1 | grep -cE '\[gpu-sbx-1 *\] >>> ')"
 done
 $PY -m sandbox down >/dev/null
