@@ -46,7 +46,7 @@ from facts.python_env import VllmEnvironments
 from facts.storage import BlockDevice, FilesystemSize, Fstab, MountPoint
 from facts.sysctl import KernelParam
 from facts.units import UnitActivation, UnitDropIns
-from facts.vllm_service import EngineProcess
+from facts.vllm_service import EngineProcess, EngineServing
 from operations import driver as driver_ops
 from operations import gateway as gateway_ops
 from operations import model as model_ops
@@ -271,6 +271,18 @@ def metrics_reads(settings: Settings) -> list[Read]:
     return reads
 
 
+def audit_reads(settings: Settings) -> list[Read]:
+    """deploys/audit.py on its own: what the audit stage reads besides the preflight's."""
+    ops = vllm_service_ops
+    reads = [*vllm_service_reads(settings), *persistence_reads(settings)]
+    if "gateway" not in settings.skip_stages:
+        reads.append(Read(NginxServers))
+    if settings.vllm_start and "vllm_service" not in settings.skip_stages:
+        url = "http://" + ops.engine_address(settings.vllm_host, settings.vllm_port)
+        reads.append(Read(EngineServing, {"url": url}))
+    return reads
+
+
 STAGE_READS: dict[str, Callable[[Settings], list[Read]]] = {
     "preflight": preflight_reads,
     "driver": driver_reads,
@@ -283,6 +295,7 @@ STAGE_READS: dict[str, Callable[[Settings], list[Read]]] = {
     "vllm_service": vllm_service_reads,
     "gateway": gateway_reads,
     "metrics": metrics_reads,
+    "audit": audit_reads,
 }
 
 

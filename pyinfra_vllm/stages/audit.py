@@ -53,7 +53,7 @@ from pyinfra_vllm.report import (
 @deploy("audit")
 def audit() -> None:
     """Audit: read every host's OS, driver, GPUs, MIG, persistence, topology and NVLink"""
-    ctx = context(host, lock_required=False)
+    ctx = context(host, lock_required=False, stages=("audit",))
     entry = summarize(host.name, ctx.state, ctx.settings)
     entry.update(host_plan(state, host, ctx.refused, ctx.refusals, planned=bool(ctx.stages_asked)))
     # What was changed by hand, named: the operations above say only what would be redone.
@@ -69,8 +69,8 @@ def audit() -> None:
     )
     settings = ctx.settings
     if settings.vllm_start and "vllm_service" not in settings.skip_stages:
-        # What the engine itself says it serves, asked on the host (one more command,
-        # in the audit only).
+        # What the engine itself says it serves, asked on the host (in the audit only:
+        # one more command after deploys/full.py, in the one read on its own).
         url = "http://" + engine_address(settings.vllm_host, settings.vllm_port)
         entry["engine"] = host.get_fact(EngineServing, url=url)
     if settings.deep_model_check and ctx.lock:
@@ -84,8 +84,8 @@ def audit() -> None:
 
 
 def _integrity(ctx) -> dict:
-    """Hand changes around the suite's units, nginx and engine (report.integrity): three
-    or four more commands, in the audit only."""
+    """Hand changes around the suite's units, nginx and engine (report.integrity), from
+    the run's one read (pyinfra_vllm/host_reads.py)."""
     settings = ctx.settings
     units = [vllm_service_ops.UNIT]
     if settings.vllm_device != "cpu":
