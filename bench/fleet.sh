@@ -32,8 +32,14 @@ for hosts in "${COUNTS[@]}"; do
     $noop --json | $PY -c 'import json,sys; t=json.load(sys.stdin)["results"]["totals"]; print("no-op totals:", t); sys.exit(t["success"] != 0)'
     echo "== $hosts host(s)"
     farm-bench -n "$RUNS" --timeout 1800 -- $noop
+    # The whole machine's busy CPU over one no-op run (/proc/stat, 100 ticks a second),
+    # beside pyinfra's own: the rest is the hosts' side (sshd, sudo, the one read), which
+    # runs on these same 2 cores here and on each host's own CPUs in a real fleet.
+    before=$(awk '/^cpu /{print $2+$3+$4+$7+$8}' /proc/stat)
     /usr/bin/time -f "pyinfra's own CPU, $hosts host(s): %U s user + %S s sys, %e s wall" \
         $noop >/dev/null
+    after=$(awk '/^cpu /{print $2+$3+$4+$7+$8}' /proc/stat)
+    echo "the machine's busy CPU in that run: $(( (after - before) / 100 )).$(( (after - before) % 100 )) s"
     echo "remote commands of gpu-sbx-1: $($noop -vvv 2>&1 | grep -cE '\[gpu-sbx-1 *\] >>> ')"
 done
 $PY -m sandbox down >/dev/null

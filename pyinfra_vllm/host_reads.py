@@ -99,16 +99,17 @@ def _shell(fact: FactBase, read: Read) -> str:
     return line
 
 
-def _value(fact: FactBase, status: int, lines: list[str]) -> Any:
-    """What pyinfra's get_fact returns for this output, while a run is planned."""
-    if status != 0 or not lines or lines == [MISSING_COMMAND]:
+def _value(fact: FactBase, lines: list[str]) -> Any:
+    """What pyinfra's get_fact returns for this output of a command that succeeded."""
+    if not lines or lines == [MISSING_COMMAND]:
         return fact.default()
     return fact.process(lines)
 
 
 def read_all(host: Any, reads: Iterable[Read]) -> dict[tuple[type, str], Any]:
-    """Every read's value, from one remote command; a read whose section did not come
-    back is left out (it is then read on its own)."""
+    """Every read's value, from one remote command. A read whose command failed, or whose
+    section did not come back, is left out: it is then read on its own, and pyinfra
+    handles its failure as for any fact (the host fails with "could not load fact")."""
     unique: dict[tuple[type, str], Read] = {}
     for read in reads:
         if issubclass(read.fact, ShortFactBase):
@@ -121,8 +122,9 @@ def read_all(host: Any, reads: Iterable[Read]) -> dict[tuple[type, str], Any]:
     output = host.get_fact(StateSections, nonce=nonce,
                            commands=CommandLines(_shell(fact, read) for read, fact in listed))
     sections = split_sections(output or [], nonce)
-    return {read.key(): _value(fact, *sections[index])
-            for index, (read, fact) in enumerate(listed) if index in sections}
+    return {read.key(): _value(fact, sections[index][1])
+            for index, (read, fact) in enumerate(listed)
+            if index in sections and sections[index][0] == 0}
 
 
 def answer_from(host: Any, values: dict[tuple[type, str], Any]) -> None:

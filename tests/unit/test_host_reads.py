@@ -5,7 +5,7 @@ own, and the host is read again once something else ran on it."""
 from __future__ import annotations
 
 import pytest
-from pyinfra.api import Config, Inventory, State
+from pyinfra.api import Config, FactBase, Inventory, State
 from pyinfra.api.connect import connect_all
 from pyinfra.context import ctx_host, ctx_state
 from pyinfra.facts.files import File, Sha1File
@@ -94,3 +94,16 @@ def test_the_default_settings_read_every_stage_at_once_without_duplicates():
     skipped = settings.model_copy(update={"skip_stages": ["gateway", "metrics"]})
     names = {read.fact.__name__ for read in host_reads.stage_reads(skipped, host_reads.STAGE_READS)}
     assert "NginxServers" not in names and "DebPackage" not in names
+
+
+class Fails(FactBase):
+    """A fact whose command fails after printing something."""
+
+    def command(self) -> str:
+        return "echo partial; exit 3"
+
+
+def test_a_read_whose_command_failed_is_left_to_pyinfra(local):
+    _state, host = local
+    values = host_reads.read_all(host, [Read(Fails), Read(KernelVersion)])
+    assert list(values) == [Read(KernelVersion).key()]
