@@ -29,7 +29,13 @@ import hashlib
 from collections.abc import Iterator
 
 from pyinfra import host
-from pyinfra.api import FileUploadCommand, QuoteString, StringCommand, operation
+from pyinfra.api import (
+    FileUploadCommand,
+    OperationValueError,
+    QuoteString,
+    StringCommand,
+    operation,
+)
 
 from facts.python_env import MANIFEST, MARKER, VllmEnvironments, listing_command
 from facts.units import SystemdBooted, UnitState
@@ -255,20 +261,22 @@ def _create_commands(root: str, path: str, manager: str, python: str,
 
 
 def _install_command(root: str, path: str, manager: str, env: list[str | QuoteString],
-                     stack: dict, forget: bool = True) -> StringCommand:
+                     stack: dict, forget: bool = True,
+                     link_mode: str = "copy") -> StringCommand:
     """pip's or uv's install of the stack lock: exactly the packages it lists, each file
     checked against its hashes, nothing resolved (``--no-deps``), wheels only but for
     the row's ``sdist_only``. With ``forget`` it removes the download variables' file
-    when done (a job has its own, removed as it starts)."""
+    when done (a job has its own, removed as it starts). ``link_mode`` is uv's: hardlink
+    or copy (pip always copies)."""
     forgotten = _FORGET_DOWNLOAD_ENV if forget else []
     exact: list[str | QuoteString] = ["--require-hashes", "--no-deps", "--only-binary", ":all:"]
     for name in sorted(stack.get("sdist_only") or []):
         exact += ["--no-binary", QuoteString(name)]
     lock = ("-r", QuoteString(f"{path}/{LOCK_NAME}"))
     if manager == "uv":
-        # copy: the environment must not hard-link into a cache that may be pruned.
         return StringCommand(
-            *env, "UV_LINK_MODE=copy", QuoteString(f"{root}/uv/bin/uv"), "pip", "install",
+            *env, QuoteString(f"UV_LINK_MODE={link_mode}"), QuoteString(f"{root}/uv/bin/uv"),
+            "pip", "install",
             "-q", "--python", QuoteString(f"{path}/bin/python"), *exact, *lock, *forgotten,
         )
     return StringCommand(
@@ -295,19 +303,30 @@ def _manifest_command(path: str) -> StringCommand:
                          QuoteString(f"{path}/{MANIFEST}.new"), QuoteString(f"{path}/{MANIFEST}"))
 
 
+def _clean_cache_command(root: str) -> StringCommand:
+    """uv's cache emptied (it is only a cache: what the lock needs is downloaded again,
+    hashes checked)."""
+    return StringCommand(QuoteString(f"{root}/uv/bin/uv"), "cache", "clean", "-q")
+
+
 def _build_steps(root: str, path: str, manager: str, python: str, stack: dict,
-                 sha256: str, staged: str) -> list[tuple[str, StringCommand]]:
+                 sha256: str, staged: str, link_mode: str = "copy",
+                 clean_cache: bool = False) -> list[tuple[str, StringCommand]]:
     """The build as a job's steps: the same commands as in the SSH session, the lock and
     the probe copied from the job's directory ``staged``."""
+    cleaning = ([("emptying uv's cache (the environment it replaces shared its files)",
+                  _clean_cache_command(root))] if clean_cache and manager == "uv" else [])
     return [
         ("removing what an earlier build left", StringCommand(
             "rm -rf", QuoteString(path), "&& mkdir -p", QuoteString(f"{root}/envs"))),
         *((f"creating the environment ({manager})", command)
           for command in _create_commands(root, path, manager, python, [])),
+        *cleaning,
         ("installing the stack lock", StringCommand(
             "install -m 644", QuoteString(f"{staged}/{LOCK_NAME}"),
             QuoteString(f"{path}/{LOCK_NAME}"), "&&",
-            _install_command(root, path, manager, [], stack, forget=False))),
+            _install_command(root, path, manager, [], stack, forget=False,
+                             link_mode=link_mode))),
         ("proving it (vLLM imported, the server's --help)", StringCommand(
             "install -m 644", QuoteString(f"{staged}/probe.py"),
             QuoteString(f"{path}/pyinfra-vllm-probe.py"), "&&",
@@ -320,7 +339,8 @@ def _build_steps(root: str, path: str, manager: str, python: str, stack: dict,
 def environment(root: str, stack: dict, manager: str, python: str, path: str,
                 index_url: str = "https://pypi.org/simple", ca_bundle: str | None = None,
                 proxy: str | None = None, probe: str = "files/vllm_probe.py",
-                environments: dict | None = None):
+                environments: dict | None = None, link_mode: str = "copy",
+                clean_cache: bool = False):
     """
     Build the environment of one stack from its lock and prove it works; never touch a
     working one.
@@ -338,6 +358,10 @@ def environment(root: str, stack: dict, manager: str, python: str, path: str,
     + proxy: HTTP(S) proxy
     + probe: local path of the check script (files/vllm_probe.py)
     + environments: the VllmEnvironments fact when the deploy already read it
+    + link_mode: uv's link mode from its wheel cache, ``hardlink`` or ``copy``
+      (python_env_link_mode; pip always copies)
+    + clean_cache: empty uv's cache before installing: the environment replaces one
+      changed by hand whose files were hard links into the cache
 
     An environment at ``path`` proven from the same lock and unchanged since: no
     command. Otherwise it is built from scratch at ``path`` (never over a proven one),
@@ -356,6 +380,8 @@ def environment(root: str, stack: dict, manager: str, python: str, path: str,
     job finished while nobody watched) has nothing to do. A job stopped half-way leaves
     no marker, so the next run builds from scratch.
     """
+    if link_mode not in ("hardlink", "copy"):
+        raise OperationValueError(f"link_mode {link_mode!r}: hardlink or copy")
     lock = read_lock(stack)
     if proven(environments or host.get_fact(VllmEnvironments, root=root), path, stack):
         host.noop(f"{path} works (vLLM {stack['vllm']}, checked when it was built; its "
@@ -372,7 +398,7 @@ def environment(root: str, stack: dict, manager: str, python: str, path: str,
         yield from job_units.start(
             unit, f"pyinfra-vllm: vLLM {stack_label(stack)} environment at {path}",
             _build_steps(root, path, manager, python, stack, lock.sha256,
-                         job_units.job_dir(unit)),
+                         job_units.job_dir(unit), link_mode, clean_cache),
             env_file_text(pairs), payload=[(lock.local_name, LOCK_NAME), (probe, "probe.py")],
         )
         yield job_units.watch(unit, "python_env", meter)
@@ -383,8 +409,10 @@ def environment(root: str, stack: dict, manager: str, python: str, path: str,
         "rm -rf", QuoteString(path), "&& mkdir -p", QuoteString(f"{root}/envs"),
     )
     yield from _create_commands(root, path, manager, python, env)
+    if clean_cache and manager == "uv":
+        yield _clean_cache_command(root)
     yield FileUploadCommand(lock.local_name, f"{path}/{LOCK_NAME}")
-    yield _install_command(root, path, manager, env, stack)
+    yield _install_command(root, path, manager, env, stack, link_mode=link_mode)
     yield FileUploadCommand(probe, f"{path}/pyinfra-vllm-probe.py")
     yield _probe_command(path, stack, manager, lock.sha256)
     yield _manifest_command(path)

@@ -444,6 +444,14 @@ class Settings(BaseModel):
     """Root under which environments are built, one per stack: an absolute, normalized
     path, never / nor a system directory such as /opt itself.
     """
+    python_env_link_mode: Literal["hardlink", "copy"] = "hardlink"
+    """How uv (python_env_manager uv) puts the files of its wheel cache into a new
+    environment: hardlink (uv's own default on Linux: seconds instead of copying several
+    GB, the files then shared with the cache; needs the cache, /root/.cache/uv, on the
+    file system of python_env_root, else uv copies) or copy. An environment changed by hand
+    may have changed the cache with it: under hardlink, its rebuild empties uv's cache
+    first and downloads again, hashes checked. pip (conda, venv) always copies.
+    """
     python_env_keep: int = Field(default=1, ge=0, le=10)
     """Environments kept for rollback besides the one in use; older ones are removed
     (with 0, the one the engine ran from before a switch goes on the next run). Each is

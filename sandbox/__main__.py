@@ -55,6 +55,12 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="gateways serve HTTPS with a self-signed certificate (.sandbox/tls/cert.pem)",
     )
+    up.add_argument(
+        "--own-caches",
+        action="store_true",
+        help="each host gets a hard-linked copy of the package caches instead of the shared "
+        "bind mount, and builds environments with hard links (bench/fresh_host.sh)",
+    )
     sub.add_parser("down", help="tear the sandbox down")
     st = sub.add_parser("status", help="show hosts and leftovers")
     st.add_argument("--json", action="store_true")
@@ -76,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
                 disk_size=args.disk_size,
                 model_base_url=args.model_base_url,
                 tls=args.tls,
+                own_caches=args.own_caches,
             )
         elif args.command == "down":
             problems = hosts.down()

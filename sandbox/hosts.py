@@ -241,7 +241,15 @@ def _inject_identity(host: Host, client_pub: str) -> str:
 PACKAGE_CACHES = {"pip-cache": "/root/.cache/pip", "uv-cache": "/root/.cache/uv"}
 
 
-def _nspawn_argv(host: Host) -> list[str]:
+def _nspawn_argv(host: Host, own_caches: bool = False) -> list[str]:
+    # Package caches shared by every host and kept between runs on this machine, so the
+    # second install of vLLM and torch (several GB) reads them from disk. Bound at the
+    # default cache paths of root's pip and uv: the deploy does nothing special. A bind
+    # mount is a mount of its own, so uv cannot hard-link from it into /opt/vllm (link(2)
+    # across mounts is EXDEV): with ``own_caches`` each host has its own copy instead
+    # (_own_caches), on its root's file system.
+    caches = [] if own_caches else [
+        f"--bind={CACHE_DIR / name}:{path}" for name, path in PACKAGE_CACHES.items()]
     return [
         "systemd-nspawn",
         "--boot",
@@ -253,10 +261,7 @@ def _nspawn_argv(host: Host) -> list[str]:
         "--keep-unit",
         f"--network-namespace-path=/run/netns/{host.netns}",
         f"--bind={host.loop_device}",
-        # Package caches shared by every host and kept between runs on this machine, so
-        # the second install of vLLM and torch (several GB) reads them from disk. Bound
-        # at the default cache paths of root's pip and uv: the deploy does nothing special.
-        *(f"--bind={CACHE_DIR / name}:{path}" for name, path in PACKAGE_CACHES.items()),
+        *caches,
         "--resolv-conf=off",
         "--timezone=off",
         "--link-journal=no",
@@ -352,8 +357,23 @@ def wait_ready(host: Host, started: float, timeout: float = BOOT_TIMEOUT) -> flo
     )
 
 
+def _own_caches(host: Host) -> None:
+    """The shared package caches hard-linked (``cp -al``: seconds, no data copied) into
+    the host's overlay upper directory, on this machine's file system: uv in the host can
+    then hard-link from its cache into an environment, as on a server whose cache and
+    /opt share a file system. The host's files share inodes with the shared cache: for
+    benchmarks (bench/fresh_host.sh), not for hosts whose environments are changed by
+    hand; what the host downloads stays in its own copy."""
+    for name, path in PACKAGE_CACHES.items():
+        target = host.dir / "upper" / path.lstrip("/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        run(["cp", "-al", str(CACHE_DIR / name), str(target)],
+            step=f"{host.name}: own copy of {name}")
+
+
 def prepare_host(
-    host: Host, lower: Path, client_pub: str, disk_size: str, gpu_plan: gpu.GpuPlan
+    host: Host, lower: Path, client_pub: str, disk_size: str, gpu_plan: gpu.GpuPlan,
+    own_caches: bool = False,
 ) -> None:
     """Everything before boot: dirs, loop disk, overlay, identity, GPU stack, netns."""
     if host.dir.exists():
@@ -362,6 +382,8 @@ def prepare_host(
     for name in PACKAGE_CACHES:
         (CACHE_DIR / name).mkdir(parents=True, exist_ok=True)
     _attach_loop(host, disk_size)
+    if own_caches:
+        _own_caches(host)
     _mount_overlay(host, lower)
     hostkey = _inject_identity(host, client_pub)
     with open(KNOWN_HOSTS, "a") as known:
@@ -400,13 +422,16 @@ def up(
     disk_size: str = DEFAULT_DISK_SIZE,
     model_base_url: str | None = None,
     tls: bool = False,
+    own_caches: bool = False,
     log=print,
 ) -> list[Host]:
     """Boot `count` hosts and write .sandbox/inventory.py; tears down a previous sandbox first.
-    With ``tls`` the gateways serve HTTPS with a self-signed certificate made for them."""
+    With ``tls`` the gateways serve HTTPS with a self-signed certificate made for them; with
+    ``own_caches`` each host gets its own hard-linked copy of the package caches
+    (_own_caches) and builds environments with hard links (python_env_link_mode)."""
     with _exclusive():
         return _up(count, scenarios, disk_size=disk_size, model_base_url=model_base_url,
-                   tls=tls, log=log)
+                   tls=tls, own_caches=own_caches, log=log)
 
 
 def down(log=print) -> list[str]:
@@ -422,6 +447,7 @@ def _up(
     disk_size: str = DEFAULT_DISK_SIZE,
     model_base_url: str | None = None,
     tls: bool = False,
+    own_caches: bool = False,
     log=print,
 ) -> list[Host]:
     """Boot `count` hosts and write .sandbox/inventory.py; tears down a previous sandbox first."""
@@ -454,11 +480,11 @@ def _up(
         for host in hosts:
             state["hosts"].append(asdict(host))
             save_state(state)
-            prepare_host(host, lower, client_pub, disk_size, gpu_plan)
+            prepare_host(host, lower, client_pub, disk_size, gpu_plan, own_caches)
             state["hosts"][-1] = asdict(host)
             save_state(state)
             starts[host.name] = time.monotonic()
-            _start_supervisor(host, _nspawn_argv(host))
+            _start_supervisor(host, _nspawn_argv(host, own_caches))
         # After the hosts' veths exist: the repo server binds to their gateway addresses.
         gpu.start_services(hosts, gpu_plan, state)
         mirror_url = model_mirror.start(hosts[0].gateway, state)
@@ -474,6 +500,8 @@ def _up(
             new_certificate(hosts)
         for host in hosts:
             host.data = host_data(host, gpu_plan, model_base_url, mirror_url)
+            if own_caches:
+                host.data["python_env_link_mode"] = "hardlink"
             if tls:
                 host.data.update(gateway_tls_cert=str(TLS_CERT_FILE),
                                  gateway_tls_key=str(TLS_KEY_FILE))
@@ -569,6 +597,9 @@ def host_data(
         "model_volume_mkfs": True,
         # conda-forge is not reachable from here (PyPI is): uv builds the environment.
         "python_env_manager": "uv",
+        # uv's cache is a bind mount (_nspawn_argv): no hard link reaches /opt/vllm from
+        # it, so uv would copy anyway, with a warning. `up --own-caches` hard-links.
+        "python_env_link_mode": "copy",
         # The bundle the rootfs baked (Debian's CAs plus this machine's, for a
         # TLS-intercepting proxy): what an operator behind such a proxy sets. sudo resets
         # the login environment, so the hosts' /etc/environment does not reach pip or uv.

@@ -119,6 +119,9 @@ def python_env() -> None:
                 index_url=settings.pip_index_url,
                 ca_bundle=settings.pip_ca_bundle,
                 proxy=settings.http_proxy,
+                link_mode=settings.python_env_link_mode,
+                # Its files were hard links into uv's cache: the hand change may be there too.
+                clean_cache=bool(changed) and settings.python_env_link_mode == "hardlink",
             )
             files.link(
                 name="Python env: current environment",
