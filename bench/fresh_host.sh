@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# A fresh host's whole run with warm package caches: uv hard-linking the environment
+# from its wheel cache (python_env_link_mode hardlink, `sandbox up --own-caches`) against
+# copying it (the sandbox's shared cache is a bind mount, where uv copies). bench/fresh_host.md
+# has the figures.
+#
+#   bash bench/fresh_host.sh [RUNS]          # default 2 runs of each, in turn
+#
+# Root, from the repository root, with the sandbox's uv cache already holding the stack's
+# wheels (any earlier run of it, e.g. the e2e tests). The stack is vLLM 0.6.3's CUDA
+# build (about 6.4 GB installed) with the engine not started, as in bench/whole_run.md,
+# whose 47 s (warm, copied) this compares with. Each run boots a new `seed` host; the
+# sandbox is torn down at the end.
+set -euo pipefail
+PY=.venv/bin/python
+PYINFRA=.venv/bin/pyinfra
+INV=.sandbox/inventory.py
+RUNS=${1:-2}
+DATA=(--data vllm_device=cuda --data vllm_version=0.6.3 --data vllm_start=false)
+
+fresh() {  # $1: hardlink or copy; prints the whole run's wall time and totals
+    local up_args=() start end
+    [ "$1" = hardlink ] && up_args=(--own-caches)
+    $PY -m sandbox up --hosts 1 --scenario seed "${up_args[@]}" >/dev/null
+    start=$(date +%s.%N)
+    $PYINFRA -y --json $INV deploys/full.py "${DATA[@]}" 2>/tmp/fresh_host.err \
+        | $PY -c 'import json,sys; t=json.load(sys.stdin)["results"]["totals"]; sys.exit(t["error"] != 0)'
+    end=$(date +%s.%N)
+    echo "$1: whole run $($PY -c "print(round($end - $start, 1))") s; the environment's job" \
+        "(first to last journal line): $(on_host "journalctl -q -o short-unix" \
+        "-u 'pyinfra-vllm-env-*' | awk 'NR==1{a=\$1} END{printf \"%.1f\", \$1-a}'") s"
+}
+
+on_host() {  # a command line on the sandbox's first host, as root
+    $PY - "$*" <<'PYEOF'
+import json, subprocess, sys
+from sandbox import hosts
+address = json.load(open(".sandbox/state.json"))["hosts"][0]["address"]
+argv = [*hosts.ssh_argv(address), "--", "sudo -n sh -c " + __import__("shlex").quote(sys.argv[1])]
+print(subprocess.run(argv, capture_output=True, text=True, check=True).stdout.strip())
+PYEOF
+}
+
+for _ in $(seq "$RUNS"); do
+    fresh hardlink
+    fresh copy
+done
+$PY -m sandbox down >/dev/null
