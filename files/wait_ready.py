@@ -8,10 +8,12 @@ Polls ``--url`` until it answers 200 and exits 0 with one line on stdout,
 ``wait-ready: <url> answered 200 after N s``. vLLM 0.6.3's OpenAI server binds its port
 only after the weights are loaded and the KV cache is allocated, so this is the moment
 the service can take requests. Until then systemd keeps the unit "activating", and its
-``TimeoutStartSec`` (vllm_start_timeout_s) is the deadline for the whole load; if the
-server dies first, systemd stops this poller with it. ``--timeout`` (default: none, the
-unit's deadline applies) gives up with one line on stderr and exit 1. Standard library
-only.
+``TimeoutStartSec`` (vllm_start_timeout_s) is the deadline for the whole load. A server
+that dies first does not end this poller (systemd 252 keeps the unit "activating" with
+ExecStartPost still running, until that deadline): so it watches the main process,
+``$MAINPID`` (which systemd sets for ExecStartPost, systemd.exec(5)), and gives up as soon
+as it is gone, exit 1 with one line on stderr. ``--timeout`` (default: none, the unit's
+deadline applies) gives up too. Standard library only.
 
 With ``--model``, readiness also means serving: a one-token completion on
 ``/v1/completions`` must answer 200 with a choice (exit 1 otherwise: ``/health`` alone
@@ -83,6 +85,19 @@ def serve_checks(base: str, model: str, warmups: int, timeout: float) -> int:
     return 0
 
 
+def main_pid_gone(pid: int | None) -> bool:
+    """Whether the unit's main process has exited (False when not known)."""
+    if pid is None:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False  # alive, as another user
+    return False
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="wait_ready.py", description=__doc__.splitlines()[0])
     parser.add_argument("--url", required=True)
@@ -94,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     # Never go through a proxy for the engine on this host.
     urllib.request.install_opener(urllib.request.build_opener(urllib.request.ProxyHandler({})))
+    main_pid = int(os.environ["MAINPID"]) if os.environ.get("MAINPID", "").isdigit() else None
     start = time.monotonic()
     last = None
     while True:
@@ -105,6 +121,11 @@ def main(argv: list[str] | None = None) -> int:
                 return 0
             base = args.url.rsplit("/", 1)[0]
             return serve_checks(base, args.model, args.warmups, args.request_timeout)
+        if main_pid_gone(main_pid):
+            print(f"wait-ready: the engine (PID {main_pid}) exited after {waited:.0f} s, "
+                  f"before {args.url} answered 200: its journal says why",
+                  file=sys.stderr, flush=True)
+            return 1
         if args.timeout is not None and waited >= args.timeout:
             seen = "no answer" if last is None else f"HTTP {last}"
             print(f"wait-ready: {args.url} not ready after {waited:.0f} s ({seen})",
