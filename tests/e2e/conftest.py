@@ -5,6 +5,11 @@
   leave it running afterwards.
 - SANDBOX_SCENARIOS (default "seed,bare") picks the scenarios of the `sandbox` fixture's
   hosts; modules that need other hosts boot them with ``booted([...])``.
+- ``booted(..., leave_up_for=NAME)``: a module that ends with its hosts converged leaves
+  them up for the next module booted with ``take_over=NAME`` and the same scenarios (the
+  next in pytest's order; any other module tears them down, and so does the end of the
+  session). That module's own first run then finds the hosts converged: the suite saves
+  a fresh host's whole run.
 """
 
 from __future__ import annotations
@@ -31,6 +36,11 @@ PYINFRA = str(Path(sys.executable).with_name("pyinfra"))
 # NVLink, the GPU guard, vLLM 0.6.3's CUDA environment) say so with these overrides.
 CUDA_063 = ("--data", "vllm_device=cuda", "--data", "vllm_version=0.6.3",
             "--data", "vllm_start=false")
+
+
+# One seed host serving with the sandbox's default data: test_integrity.py leaves it up,
+# converged, for test_remove.py.
+SERVED_SEED = "served-seed"
 
 
 @dataclass
@@ -92,9 +102,23 @@ def _from_state() -> list[SandboxHost]:
     ]
 
 
+# (name, scenarios) of the sandbox a module left up for the next (booted's leave_up_for).
+_LEFT_UP: dict[str, tuple[str, tuple[str, ...]]] = {}
+
+
+def _down() -> None:
+    problems = sbx.down()
+    if problems:
+        # Not an assert in a finalizer: report loudly, the teardown test checks it.
+        print("sandbox teardown problems:\n" + "\n".join(problems), file=sys.stderr)
+
+
 @contextmanager
-def booted(scenarios: list[str]):
-    """Boot one host per scenario (one sandbox per machine), tear it down afterwards.
+def booted(scenarios: list[str], leave_up_for: str | None = None,
+           take_over: str | None = None):
+    """Boot one host per scenario (one sandbox per machine), tear it down afterwards; with
+    ``leave_up_for``, leave it up for the next module booted with the same name as
+    ``take_over`` and the same scenarios, which then uses it instead of booting.
 
     With SANDBOX_REUSE=1 and a running sandbox, that sandbox is used as is and kept.
     """
@@ -102,19 +126,29 @@ def booted(scenarios: list[str]):
     if reason:
         pytest.skip(f"e2e sandbox unavailable: {reason}")
     reuse = os.environ.get("SANDBOX_REUSE") == "1" and sbx.INVENTORY_FILE.is_file()
-    if not reuse:
+    left_up = _LEFT_UP.pop("sandbox", None)
+    taken_over = take_over is not None and left_up == (take_over, tuple(scenarios))
+    if not reuse and not taken_over:
         try:
-            sbx.up(len(scenarios), scenarios)
+            sbx.up(len(scenarios), scenarios)  # tears down one left up, if any
         except SandboxError as exc:
             pytest.fail(f"sandbox up failed: {exc}")
     try:
         yield Sandbox(hosts=_from_state(), inventory=sbx.INVENTORY_FILE, reused=reuse)
     finally:
         if not reuse:
-            problems = sbx.down()
-            if problems:
-                # Not an assert in a finalizer: report loudly, the teardown test checks it.
-                print("sandbox teardown problems:\n" + "\n".join(problems), file=sys.stderr)
+            if leave_up_for is not None:
+                _LEFT_UP["sandbox"] = (leave_up_for, tuple(scenarios))
+            else:
+                _down()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_sandbox_left_up():
+    """The last sandbox a module left up for another goes down with the session."""
+    yield
+    if _LEFT_UP.pop("sandbox", None) is not None:
+        _down()
 
 
 # Module scope: each e2e module boots the hosts it needs (about 2 s) and tears them

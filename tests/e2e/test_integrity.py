@@ -34,7 +34,7 @@ import urllib.request
 
 import pytest
 
-from tests.e2e.conftest import PYINFRA, REPO_ROOT, booted
+from tests.e2e.conftest import PYINFRA, REPO_ROOT, SERVED_SEED, booted
 
 pytestmark = pytest.mark.e2e
 
@@ -88,8 +88,9 @@ def found_lines(proc: subprocess.CompletedProcess) -> list[str]:
 
 @pytest.fixture(scope="module")
 def served():
-    """One seed host, converged once with the engine started: (sandbox, host)."""
-    with booted(["seed"]) as sandbox:
+    """One seed host, converged once with the engine started: (sandbox, host). Left up,
+    converged, for test_remove.py (its first run then changes the API key only)."""
+    with booted(["seed"], leave_up_for=SERVED_SEED) as sandbox:
         host = sandbox.hosts[0]
         proc, data = run(sandbox, timeout=INSTALL_TIMEOUT)
         if data is None or proc.returncode != 0:

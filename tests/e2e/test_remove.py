@@ -38,7 +38,7 @@ import pytest
 
 from operations.jobs import unit_name
 from sandbox import model_mirror
-from tests.e2e.conftest import PYINFRA, REPO_ROOT, booted
+from tests.e2e.conftest import PYINFRA, REPO_ROOT, SERVED_SEED, booted
 
 pytestmark = pytest.mark.e2e
 
@@ -73,7 +73,9 @@ def mirror(path: str, body: object | None = None, method: str | None = None) -> 
 
 @pytest.fixture(scope="module")
 def converged():
-    with booted(["seed"]) as sandbox:
+    # test_integrity.py's host when it ran just before (converged, serving): this
+    # module's first run turns it into its own (API key, engine stopped at next start).
+    with booted(["seed"], take_over=SERVED_SEED) as sandbox:
         run(sandbox, *DATA, "deploys/full.py", timeout=INSTALL_TIMEOUT)
         yield sandbox, sandbox.hosts[0]
 
