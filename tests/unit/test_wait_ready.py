@@ -1,10 +1,11 @@
-"""files/wait_ready.py, the unit's ExecStartPost, against a real HTTP server on loopback
-and real processes: it gives up as soon as the engine's main process ($MAINPID) is gone,
-instead of waiting for the unit's start timeout."""
+"""files/wait_ready.py: waits for 200 from a local server, gives up at --timeout, and at once
+when the engine's main process ($MAINPID) is gone."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -16,6 +17,170 @@ import pytest
 
 SCRIPT = Path(__file__).resolve().parents[2] / "files" / "wait_ready.py"
 
+
+def serve(statuses: list[int]):
+    """A server on 127.0.0.1 answering /health with each status in turn, then the last."""
+    answers = list(statuses)
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            status = answers.pop(0) if len(answers) > 1 else answers[0]
+            self.send_response(status)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def run(url: str, *extra: str, env: dict[str, str] | None = None):
+    return subprocess.run([sys.executable, str(SCRIPT), "--url", url, "--interval", "0.05",
+                           *extra], capture_output=True, text=True, timeout=60, env=env)
+
+
+def test_waits_through_errors_until_200():
+    server = serve([503, 503, 200])
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/health"
+        result = run(url)
+    finally:
+        server.shutdown()
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(f"wait-ready: {url} answered 200 after ")
+    assert result.stderr == ""
+
+
+def test_gives_up_at_its_timeout_on_one_line():
+    server = serve([503])
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/health"
+        result = run(url, "--timeout", "0.2")
+    finally:
+        server.shutdown()
+    assert result.returncode == 1
+    assert result.stderr.startswith(f"wait-ready: {url} not ready after ")
+    assert result.stderr.endswith("(HTTP 503)\n") and result.stderr.count("\n") == 1
+
+
+def test_nothing_listening_is_no_answer():
+    server = serve([200])
+    port = server.server_address[1]
+    server.shutdown()
+    server.server_close()
+    result = run(f"http://127.0.0.1:{port}/health", "--timeout", "0.2")
+    assert result.returncode == 1 and result.stderr.endswith("(no answer)\n")
+
+
+def serve_engine(completion_statuses: list[int]):
+    """A server on 127.0.0.1: /health answers 200; each POST to /v1/completions answers
+    the next status in turn (then the last), with one choice when it is 200."""
+    answers = list(completion_statuses)
+    requests: list[dict] = []
+    authorizations: list[str | None] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            self.send_response(200 if self.path == "/health" else 404)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def do_POST(self):  # noqa: N802
+            length = int(self.headers.get("Content-Length", 0))
+            requests.append(json.loads(self.rfile.read(length)))
+            authorizations.append(self.headers.get("Authorization"))
+            if self.path != "/v1/completions":
+                status = 404
+            else:
+                status = answers.pop(0) if len(answers) > 1 else answers[0]
+            answer = {"choices": [{"text": "x"}]} if status == 200 else {"error": "boom"}
+            body = json.dumps(answer).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.requests = requests  # type: ignore[attr-defined]
+    server.authorizations = authorizations  # type: ignore[attr-defined]
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def run_model(completion_statuses: list[int], *extra: str):
+    server = serve_engine(completion_statuses)
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/health"
+        result = run(url, "--timeout", "5", "--model", "tiny", "--request-timeout", "5", *extra)
+    finally:
+        server.shutdown()
+        server.server_close()
+    return result, server.requests  # type: ignore[attr-defined]
+
+
+def test_model_mode_needs_a_completion_then_warms_up():
+    result, requests = run_model([200])
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert len(lines) == 2 and lines[0].endswith(" answered 200 after 0 s")
+    assert re.fullmatch(r"wait-ready: first completion in \d+\.\d s; 3 warm-up\(s\) in \d+\.\d s",
+                        lines[1]), lines[1]
+    assert "failed" not in result.stdout and result.stderr == ""
+    # the first one-token completion, then --warmups (default 3), all for the served name
+    assert len(requests) == 4
+    assert all(r["model"] == "tiny" and r["max_tokens"] == 1 for r in requests)
+
+
+def test_model_mode_first_completion_failing_exits_1_naming_the_status():
+    result, requests = run_model([500])
+    assert result.returncode == 1
+    assert result.stderr == (
+        'wait-ready: the first one-token completion failed (500: {"error": "boom"})\n'
+    )
+    assert result.stderr.count("\n") == 1
+    assert len(requests) == 1  # no warm-ups after a failed first completion
+
+
+def test_model_mode_failed_warmups_are_reported_not_fatal():
+    result, requests = run_model([200, 503])
+    assert result.returncode == 0, result.stderr
+    assert "wait-ready: first completion in " in result.stdout
+    assert result.stdout.rstrip().endswith(", 3 failed")
+    assert len(requests) == 4
+
+
+def test_model_mode_warmups_count():
+    result, requests = run_model([200], "--warmups", "0")
+    assert result.returncode == 0, result.stderr
+    assert " 0 warm-up(s) in " in result.stdout and len(requests) == 1
+
+
+def test_model_mode_sends_the_engines_key_from_its_environment():
+    # An engine beyond loopback demands VLLM_API_KEY (the unit's environment file).
+    server = serve_engine([200])
+    url = f"http://127.0.0.1:{server.server_address[1]}/health"
+    try:
+        env = {k: v for k, v in os.environ.items() if k != "VLLM_API_KEY"}
+        plain = run(url, "--model", "tiny", "--warmups", "1", env=env)
+        keyed = run(url, "--model", "tiny", "--warmups", "1",
+                    env={**env, "VLLM_API_KEY": "sk-engine-1"})
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert plain.returncode == 0 and keyed.returncode == 0, (plain.stderr, keyed.stderr)
+    assert server.authorizations == [None, None] + ["Bearer sk-engine-1"] * 2
+    assert "sk-engine-1" not in keyed.stdout + keyed.stderr
+
+
+# The engine's main process ($MAINPID, which systemd sets for ExecStartPost): gone, the
+# wait ends at once instead of at the unit's start timeout.
 
 class Health(BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # noqa: N802 - http.server's name
