@@ -40,6 +40,6 @@ for hosts in "${COUNTS[@]}"; do
         $noop >/dev/null
     after=$(awk '/^cpu /{print $2+$3+$4+$7+$8}' /proc/stat)
     echo "the machine's busy CPU in that run: $(( (after - before) / 100 )).$(( (after - before) % 100 )) s"
-    echo "remote commands of gpu-sbx-1: $($noop -vvv 2>&1 | grep -cE '\[gpu-sbx-1 *\] >>> ')"
+    echo "remote commands of gpu-sbx-1: $($noop -vvv 2>&1 | grep -cE '\[gpu-sbx-1\] *>>> ')"
 done
 $PY -m sandbox down >/dev/null
