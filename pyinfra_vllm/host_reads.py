@@ -1,14 +1,14 @@
-"""A host's state read once, in one remote command, while the run is planned.
+"""A host's state read once, in one remote command, at the start of the run.
 
 pyinfra 3 reads a fact with one remote command each time an operation asks for it, one
 after another. Over a link with 20 ms round trips, a converged host's run spent most of
-its time waiting for about thirty of them. The stages' reads are listed here
-(``STAGE_READS``, each with the settings that make it); at the start of a run every one
-of them is read in one remote command (facts.host_state.StateSections), each section
-parsed by its own fact, with pyinfra's rules for a single fact. The host's ``get_fact``
-then answers those reads from what was read, while the run is planned only: an operation
-that runs (pyinfra calls it again to execute it) reads the host as it is then, after the
-operations before it changed it.
+its time waiting for 33 of them. The stages' reads are listed here (``STAGE_READS``,
+each with the settings that make it); at the start of a run every one of them is read
+in one remote command (facts.host_state.StateSections), each section parsed by its own
+fact, with pyinfra's rules for a single fact. The host's ``get_fact`` then answers those
+reads from what was read until the first command that is not a read runs on the host
+(an operation's command, an upload): from then on every read goes to the host again, so
+an operation after a change sees the change.
 
 A read not listed is read on its own, as before: listing is about speed, never about
 what is read. Each fact stays usable alone (``pyinfra HOST fact facts.x.Y``).
