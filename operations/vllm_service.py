@@ -536,6 +536,10 @@ def shm_problem(shm_bytes: int | None, min_mib: int) -> str | None:
 
 # --- operations ----------------------------------------------------------------------
 UNIT = "vllm.service"
+# The one read of the running engine (facts.vllm_service.EngineProcess), the same for this
+# module, the audit and the run's one read (pyinfra_vllm/host_reads.py).
+ENGINE_PROCESS_READ = {"unit": UNIT, "keys": list(ENGINE_ENV_KEYS),
+                       "secret_keys": list(SECRET_ENV_KEYS)}
 JOURNAL_LINES = 15
 
 
@@ -737,8 +741,7 @@ def engine_current(expected: dict[str, Any]):
     No engine running, or one that agrees: no command. Compared on the main process
     only (facts.vllm_service.EngineProcess); secrets by sha256, never shown.
     """
-    found = host.get_fact(EngineProcess, unit=UNIT, keys=list(ENGINE_ENV_KEYS),
-                          secret_keys=list(SECRET_ENV_KEYS))
+    found = host.get_fact(EngineProcess, **ENGINE_PROCESS_READ)
     differences = engine_differences(found, expected)
     if differences is None:
         host.noop(f"{UNIT} has no running main process")

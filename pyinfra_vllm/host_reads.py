@@ -240,8 +240,7 @@ def vllm_service_reads(settings: Settings) -> list[Read]:
         Read(FileDigests, {"paths": sorted(helpers)}),
         Read(UnitDropIns, {"unit": ops.UNIT}),
         Read(FileDigests, {"paths": sorted([ops.UNIT_PATH, ops.ENV_PATH])}),
-        Read(EngineProcess, {"unit": ops.UNIT, "keys": list(ops.ENGINE_ENV_KEYS),
-                             "secret_keys": list(ops.SECRET_ENV_KEYS)}),
+        Read(EngineProcess, ops.ENGINE_PROCESS_READ),
         Read(UnitActivation, {"unit": ops.UNIT}),
         Read(PathTypes, {"paths": [rolling.DRAIN_FLAG]}),
     ]

@@ -99,9 +99,7 @@ def _integrity(ctx) -> dict:
         nginx = host.get_fact(NginxServers)
     engine = None
     if ctx.engine_expected is not None:
-        engine = host.get_fact(EngineProcess, unit=vllm_service_ops.UNIT,
-                               keys=list(vllm_service_ops.ENGINE_ENV_KEYS),
-                               secret_keys=list(vllm_service_ops.SECRET_ENV_KEYS))
+        engine = host.get_fact(EngineProcess, **vllm_service_ops.ENGINE_PROCESS_READ)
     return integrity(
         drop_ins,
         {persistence_ops.PERSISTENCED_UNIT: [persistence_ops.PERSISTENCED_DROP_IN]},

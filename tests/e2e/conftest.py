@@ -19,6 +19,7 @@ import os
 import shlex
 import subprocess
 import sys
+import urllib.request
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,6 +83,18 @@ class Sandbox:
             text=True,
             timeout=timeout,
         )
+
+
+def mirror_control(url: str, path: str, body: object | None = None,
+                   method: str | None = None) -> object:
+    """The sandbox mirror's test controls (sandbox/mirror/README.md: /_faults, /_stats),
+    from this machine; the JSON answer, None for an empty one."""
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url + path, data=data, method=method,
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        text = response.read()
+    return json.loads(text) if text.strip() else None
 
 
 def _skip_reason() -> str | None:

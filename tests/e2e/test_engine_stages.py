@@ -27,12 +27,12 @@ Every run here says vllm_device=cuda, vllm_version=0.6.3, vllm_start=false itsel
 from __future__ import annotations
 
 import json
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from tests.e2e.conftest import CUDA_063, booted
+from tests.e2e.conftest import mirror_control as mirror
 
 pytestmark = pytest.mark.e2e
 
@@ -58,15 +58,6 @@ def host(sandbox):
 def mirror_url(sandbox):
     text = sandbox.inventory.read_text()
     return text.split('"model_base_url": "', 1)[1].split('"', 1)[0]
-
-
-def mirror(url: str, path: str, body: object | None = None, method: str | None = None) -> object:
-    data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url + path, data=data, method=method,
-                                     headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=10) as response:
-        text = response.read()
-    return json.loads(text) if text.strip() else None
 
 
 def run(sandbox, *args: str, timeout: float = 300):

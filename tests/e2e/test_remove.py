@@ -31,14 +31,14 @@ import os
 import signal
 import subprocess
 import time
-import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from operations.jobs import unit_name
 from sandbox import model_mirror
-from tests.e2e.conftest import PYINFRA, REPO_ROOT, SERVED_SEED, booted
+from tests.e2e.conftest import PYINFRA, REPO_ROOT, SERVED_SEED, booted, mirror_control
 
 pytestmark = pytest.mark.e2e
 
@@ -61,14 +61,9 @@ def changed(data: dict) -> set[str]:
     return {op["name"] for op in data["results"]["operations"] if op["success"]}
 
 
-def mirror(path: str, body: object | None = None, method: str | None = None) -> dict:
-    """The sandbox mirror's test controls (sandbox/mirror/README.md), from this machine."""
-    url = model_mirror.URL_FILE.read_text().strip()
-    data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url + path, data=data, method=method,
-                                     headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=10) as response:
-        return json.loads(response.read())
+def mirror(path: str, body: object | None = None, method: str | None = None) -> Any:
+    """The sandbox mirror's test controls, at the address the sandbox wrote for it."""
+    return mirror_control(model_mirror.URL_FILE.read_text().strip(), path, body, method)
 
 
 @pytest.fixture(scope="module")
