@@ -39,9 +39,24 @@ CUDA_063 = ("--data", "vllm_device=cuda", "--data", "vllm_version=0.6.3",
             "--data", "vllm_start=false")
 
 
-# One seed host serving with the sandbox's default data: test_integrity.py leaves it up,
-# converged, for test_remove.py.
+# One seed host serving with the sandbox's default data and SERVING_KEY, converged once:
+# test_serving.py leaves it up for test_integrity.py, which leaves it up for
+# test_remove.py (booted's leave_up_for and take_over). HANDOVER runs them in that order,
+# one after another, so the host is installed and its engine started once for the three.
 SERVED_SEED = "served-seed"
+SERVING_KEY = "sk-serve-" + "0123456789abcdef" * 2  # 41 characters: above the minimum
+HANDOVER = ("test_serving.py", "test_integrity.py", "test_remove.py")
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """The HANDOVER modules in their order, together, where the first of them was."""
+    chain = [item for item in items if item.path.name in HANDOVER]
+    if not chain:
+        return
+    first = items.index(chain[0])
+    chain.sort(key=lambda item: HANDOVER.index(item.path.name))  # stable: tests keep order
+    rest = [item for item in items if item.path.name not in HANDOVER]
+    items[:] = rest[:first] + chain + rest[first:]
 
 
 @dataclass

@@ -3,7 +3,8 @@ repaired by the next run with only its own operations changing; the run after ch
 nothing.
 
 One `seed` host converged once with the sandbox's own data (vLLM 0.17.0's CPU build, the
-engine serving); then, as an operator with sudo might on a real server:
+engine serving; test_serving.py's host when it ran first); then, as an operator with sudo
+might on a real server:
 
 - the vLLM environment: a package downgraded with pip (uv) inside it, a file of vLLM
   deleted, a package uninstalled. The audit names each; the run builds a new generation
@@ -34,11 +35,11 @@ import urllib.request
 
 import pytest
 
-from tests.e2e.conftest import PYINFRA, REPO_ROOT, SERVED_SEED, booted
+from tests.e2e.conftest import PYINFRA, REPO_ROOT, SERVED_SEED, SERVING_KEY, booted
 
 pytestmark = pytest.mark.e2e
 
-KEY = "sk-integrity-" + "0123456789abcdef" * 2
+KEY = SERVING_KEY  # test_serving.py's: its converged host is taken over as it is
 DATA = ["--data", f'api_keys=["{KEY}"]']
 INSTALL_TIMEOUT = 2400
 OP_ENV = "full | python_env | Python env: vLLM 0.17.0 (torch 2.10.0, CPU) built and proven"
@@ -88,9 +89,10 @@ def found_lines(proc: subprocess.CompletedProcess) -> list[str]:
 
 @pytest.fixture(scope="module")
 def served():
-    """One seed host, converged once with the engine started: (sandbox, host). Left up,
-    converged, for test_remove.py (its first run then changes the API key only)."""
-    with booted(["seed"], leave_up_for=SERVED_SEED) as sandbox:
+    """One seed host, converged with the engine started: (sandbox, host). Taken over
+    from test_serving.py when it ran before (the run then changes nothing), else booted;
+    left up, converged, for test_remove.py (its first run then changes the API key only)."""
+    with booted(["seed"], take_over=SERVED_SEED, leave_up_for=SERVED_SEED) as sandbox:
         host = sandbox.hosts[0]
         proc, data = run(sandbox, timeout=INSTALL_TIMEOUT)
         if data is None or proc.returncode != 0:

@@ -27,11 +27,11 @@ import pytest
 
 from facts.cpu_host import parse_cpu_list
 from operations.vllm_service import cpu_threads_bind
-from tests.e2e.conftest import booted
+from tests.e2e.conftest import SERVED_SEED, SERVING_KEY, booted
 
 pytestmark = pytest.mark.e2e
 
-KEY = "sk-serve-" + "0123456789abcdef" * 2  # 41 characters: above the minimum
+KEY = SERVING_KEY
 DATA = ["--data", f'api_keys=["{KEY}"]']
 MODEL = "sandbox/tiny-qwen2"
 INSTALL_TIMEOUT = 2400  # a cold uv cache downloads about 8.5 GB of wheels
@@ -91,8 +91,9 @@ def main_pid(sandbox, host) -> str:
 
 @pytest.fixture(scope="module")
 def served():
-    """One seed host, converged once with the engine started: (sandbox, host, run, data)."""
-    with booted(["seed"]) as sandbox:
+    """One seed host, converged once with the engine started: (sandbox, host, run, data).
+    Left up, converged, for test_integrity.py."""
+    with booted(["seed"], leave_up_for=SERVED_SEED) as sandbox:
         host = sandbox.hosts[0]
         proc, data = run(sandbox, timeout=INSTALL_TIMEOUT)
         if data is None or proc.returncode != 0:
