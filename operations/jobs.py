@@ -44,8 +44,11 @@ from facts.units import UNIT_STATE_PROPERTIES, parse_unit_state
 from operations.uploads import SECRET_DIR, private_upload, secret_file
 
 JOB_ROOT = f"{SECRET_DIR}/jobs"
-# How often the watch polls the unit, and how often it logs a progress line.
+# How long one poll waits on the host for the unit to end (it answers as soon as it
+# does: a job is seen over within WAIT_STEP_S, not a poll interval, after its end), and
+# how often the watch logs a progress line.
 POLL_S = 5.0
+WAIT_STEP_S = 0.2
 REPORT_S = 15.0
 # The unit's journal lines a failed job prints.
 JOURNAL_LINES = 20
@@ -293,9 +296,14 @@ def split_reading(lines: list[str]) -> Reading:
     return Reading(parse_unit_state(parts["state"]), parts["progress"], result or None)
 
 
-def poll_command(unit: str, meter: dict[str, Any]) -> StringCommand:
-    """One round trip: the unit's state, the progress lines, the result line."""
+def poll_command(unit: str, meter: dict[str, Any], wait_s: float = POLL_S) -> StringCommand:
+    """One round trip: at most ``wait_s`` waiting for the unit to end (no wait once it
+    has), then the unit's state, the progress lines, the result line."""
+    steps = max(0, round(wait_s / WAIT_STEP_S))
     return StringCommand(
+        f"n=0; while [ $n -lt {steps} ] && case $(systemctl show --property=ActiveState "
+        "--value --", QuoteString(unit), f"2>/dev/null) in {'|'.join(RUNNING)}) true;; "
+        f"*) false;; esac; do sleep {WAIT_STEP_S:g}; n=$((n+1)); done;",
         f"systemctl show --property={UNIT_STATE_PROPERTIES} --", QuoteString(unit),
         f"2>/dev/null; echo '{_MARK} progress';", progress_command(meter, unit),
         f"; echo '{_MARK} result'; cat", QuoteString(f"{job_dir(unit)}/result"),
@@ -325,8 +333,10 @@ def follow_job(state, host, unit: str, label: str, meter: dict[str, Any],
                              else f"started {unit}; it runs on if this run stops: run "
                              "again to attach"))
     try:
+        # No sleep between polls here: each poll waits on the host (poll_command).
         ok, words = follow(lambda: split_reading(_run(state, host, command)),
-                           lambda line: host.log(f"{label}: {line}"), Meter(meter))
+                           lambda line: host.log(f"{label}: {line}"), Meter(meter),
+                           poll_s=0)
     except (OSError, SSHException) as exc:
         host.log_styled(f"{label}: lost {unit} ({exc}); it runs on on the host: run "
                         "again to attach", fg="red", log_func=logger.error)

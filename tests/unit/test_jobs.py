@@ -151,11 +151,21 @@ def test_poll_command_reads_state_progress_and_result_in_one_round_trip():
     unit = "pyinfra-vllm-env-0123456789ab"
     command = jobs.poll_command(unit, {"kind": "steps", "path": "/opt/vllm/envs/e"})
     assert command.get_raw_value() == (
+        # at most 25 x 0.2 s waiting for the unit to end, on the host: no poll interval
+        # lost after a job ends
+        f"n=0; while [ $n -lt 25 ] && case $(systemctl show --property=ActiveState --value "
+        f"-- {unit} 2>/dev/null) in active|activating|deactivating|reloading) true;; "
+        "*) false;; esac; do sleep 0.2; n=$((n+1)); done; "
         "systemctl show --property=LoadState,ActiveState,SubState,Result,ExecMainStatus "
         f"-- {unit} 2>/dev/null; echo '@@pyinfra-vllm progress'; sed 's/^/step /' "
         f"/run/pyinfra-vllm/jobs/{unit}/progress 2>/dev/null; printf 'size '; du -sb "
         "/opt/vllm/envs/e 2>/dev/null | cut -f1; echo ; echo '@@pyinfra-vllm result'; cat "
         f"/run/pyinfra-vllm/jobs/{unit}/result 2>/dev/null; true")
+
+
+def test_poll_command_without_a_wait_reads_at_once():
+    command = jobs.poll_command("u", {"kind": "steps", "path": "/e"}, wait_s=0)
+    assert command.get_raw_value().startswith("n=0; while [ $n -lt 0 ] && ")
 
 
 def test_split_reading():
