@@ -64,7 +64,8 @@ INCOMING = ".incoming"
 FETCH_LOCK = ".fetch.lock"
 LOCK_VERSION = 1
 # Large files: several Range connections each (see RangedFetch).
-PIECE_BYTES = 32 * 2**20  # one Range request; short enough to keep hashing close behind
+PIECE_BYTES = 8 * 2**20  # the unit of claims and of the resume record
+CLAIM_PIECES = 8  # the most pieces one Range request asks for (64 MiB)
 SPLIT_MIN_BYTES = 64 * 2**20  # smaller files: one connection (two pieces at least)
 SYNC_SECONDS = 1.0  # fdatasync the .part and save its piece record at most this often
 HASH_READ = 4 * 2**20  # the hasher's reads of the landed prefix
@@ -376,12 +377,15 @@ class RangedFetch:
     """One large file over several HTTP Range connections, hashed in order as it lands.
 
     The file is cut into pieces of ``PIECE_BYTES``; up to ``connections`` threads claim
-    them in order, each with its own ``Range: bytes=a-b`` request, and ``os.pwrite`` what
-    arrives at its offset in the ``.part``, preallocated to the full size. sha256 cannot
-    be split, so one hasher thread reads back (``os.pread``, from the page cache) the
-    contiguous prefix that has landed and hashes it while the connections fill the rest:
-    pieces are claimed in order, so that prefix trails the newest byte by at most about
-    ``connections`` pieces.
+    runs of them in order, each run one ``Range: bytes=a-b`` request, and ``os.pwrite``
+    what arrives at its offset in the ``.part``, preallocated to the full size. A run is
+    an even share of what is left among the connections, at most ``CLAIM_PIECES``: long
+    requests while much is left, single pieces at the end, so the connections finish
+    together. sha256 cannot be split, so one hasher thread reads back (``os.pread``, from
+    the page cache) the contiguous prefix that has landed and hashes it while the
+    connections fill the rest: runs are claimed in order, so that prefix trails the
+    newest byte by about ``connections`` runs, and by single pieces at the end, when
+    what it trails by is left to hash after the last byte.
 
     Resume: ``<part>.ranges`` records the bytes received of each piece. It is written
     only after an ``fdatasync`` of the ``.part`` (every ``SYNC_SECONDS`` and when a run
@@ -400,7 +404,7 @@ class RangedFetch:
         self.starts = list(range(0, self.size, PIECE_BYTES))
         self.done = [0] * len(self.starts)
         self.cond = threading.Condition()
-        self.claimed = 0  # pieces before this index are done or being fetched
+        self.claimed = 0  # pieces before this index are done or claimed
         self.front = 0  # pieces before this index are complete
         self.error: BaseException | None = None
         self.probed = threading.Event()
@@ -478,6 +482,8 @@ class RangedFetch:
         os.makedirs(os.path.dirname(job.part), exist_ok=True)
         resumed = self._load()
         if not resumed:
+            # A record of another layout (another PIECE_BYTES): keep what it proves.
+            self.settle(job.part)
             # A plain .part from a one-connection run is a prefix: keep it. The record is
             # written before the file grows, so a longer .part always has one.
             have = os.path.getsize(job.part) if os.path.exists(job.part) else 0
@@ -543,34 +549,60 @@ class RangedFetch:
             self.cond.notify_all()
         self.probed.set()
 
-    def _claim(self) -> int | None:
+    def _claim(self) -> tuple[int, int] | None:
+        """The next run of pieces for one request, ``(first, stop)``: the first piece not
+        done, and after it the untouched ones, as many as an even share of the pieces
+        left among the connections (1 to CLAIM_PIECES)."""
+        count = len(self.starts)
         with self.cond:
-            while self.error is None and self.claimed < len(self.starts):
-                index = self.claimed
+            while self.claimed < count and self.done[self.claimed] >= self.length(self.claimed):
                 self.claimed += 1
-                if self.done[index] < self.length(index):
-                    return index
-        return None
+            if self.error is not None or self.claimed >= count:
+                return None
+            left = sum(1 for i in range(self.claimed, count) if self.done[i] < self.length(i))
+            share = max(1, min(CLAIM_PIECES, left // self.connections))
+            first = stop = self.claimed
+            stop += 1
+            while stop < count and stop - first < share and self.done[stop] == 0:
+                stop += 1
+            self.claimed = stop
+            return first, stop
 
     def _worker(self) -> None:
         try:
-            index = self._claim()
-            if index is None:
+            claim = self._claim()
+            if claim is None:
                 self.probed.set()
-            while index is not None:
-                self._piece(index)
-                index = self._claim()
+            while claim is not None:
+                self._run_of_pieces(*claim)
+                claim = self._claim()
         except BaseException as exc:  # noqa: BLE001 (handed to the main thread)
             self._fail(exc)
 
-    def _piece(self, index: int) -> None:
-        """Fetch what is missing of one piece, resuming it after a dropped connection."""
+    def _landed(self, first: int, stop: int, position: int) -> None:
+        """Record the run's bytes up to ``position`` (called under ``cond``)."""
+        for index in range(first, stop):
+            if self.done[index] < self.length(index):
+                self.done[index] = max(self.done[index], min(
+                    position - self.starts[index], self.length(index)))
+                if self.done[index] < self.length(index):
+                    break
+        if first <= self.front:
+            self.cond.notify_all()
+
+    def _run_of_pieces(self, first: int, stop: int) -> None:
+        """Fetch what is missing of pieces ``first`` to ``stop - 1`` in one request,
+        resuming after a dropped connection where the bytes stopped."""
         job, failures = self.job, 0
-        end = self.starts[index] + self.length(index)
+        end = self.starts[stop - 1] + self.length(stop - 1)
         while True:
-            position = self.starts[index] + self.done[index]
-            if position >= end or self.error is not None:
+            with self.cond:
+                index = next((i for i in range(first, stop)
+                              if self.done[i] < self.length(i)), stop)
+                first = index
+            if index >= stop or self.error is not None:
                 return
+            position = self.starts[index] + self.done[index]
             try:
                 with job.http.open(job.url, position, end) as response:
                     if response.status != 206:
@@ -589,9 +621,7 @@ class RangedFetch:
                         position += len(block)
                         job.counters.add(received=len(block))
                         with self.cond:
-                            self.done[index] = position - self.starts[index]
-                            if index == self.front:
-                                self.cond.notify_all()
+                            self._landed(first, stop, position)
                 if position < end and self.error is None:
                     raise http.client.IncompleteRead(b"", end - position)
                 return

@@ -8,6 +8,7 @@ import json
 import os
 import urllib.request
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -263,6 +264,37 @@ def test_large_file_comes_over_ranged_pieces_and_is_verified(
     assert not list((dest / ".incoming").rglob("*.ranges"))
 
 
+def test_claims_are_even_shares_of_what_is_left_then_single_pieces(split):
+    fetch = fetch_model.RangedFetch(SimpleNamespace(size=20 * PIECE - 5, part="x.part"), 4)
+    claims = list(iter(fetch._claim, None))
+    assert claims == [(0, 5), (5, 8), (8, 11), (11, 13)] + [(i, i + 1) for i in range(13, 20)]
+
+
+def test_claims_skip_done_pieces_and_stop_at_a_started_one(split):
+    fetch = fetch_model.RangedFetch(SimpleNamespace(size=20 * PIECE, part="x.part"), 2)
+    fetch.done[0], fetch.done[3], fetch.done[4] = PIECE, 100, PIECE
+    # 18 left: a share of 8, cut short by piece 3 (started: it resumes in its own request)
+    assert fetch._claim() == (1, 3)
+    assert fetch._claim() == (3, 4)
+    assert fetch._claim() == (5, 12)  # 15 left over 2 connections: 7
+
+
+def test_a_run_of_pieces_is_one_request_and_resumes_where_it_dropped(
+        split, mirror, mirror_root, lock_file, tmp_path, capsys):
+    # 7 pieces over 2 connections: runs of 3, 2, 1 and 1 pieces, one request each; the
+    # first dropped after 300,000 bytes (inside its second piece) and resumed from there.
+    admin(mirror, "/_faults", {"path": SHARD, "mode": "drop", "after_bytes": 300_000,
+                               "times": 1})
+    code, _, err = fetch(lock_file, tmp_path / "m", mirror.url, capsys, "--connections", "2")
+    assert code == 0
+    size = manifest_files(mirror_root)[SHARD]["size"]
+    assert pieces(size) == 7
+    stats = admin(mirror, "/_stats")["files"][f"{REPO}/{SHARD}"]
+    assert stats == {"get": 5, "head": 0, "ranged": 5, "bytes_sent": size}
+    assert "resuming that piece (retry 1/5)" in err
+    assert_tree_matches(tmp_path / "m", mirror_root)
+
+
 def test_connections_1_keeps_one_request_per_file(split, mirror, mirror_root, lock_file,
                                                   tmp_path, capsys):
     code, _, _ = fetch(lock_file, tmp_path / "m", mirror.url, capsys, "--connections", "1")
@@ -339,6 +371,23 @@ def test_plain_part_of_a_one_connection_run_is_kept_as_prefix(split, mirror, mir
     size = manifest_files(mirror_root)[SHARD]["size"]
     assert admin(mirror, "/_stats")["files"][f"{REPO}/{SHARD}"]["bytes_sent"] == \
         size - PIECE - 123
+    assert_tree_matches(dest, mirror_root)
+
+
+def test_a_record_of_other_pieces_keeps_its_contiguous_prefix(split, mirror, mirror_root,
+                                                              lock_file, tmp_path, capsys):
+    # An earlier version's record (pieces twice as long): its first piece is whole.
+    dest = tmp_path / "m"
+    data = (mirror_root / REPO / SHARD).read_bytes()
+    part = dest / ".incoming" / (SHARD + ".part")
+    part.parent.mkdir(parents=True)
+    part.write_bytes(data[:2 * PIECE] + bytes(len(data) - 2 * PIECE))
+    part.with_name(part.name + ".ranges").write_text(json.dumps(
+        {"size": len(data), "piece": 2 * PIECE, "done": [2 * PIECE, 0, 0, 0]}))
+    code, _, _ = fetch(lock_file, dest, mirror.url, capsys, "--connections", "4")
+    assert code == 0
+    stats = admin(mirror, "/_stats")["files"][f"{REPO}/{SHARD}"]
+    assert stats["bytes_sent"] == len(data) - 2 * PIECE
     assert_tree_matches(dest, mirror_root)
 
 
