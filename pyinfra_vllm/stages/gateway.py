@@ -36,6 +36,7 @@ from operations import gate, units
 from operations import gateway as gateway_ops
 from operations import vllm_service as vllm_service_ops
 from pyinfra_vllm.context import context
+from pyinfra_vllm.stages import APT_LISTS_MAX_AGE_S
 
 logger = logging.getLogger("pyinfra")
 
@@ -66,6 +67,7 @@ def gateway() -> None:
                 name="Gateway: nginx installed",
                 packages=["nginx"],
                 update=True,
+                cache_time=APT_LISTS_MAX_AGE_S,
                 no_recommends=True,
             )
 

@@ -31,6 +31,7 @@ from operations import node_exporter as node_exporter_ops
 from pyinfra_vllm.context import context
 from pyinfra_vllm.gates import model_gates
 from pyinfra_vllm.report import summarize
+from pyinfra_vllm.stages import APT_LISTS_MAX_AGE_S
 from pyinfra_vllm.textfile import metrics_text
 
 
@@ -48,6 +49,7 @@ def node_exporter(port: int, textfile_dir: str) -> None:
             name="Metrics: prometheus-node-exporter installed",
             packages=[node_exporter_ops.PACKAGE],
             update=True,
+            cache_time=APT_LISTS_MAX_AGE_S,
             no_recommends=True,
         )
     systemd.daemon_reload(name="Metrics: reload systemd units", _if=override.did_change)

@@ -28,6 +28,7 @@ from operations import gate
 from operations import python_env as python_env_ops
 from pyinfra_vllm.context import context
 from pyinfra_vllm.stacks import INSTALLERS
+from pyinfra_vllm.stages import APT_LISTS_MAX_AGE_S
 
 
 @deploy("python_env")
@@ -81,6 +82,7 @@ def python_env() -> None:
                     name="Python env: python3-venv installed",
                     packages=["python3-venv"],
                     update=not host.get_fact(DebPackage, package="python3-venv"),
+                    cache_time=APT_LISTS_MAX_AGE_S,
                     no_recommends=True,
                 )
                 if manager == "uv":
@@ -102,6 +104,7 @@ def python_env() -> None:
                 name="Python env: libnuma1 for vLLM's CPU kernels",
                 packages=["libnuma1"],
                 update=not host.get_fact(DebPackage, package="libnuma1"),
+                cache_time=APT_LISTS_MAX_AGE_S,
                 no_recommends=True,
             )
 
