@@ -6,7 +6,8 @@ A job is a shell script the operation writes on the host and hands to ``systemd-
 session, so a dropped connection, a closed laptop or a killed pyinfra leaves it running
 (systemd-run(1): without ``--wait``/``--pty`` it returns once the unit started). The
 operation then watches it from a FunctionCommand: it polls the unit and the job's
-progress every few seconds and logs a line per host at normal verbosity; the unit's end
+progress (each poll waiting on the host, a few seconds at most, for the unit to end)
+and logs a line per host at normal verbosity; the unit's end
 decides the operation's result, a failure with the unit's last journal lines.
 
 A re-run that finds the unit still active attaches to it (watches it) instead of
