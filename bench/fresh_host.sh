@@ -23,12 +23,27 @@ fresh() {  # $1: hardlink or copy; prints the whole run's wall time and totals
     [ "$1" = hardlink ] && up_args=(--own-caches)
     $PY -m sandbox up --hosts 1 --scenario seed "${up_args[@]}" >/dev/null
     start=$(date +%s.%N)
-    $PYINFRA -y --json $INV deploys/full.py "${DATA[@]}" 2>/tmp/fresh_host.err \
+    $PYINFRA -y --json $INV deploys/full.py "${DATA[@]}" 2> >(stamped >/tmp/fresh_host.err) \
         | $PY -c 'import json,sys; t=json.load(sys.stdin)["results"]["totals"]; sys.exit(t["error"] != 0)'
     end=$(date +%s.%N)
+    sleep 0.5  # the stamped stderr's last lines
     echo "$1: whole run $($PY -c "print(round($end - $start, 1))") s; the environment's job" \
         "(first to last journal line): $(on_host "journalctl -q -o short-unix" \
-        "-u 'pyinfra-vllm-env-*' | awk 'NR==1{a=\$1} END{printf \"%.1f\", \$1-a}'") s"
+        "-u 'pyinfra-vllm-env-*' | awk 'NR==1{a=\$1} END{printf \"%.1f\", \$1-a}'") s; slowest:"
+    slowest 6
+}
+
+stamped() {  # each line of stdin behind its time since the start
+    $PY -u -c 'import sys, time
+t0 = time.monotonic()
+for line in sys.stdin:
+    sys.stdout.write(f"{time.monotonic() - t0:7.2f} {line}")'
+}
+
+slowest() {  # the longest operations of the last run, from its stamped stderr
+    awk '/--> Starting operation:/ {t = $1; sub(/.*Starting operation: /, ""); name = $0; next}
+         /\] (Success|No changes|Error)/ && name != "" {printf "  %6.2f s  %s\n", $1 - t, name; name = ""}' \
+        /tmp/fresh_host.err | sort -rn | head -"${1:-6}"
 }
 
 on_host() {  # a command line on the sandbox's first host, as root
