@@ -312,14 +312,18 @@ def poll_command(unit: str, meter: dict[str, Any], wait_s: float = POLL_S) -> St
     )
 
 
-def _connector_arguments(state, host) -> dict[str, Any]:
-    # The operation's own _sudo/_su_user...: a FunctionCommand is not given them.
-    arguments = state.get_op_data_for_host(host, host.executing_op_hash).global_arguments
-    return {key: arguments[key] for key in CONNECTOR_ARGUMENT_KEYS if key in arguments}
+def connector_arguments(host) -> dict[str, Any]:
+    """The running operation's own connector arguments (``_sudo``, ``_su_user``, ``_env``
+    ...) for the commands a FunctionCommand runs: pyinfra gives them to the operation's
+    StringCommands only. pyinfra sets ``host.current_op_global_arguments`` while the
+    operation's generator runs, which is when its FunctionCommands run
+    (pyinfra/api/operation.py)."""
+    return {key: value for key, value in (host.current_op_global_arguments or {}).items()
+            if key in CONNECTOR_ARGUMENT_KEYS}
 
 
 def _run(state, host, command: StringCommand) -> list[str]:
-    ok, output = host.run_shell_command(command, **_connector_arguments(state, host))
+    ok, output = host.run_shell_command(command, **connector_arguments(host))
     if not ok:
         raise OSError(f"{command.get_masked_value()} failed")
     return list(output.stdout_lines)

@@ -30,12 +30,12 @@ from typing import Any
 
 from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, OperationValueError, QuoteString, StringCommand, operation
-from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS
 
 from facts.cpu_host import cpu_ranges
 from facts.units import UnitActivation
 from facts.vllm_service import EngineProcess
 from operations import rolling
+from operations.jobs import connector_arguments
 from pyinfra_vllm.settings import Settings
 from pyinfra_vllm.templating import render
 
@@ -598,10 +598,7 @@ def failure_reason(lines: Sequence[str]) -> str:
 def _roll(state, host, staged: list[list[str]], start: bool, serving: bool, batch: int,
           grace_s: int, python: str, metrics_url: str) -> bool:
     pairs = [(path, digest) for path, digest in staged]
-    # The operation's own connector arguments (_sudo ...), as pyinfra passes them to a
-    # StringCommand (pyinfra/api/operations.py, _run_host_op).
-    arguments = {key: value for key, value in (host.current_op_global_arguments or {}).items()
-                 if key in CONNECTOR_ARGUMENT_KEYS}
+    arguments = connector_arguments(host)
 
     def run(command: StringCommand):
         return host.run_shell_command(command, print_output=state.print_output,

@@ -133,49 +133,25 @@ def test_the_diff_switch_and_printer():
     assert fact.process(["one", "two"]) == ["one", "two"]
 
 
-def test_a_function_command_finds_its_operations_connector_arguments(monkeypatch):
-    # operations/jobs.py's watch runs commands from a FunctionCommand, which pyinfra does
-    # not give the operation's _sudo: it reads them from the operation's data by
-    # Host.executing_op_hash (set while the operation runs).
-    from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS
-
-    from operations.jobs import _connector_arguments
-
-    monkeypatch.setattr(pyinfra, "is_cli", True)
-    inventory = Inventory((["h1"], {"_sudo": True, "_sudo_user": "root"}))
-    state = State(inventory, Config(), check_for_changes=True)
-    state.set_stage(StateStage.Prepare)
-    host = inventory.get_host("h1")
-    state.activate_host(host)
-    with ctx_state.use(state), ctx_host.use(host):
-        meta = probe(name="Changes", change=True)
-    assert "_sudo" in CONNECTOR_ARGUMENT_KEYS, broken("CONNECTOR_ARGUMENT_KEYS", "lacks _sudo")
-    host.executing_op_hash = meta._hash
-    found = _connector_arguments(state, host)
-    assert found["_sudo"] is True and found["_sudo_user"] == "root", broken(
-        "State.get_op_data_for_host(...).global_arguments", f"give {found}")
-    assert set(found) <= set(CONNECTOR_ARGUMENT_KEYS)
-
-
 def test_a_function_command_runs_remote_commands_with_its_operations_arguments():
-    # The rolling restart (operations/vllm_service.py ``_roll``) runs its commands from
-    # a FunctionCommand, inside the slot, with the operation's connector arguments
-    # (_sudo, _env ...): pyinfra passes those to StringCommands only, so the step reads
-    # them from host.current_op_global_arguments while the operation runs. Run for real
-    # on @local (``echo``).
+    # The rolling restart (operations/vllm_service.py ``_roll``) and the watch of a long
+    # job (operations/jobs.py) run their commands from a FunctionCommand with the
+    # operation's connector arguments (_sudo, _env ...): pyinfra passes those to
+    # StringCommands only, so ``connector_arguments`` reads them from
+    # host.current_op_global_arguments while the operation runs. Run for real on @local
+    # (``echo``).
     from pyinfra.api import FunctionCommand, StringCommand
-    from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS
     from pyinfra.api.connect import connect_all
     from pyinfra.api.operation import add_op
     from pyinfra.api.operations import run_ops
 
+    from operations.jobs import connector_arguments
+
     seen: dict = {}
 
     def step(state, host):
-        arguments = {key: value for key, value in (host.current_op_global_arguments or {}).items()
-                     if key in CONNECTOR_ARGUMENT_KEYS}
         seen["ok"], output = host.run_shell_command(
-            StringCommand("echo", '"$ROLLING_PROBE"'), **arguments)
+            StringCommand("echo", '"$ROLLING_PROBE"'), **connector_arguments(host))
         seen["lines"] = output.stdout_lines
         return True
 
