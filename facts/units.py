@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from pyinfra.api import FactBase, QuoteString, StringCommand
@@ -219,3 +220,43 @@ class UnitState(FactBase[dict[str, Any] | None]):
     @override
     def process(self, output: list[str]) -> dict[str, Any] | None:
         return parse_unit_state(output)
+
+
+# operations/jobs.py unit_name: pyinfra-vllm-<what>-<12 hex>, a transient service.
+_JOB_UNIT = re.compile(r"^pyinfra-vllm-[a-z_]+-[0-9a-f]{12}\.service$")
+
+
+class JobUnits(FactBase[dict[str, str]]):
+    """
+    Returns the suite's long jobs systemd has loaded now (operations/jobs.py: the model's
+    download, an environment's build, each a transient service), with their ActiveState;
+    ``{}`` when there is none or systemd is absent:
+
+    .. code:: python
+
+        {"pyinfra-vllm-model-647366b5208f.service": "active"}
+    """
+
+    @override
+    def requires_command(self) -> str:
+        return "systemctl"
+
+    @override
+    def command(self) -> str:
+        return ("systemctl list-units --all --plain --no-legend --no-pager --type=service "
+                "-- 'pyinfra-vllm-*' 2>/dev/null; true")
+
+    @override
+    @staticmethod
+    def default() -> dict[str, str]:
+        return {}
+
+    @override
+    def process(self, output: list[str]) -> dict[str, str]:
+        # UNIT LOAD ACTIVE SUB DESCRIPTION (systemctl(1), list-units)
+        found = {}
+        for line in output:
+            fields = line.split()
+            if len(fields) >= 4 and _JOB_UNIT.match(fields[0]):
+                found[fields[0]] = fields[2]
+        return found

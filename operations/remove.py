@@ -1,10 +1,10 @@
 """Taking off what the suite installed (deploys/remove.py): units, the nginx site, package
-holds and the model volume's fstab line, each read first so that a host with nothing
+holds, the model volume's fstab line and the suite's running jobs, each read first so that a host with nothing
 left to remove gets no command.
 
 Files and directories alone go with ``file_set.absent``; these are the removals that need
 more than a delete: a unit stopped and systemd reloaded, nginx tested before its reload,
-a hold released, a mount let go.
+a hold released, a mount let go, a job stopped.
 """
 
 from __future__ import annotations
@@ -17,12 +17,33 @@ from pyinfra.api import OperationValueError, QuoteString, StringCommand, operati
 from facts.driver import HeldPackages
 from facts.files import PathTypes
 from facts.storage import Fstab, MountPoint
-from facts.units import UnitActivation
+from facts.units import JobUnits, UnitActivation
+from operations import jobs
 
 FSTAB = "/etc/fstab"
 # Where the site's files wait while nginx -t runs without them: on /etc's file system, so
 # moving them there and back is a rename.
 SITE_PARKING = "/etc/nginx/.pyinfra-vllm-removed"
+
+
+@operation()
+def jobs_stopped():
+    """
+    Stop the suite's long jobs that still run (a model download or an environment's
+    build that an earlier run started and was stopped or lost before it ended:
+    operations/jobs.py), and remove their job directories, before the files they write
+    are removed.
+
+    No job running: no command.
+    """
+    found = host.get_fact(JobUnits)
+    running = sorted(unit for unit, active in found.items() if active in jobs.RUNNING)
+    if not running:
+        host.noop("no job of the suite runs")
+        return
+    yield StringCommand("systemctl stop --", *(QuoteString(unit) for unit in running))
+    yield StringCommand("rm -rf --", *(QuoteString(jobs.job_dir(unit.removesuffix(".service")))
+                                       for unit in running))
 
 
 @operation()

@@ -1,6 +1,8 @@
 """Remove: take off what the suite installed, keep what the host may need.
 
-In order: the engine (vllm.service stopped, disabled, its unit, environment file and
+In order: the suite's long jobs still running (a model download or an environment's
+build an interrupted run left: stopped, so nothing writes into what is removed next), the
+engine (vllm.service stopped, disabled, its unit, environment file and
 helpers removed, systemd reloaded), the gateway's nginx files (site, API keys, TLS; nginx
 -t before the reload, the files put back if nginx would fail without them), node_exporter
 (the suite's drop-in removed, the service stopped and disabled: without the drop-in it
@@ -50,6 +52,9 @@ def remove() -> None:
     """Remove what the suite installed; keep packages, data and what it set aside."""
     settings = load_settings(host)
 
+    remove_ops.jobs_stopped(
+        name="Remove: the suite's running jobs stopped (a model download, an environment's build)",
+    )
     remove_ops.unit_removed(
         name="Remove: vllm.service stopped, disabled and removed",
         unit=f"{vllm_ops.SERVICE}.service",
