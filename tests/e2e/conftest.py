@@ -50,12 +50,17 @@ HANDOVER = ("test_serving.py", "test_integrity.py", "test_remove.py")
 
 def pytest_collection_modifyitems(session, config, items):
     """The HANDOVER modules in their order, together, where the first of them was."""
-    chain = [item for item in items if item.path.name in HANDOVER]
+    here = Path(__file__).parent
+
+    def handed(item) -> bool:  # tests/unit has modules of the same names
+        return item.path.parent == here and item.path.name in HANDOVER
+
+    chain = [item for item in items if handed(item)]
     if not chain:
         return
     first = items.index(chain[0])
     chain.sort(key=lambda item: HANDOVER.index(item.path.name))  # stable: tests keep order
-    rest = [item for item in items if item.path.name not in HANDOVER]
+    rest = [item for item in items if not handed(item)]
     items[:] = rest[:first] + chain + rest[first:]
 
 
