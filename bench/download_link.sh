@@ -18,23 +18,7 @@ WORK=$(mktemp -d /var/tmp/bench-link.XXXXXX)
 trap 'kill "${MIRROR_PID:-}" "${RELAY_PID:-}" 2>/dev/null || true; rm -rf "$WORK"' EXIT
 REPO=sandbox/bench-qwen2
 SHARD=bench-00000.safetensors
-"$PY" - "$WORK/root/$REPO" "$SHARD_MIB" "$SHARD" <<'PYEOF'
-import json, os, sys
-from pathlib import Path
-from sandbox.mirror import model
-out, mib, shard = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
-manifest = model.generate(out, repo_id="sandbox/bench-qwen2")
-with open(out / shard, "wb") as f:
-    for _ in range(mib):
-        f.write(os.urandom(1 << 20))
-names = sorted(p.name for p in out.iterdir() if p.is_file())
-manifest["files"] = [model._file_entry(out, n) for n in names]
-manifest["total_size"] = sum(f["size"] for f in manifest["files"])
-(out / ".mirror/manifest.json").write_text(json.dumps(manifest, indent=1))
-config = json.loads((out / "config.json").read_text())
-tok = json.loads((out / "tokenizer_config.json").read_text())
-(out / ".mirror/api.json").write_text(json.dumps(model.api_response(manifest, config, tok)))
-PYEOF
+PYTHONPATH=. "$PY" bench/bench_repo.py "$WORK/root/$REPO" "$SHARD_MIB" 1
 "$PY" -m sandbox.mirror serve --root "$WORK/root" --bind 127.0.0.1 --port 0 \
     --url-file "$WORK/url" >/dev/null 2>&1 &
 MIRROR_PID=$!
