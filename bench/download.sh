@@ -22,13 +22,8 @@ PY=${PY:-.venv/bin/python}
 WORK=$(mktemp -d /tmp/bench-download.XXXXXX)
 trap 'kill "$MIRROR_PID" "${RELAY_PID:-}" 2>/dev/null || true; rm -rf "$WORK"' EXIT
 REPO=sandbox/bench-qwen2
-PYTHONPATH=. "$PY" bench/bench_repo.py "$WORK/root/$REPO" "$((TOTAL_MIB / FILES))" "$FILES"
-"$PY" -m sandbox.mirror serve --root "$WORK/root" --bind 127.0.0.1 --port 0 \
-    --url-file "$WORK/url" >/dev/null 2>&1 &
-MIRROR_PID=$!
-for _ in $(seq 100); do [ -s "$WORK/url" ] && break; sleep 0.1; done
-URL=$(cat "$WORK/url")
-"$PY" -m tools.model_lock "$REPO" --base-url "$URL" --out "$WORK/lock.json" >/dev/null
+. bench/bench_mirror.sh
+bench_mirror "$WORK" "$REPO" "$((TOTAL_MIB / FILES))" "$FILES"
 COMMIT=$("$PY" -c "import json,sys; print(json.load(open(sys.argv[1]))['commit'])" "$WORK/lock.json")
 BYTES=$("$PY" -c "import json,sys; print(json.load(open(sys.argv[1]))['total_size'])" "$WORK/lock.json")
 LIST=$(cd "$WORK/root/$REPO" && ls -A | grep -vx .mirror)

@@ -18,13 +18,8 @@ WORK=$(mktemp -d /var/tmp/bench-link.XXXXXX)
 trap 'kill "${MIRROR_PID:-}" "${RELAY_PID:-}" 2>/dev/null || true; rm -rf "$WORK"' EXIT
 REPO=sandbox/bench-qwen2
 SHARD=bench-00000.safetensors
-PYTHONPATH=. "$PY" bench/bench_repo.py "$WORK/root/$REPO" "$SHARD_MIB" 1
-"$PY" -m sandbox.mirror serve --root "$WORK/root" --bind 127.0.0.1 --port 0 \
-    --url-file "$WORK/url" >/dev/null 2>&1 &
-MIRROR_PID=$!
-for _ in $(seq 100); do [ -s "$WORK/url" ] && break; sleep 0.1; done
-URL=$(cat "$WORK/url")
-"$PY" -m tools.model_lock "$REPO" --base-url "$URL" --out "$WORK/lock.json" >/dev/null
+. bench/bench_mirror.sh
+bench_mirror "$WORK" "$REPO" "$SHARD_MIB" 1
 "$PY" - "$WORK/lock.json" "$SHARD" <<'PYEOF'
 import json, sys
 lock = json.load(open(sys.argv[1]))
