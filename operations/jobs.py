@@ -145,11 +145,12 @@ def start(unit: str, description: str, steps: list[tuple[str, StringCommand]],
     )
 
 
-def watch(unit: str, label: str, meter: dict[str, Any], attached: bool = False,
+def watch(unit: str, label: str, meter: dict[str, Any], attached: bool | None = False,
           ) -> FunctionCommand:
     """The command that follows ``unit`` to its end, logging ``label: <progress>``.
 
-    + attached: the unit was started by an earlier run (said so in the first line)
+    + attached: the unit was started by an earlier run (said so in the first line); None:
+      by this run or an earlier one, an earlier operation having started it if need be
 
     + meter: what progress is: ``{"kind": "bytes", "path": DIR, "sizes": {file: size}}``
       (the files' bytes on disk, final or partial, of their total) or ``{"kind":
@@ -330,13 +331,17 @@ def _run(state, host, command: StringCommand) -> list[str]:
 
 
 def follow_job(state, host, unit: str, label: str, meter: dict[str, Any],
-               attached: bool = False) -> bool:
+               attached: bool | None = False) -> bool:
     """The FunctionCommand: follow ``unit`` to its end; a failure logs its last journal
     lines. A lost connection fails the operation; the job runs on."""
     command = poll_command(unit, meter)
-    host.log(f"{label}: " + (f"attached to {unit}, started by an earlier run" if attached
-                             else f"started {unit}; it runs on if this run stops: run "
-                             "again to attach"))
+    if attached is None:
+        first = f"following {unit}; it runs on if this run stops: run again to attach"
+    elif attached:
+        first = f"attached to {unit}, started by an earlier run"
+    else:
+        first = f"started {unit}; it runs on if this run stops: run again to attach"
+    host.log(f"{label}: {first}")
     try:
         # No sleep between polls here: each poll waits on the host (poll_command).
         ok, words = follow(lambda: split_reading(_run(state, host, command)),

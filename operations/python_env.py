@@ -340,7 +340,7 @@ def environment(root: str, stack: dict, manager: str, python: str, path: str,
                 index_url: str = "https://pypi.org/simple", ca_bundle: str | None = None,
                 proxy: str | None = None, probe: str = "files/vllm_probe.py",
                 environments: dict | None = None, link_mode: str = "copy",
-                clean_cache: bool = False):
+                clean_cache: bool = False, wait: bool = True):
     """
     Build the environment of one stack from its lock and prove it works; never touch a
     working one.
@@ -362,6 +362,9 @@ def environment(root: str, stack: dict, manager: str, python: str, path: str,
       (python_env_link_mode; pip always copies)
     + clean_cache: empty uv's cache before installing: the environment replaces one
       changed by hand whose files were hard links into the cache
+    + wait: follow the build to its end here; False: start its job and go on, and a
+      later ``environment_built`` follows it (where systemd is not the init, the build
+      runs here either way)
 
     An environment at ``path`` proven from the same lock and unchanged since: no
     command. Otherwise it is built from scratch at ``path`` (never over a proven one),
@@ -393,7 +396,10 @@ def environment(root: str, stack: dict, manager: str, python: str, path: str,
         unit = job_units.unit_name("env", path)
         meter = {"kind": "steps", "path": path}
         if job_units.running(host.get_fact(UnitState, unit=unit)):
-            yield job_units.watch(unit, "python_env", meter, attached=True)
+            if wait:
+                yield job_units.watch(unit, "python_env", meter, attached=True)
+            else:
+                host.noop(f"{unit} is already building {path}: followed later")
             return
         yield from job_units.start(
             unit, f"pyinfra-vllm: vLLM {stack_label(stack)} environment at {path}",
@@ -401,7 +407,8 @@ def environment(root: str, stack: dict, manager: str, python: str, path: str,
                          job_units.job_dir(unit), link_mode, clean_cache),
             env_file_text(pairs), payload=[(lock.local_name, LOCK_NAME), (probe, "probe.py")],
         )
-        yield job_units.watch(unit, "python_env", meter)
+        if wait:
+            yield job_units.watch(unit, "python_env", meter)
         return
     env = sourced(DOWNLOAD_ENV)
     yield from _download_env_file(pairs)
@@ -416,6 +423,32 @@ def environment(root: str, stack: dict, manager: str, python: str, path: str,
     yield FileUploadCommand(probe, f"{path}/pyinfra-vllm-probe.py")
     yield _probe_command(path, stack, manager, lock.sha256)
     yield _manifest_command(path)
+
+
+@operation()
+def environment_built(root: str, stack: dict, path: str, environments: dict | None = None):
+    """
+    Follow the build that ``environment(wait=False)`` started to its end: its result is
+    this operation's, a failure with the job's last journal lines.
+
+    + root: python_env_root
+    + stack: the stack row the environment is built from
+    + path: the environment's path (as given to ``environment``)
+    + environments: the VllmEnvironments fact when the deploy already read it
+
+    An environment proven when the run began, or one built without systemd (then
+    ``environment`` built it itself): no command. Otherwise the watch, which follows
+    the job whether this run or an earlier one started it, and whether it still runs
+    or ended already (its result stays in the job's directory until a watch read it).
+    """
+    if proven(environments or host.get_fact(VllmEnvironments, root=root), path, stack):
+        host.noop(f"{path} works (vLLM {stack['vllm']}): nothing was built")
+        return
+    if not host.get_fact(SystemdBooted):
+        host.noop(f"{path} was built in the foreground (systemd is not the init)")
+        return
+    yield job_units.watch(job_units.unit_name("env", path), "python_env",
+                          {"kind": "steps", "path": path}, attached=None)
 
 
 @operation()

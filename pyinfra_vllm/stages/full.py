@@ -20,7 +20,7 @@ from pyinfra_vllm.stages.model import model
 from pyinfra_vllm.stages.model_volume import model_volume
 from pyinfra_vllm.stages.persistence import persistence
 from pyinfra_vllm.stages.preflight import preflight
-from pyinfra_vllm.stages.python_env import python_env
+from pyinfra_vllm.stages.python_env import python_env, python_env_built
 from pyinfra_vllm.stages.sysctl import sysctl
 from pyinfra_vllm.stages.vllm_service import vllm_service
 
@@ -45,10 +45,13 @@ def full() -> None:
     sysctl()
     # XFS with noatime for the weights, in fstab by UUID.
     model_volume()
-    # vLLM and torch, pinned by the stack, in an environment proven before it is used.
-    python_env()
+    # vLLM and torch, pinned by the stack, in an environment proven before it is used:
+    # its build starts here and runs on the host while the model downloads.
+    python_env(wait=False)
     # The locked model files, downloaded and verified into the model volume.
     model()
+    # The environment's build followed to its end; `current` moved to it.
+    python_env_built()
     # The engine under systemd: GPU guard before each start, ready only once it serves.
     vllm_service()
     # nginx in front of the engine: API keys, streaming without buffering, /metrics.

@@ -32,8 +32,12 @@ from pyinfra_vllm.stages import APT_LISTS_MAX_AGE_S
 
 
 @deploy("python_env")
-def python_env() -> None:
-    """Python environment: vLLM and torch, pinned by the stack, in an environment of their own."""
+def python_env(wait: bool = True) -> None:
+    """Python environment: vLLM and torch, pinned by the stack, in an environment of their own.
+
+    With ``wait`` False the build's job is only started: ``python_env_built`` follows it
+    and moves ``current``, and what runs in between runs beside the build.
+    """
     ctx = context(host, stages=("python_env",))
 
     if ctx.proceed("python_env"):
@@ -109,10 +113,9 @@ def python_env() -> None:
             )
 
         if not ctx.refused:
-            build_words = "CPU" if stack.get("device") == "cpu" else f"CUDA {stack['cuda']}"
             python_env_ops.environment(
                 name=f"Python env: vLLM {stack['vllm']} (torch {stack['torch']}, "
-                f"{build_words}) built and proven",
+                f"{_build_words(stack)}) " + ("built and proven" if wait else "build started"),
                 root=root,
                 stack=stack,
                 manager=manager,
@@ -125,16 +128,49 @@ def python_env() -> None:
                 link_mode=settings.python_env_link_mode,
                 # Its files were hard links into uv's cache: the hand change may be there too.
                 clean_cache=bool(changed) and settings.python_env_link_mode == "hardlink",
+                wait=wait,
             )
-            files.link(
-                name="Python env: current environment",
-                path=f"{root}/current",
-                target=path,
-            )
-            python_env_ops.pruned(
-                name=f"Python env: {settings.python_env_keep} previous environment(s) kept",
-                root=root,
-                keep=settings.python_env_keep,
-                wanted=path,
-                environments=ctx.environments(host),
-            )
+            if wait:
+                _current(ctx)
+
+
+@deploy("python_env")
+def python_env_built() -> None:
+    """Python environment: the build that python_env(wait=False) started, followed to its
+    end, and ``current`` moved to it."""
+    ctx = context(host, stages=("python_env",))
+    # Asked of the context again: a host refused since (by the stages in between) stops
+    # here too; its build job runs on, and the next run finds the environment proven.
+    if ctx.proceed("python_env"):
+        stack = ctx.settings.stack
+        python_env_ops.environment_built(
+            name=f"Python env: vLLM {stack['vllm']} (torch {stack['torch']}, "
+            f"{_build_words(stack)}) built and proven",
+            root=ctx.settings.python_env_root,
+            stack=stack,
+            path=ctx.environment_path(host),
+            environments=ctx.environments(host),
+        )
+        _current(ctx)
+
+
+def _build_words(stack: dict) -> str:
+    return "CPU" if stack.get("device") == "cpu" else f"CUDA {stack['cuda']}"
+
+
+def _current(ctx) -> None:
+    """``current`` moved to the environment this run wants; old ones pruned."""
+    settings = ctx.settings
+    path = ctx.environment_path(host)
+    files.link(
+        name="Python env: current environment",
+        path=f"{settings.python_env_root}/current",
+        target=path,
+    )
+    python_env_ops.pruned(
+        name=f"Python env: {settings.python_env_keep} previous environment(s) kept",
+        root=settings.python_env_root,
+        keep=settings.python_env_keep,
+        wanted=path,
+        environments=ctx.environments(host),
+    )

@@ -43,6 +43,8 @@ KEY = SERVING_KEY  # test_serving.py's: its converged host is taken over as it i
 DATA = ["--data", f'api_keys=["{KEY}"]']
 INSTALL_TIMEOUT = 2400
 OP_ENV = "full | python_env | Python env: vLLM 0.17.0 (torch 2.10.0, CPU) built and proven"
+# The whole run starts the build in python_env and follows it after the model stage.
+OP_ENV_START = "full | python_env | Python env: vLLM 0.17.0 (torch 2.10.0, CPU) build started"
 OP_LINK = "full | python_env | Python env: current environment"
 OP_PRUNE = "full | python_env | Python env: 1 previous environment(s) kept"
 OP_UNIT = "full | vllm_service | vLLM service: systemd unit and its environment file"
@@ -141,8 +143,8 @@ def test_environment_changes_are_named_then_rebuilt_beside(served):
     proc, data = run(sandbox, timeout=INSTALL_TIMEOUT)
     assert proc.returncode == 0, proc.stderr[-4000:]
     # (A host with more than one older environment also has one pruned.)
-    assert changed(data) - {OP_PRUNE} == {OP_ENV, OP_LINK, OP_FLAGS, OP_UNIT, OP_STALE,
-                                          OP_RESTART}, changed(data)
+    assert changed(data) - {OP_PRUNE} == {OP_ENV_START, OP_ENV, OP_LINK, OP_FLAGS, OP_UNIT,
+                                          OP_STALE, OP_RESTART}, changed(data)
     repaired = current_env(sandbox, host)
     assert repaired == (env[:-1] + str(int(env[-1]) + 1) if "-g" in env else env + "-g2")
     shown = sandbox.ssh(host, f"test -d {env} && echo kept; systemctl is-active vllm; "
