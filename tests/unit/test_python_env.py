@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
+import pytest
+
+from files import vllm_probe
 from files.vllm_probe import server_flags
 from operations.python_env import (
     download_env,
@@ -164,6 +168,50 @@ def test_server_flags_on_the_recorded_063_help():
 def test_server_flags_ignores_single_dash_and_embedded_dashes():
     text = "usage: [-h] [--port PORT] a--b --x=1 (see --seed.) --Upper ---triple -- end"
     assert server_flags(text) == ["--port", "--seed", "--x"]
+
+
+# --- the server's --help, in the probe's interpreter --------------------------------------
+SERVER_MODULE = """\
+import argparse
+import sys
+
+parser = argparse.ArgumentParser(prog="server")
+parser.add_argument("--tensor-parallel-size", type=int)
+parser.add_argument("--max-model-len", type=int)
+if __name__ == "__main__":
+    if "fail" in __file__:  # the module named probe_server_fail
+        sys.exit(2)
+    args = parser.parse_args()
+    raise RuntimeError("a server would start here")
+"""
+
+
+@pytest.fixture
+def server_module(tmp_path, monkeypatch):
+    """A module that, run as __main__, builds an argparse parser as the server does."""
+    def make(name: str) -> None:
+        (tmp_path / f"{name}.py").write_text(SERVER_MODULE)
+        monkeypatch.setattr(vllm_probe, "SERVER", name)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return make
+
+
+def test_server_help_runs_the_module_as_main_and_returns_its_help(server_module):
+    server_module("probe_server_ok")
+    argv = list(sys.argv)
+    text = vllm_probe.server_help()
+    assert text.startswith("usage: server [-h] [--tensor-parallel-size TENSOR_PARALLEL_SIZE]")
+    assert server_flags(text) == ["--help", "--max-model-len", "--tensor-parallel-size"]
+    # The probe's own arguments are back for what follows.
+    assert sys.argv == argv
+
+
+def test_server_help_that_exits_non_zero_is_the_probe_failing(server_module):
+    server_module("probe_server_fail")
+    argv = list(sys.argv)
+    with pytest.raises(RuntimeError, match="probe_server_fail --help exited 2"):
+        vllm_probe.server_help()
+    assert sys.argv == argv
 
 
 # --- the host's python3 -----------------------------------------------------------------
