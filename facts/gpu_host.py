@@ -17,6 +17,7 @@ from typing_extensions import override
 from facts.cuda import CudaToolkit
 from facts.driver import DriverInfo, DriverPackages, KernelModule, NvmlError, parse_held_dpkg
 from facts.gpus import GpuInventory, GpuProcesses
+from facts.host_state import side_by_side
 from facts.topology import GpuTopology, NvlinkStatus
 
 SECTION_MARKER = "##SECTION "
@@ -37,12 +38,12 @@ SECTIONS: dict[str, tuple[type[FactBase], str | None]] = {
 }
 
 
-def _section_command(name: str, fact: type[FactBase], needs: str | None) -> str:
+def _section_command(fact: type[FactBase], needs: str | None) -> str:
     command = fact().command()
     if needs is not None:
         # A missing binary leaves the section empty: the fact's absent value.
         command = f"if command -v {needs} >/dev/null 2>&1; then {command}; fi"
-    return f"echo '{SECTION_MARKER}{name}'; {command}"
+    return command
 
 
 def split_sections(lines: list[str]) -> dict[str, list[str]]:
@@ -84,9 +85,17 @@ class GpuHostState(FactBase[dict[str, Any]]):
 
     @override
     def command(self) -> str:
-        parts = [_section_command(name, *spec) for name, spec in SECTIONS.items()]
-        # The end marker is the last command: the whole command exits 0.
-        return "; ".join([*parts, f"echo '{END_MARKER}'"])
+        names = list(SECTIONS)
+        commands = [_section_command(*SECTIONS[name]) for name in names]
+        in_order = "; ".join(f"echo '{SECTION_MARKER}{name}'; {command}"
+                             for name, command in zip(names, commands, strict=True))
+
+        def show(index: int, output: str, _status: str) -> str:
+            return f"echo '{SECTION_MARKER}{names[index]}'; cat {output}"
+
+        # The sections run side by side (six nvidia-smi calls). The end marker is the
+        # last command: the whole command exits 0.
+        return f"{side_by_side(commands, show, in_order)}; echo '{END_MARKER}'"
 
     @override
     def process(self, output: list[str]) -> dict[str, Any]:

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 from pathlib import Path
+
+import pytest
 
 from facts.gpu_host import END_MARKER, SECTION_MARKER, SECTIONS, GpuHostState, parse_gpu_host
 from facts.nvidia_smi import SMI_EXIT_MARKER
@@ -96,6 +100,23 @@ def test_nvml_mismatch_is_read_in_every_section():
 
 def test_one_command_guards_each_nvidia_smi_section():
     command = GpuHostState().command()
-    assert command.count("if command -v nvidia-smi >/dev/null 2>&1; then nvidia-smi ") == 6
-    assert command.count(SECTION_MARKER) == len(SECTIONS)
+    # Each section twice: side by side, and one after another where no temporary
+    # directory can be made (facts.host_state.side_by_side).
+    assert command.count("if command -v nvidia-smi >/dev/null 2>&1; then nvidia-smi ") == 12
+    assert command.count(SECTION_MARKER) == 2 * len(SECTIONS)
     assert command.endswith(f"echo '{END_MARKER}'")
+
+
+@pytest.mark.parametrize("tmpdir", [None, "/nonexistent/pyinfra-vllm"])
+def test_the_command_on_a_host_without_a_driver_gives_every_section_absent(tmpdir):
+    # This machine: no driver, no nvidia-smi. Side by side and one after another alike.
+    env = dict(os.environ, **({"TMPDIR": tmpdir} if tmpdir else {}))
+    done = subprocess.run(["sh", "-c", GpuHostState().command()], capture_output=True,
+                          text=True, check=True, env=env)
+    lines = done.stdout.splitlines()
+    assert [line for line in lines if line.startswith(SECTION_MARKER)] == [
+        f"{SECTION_MARKER}{name}" for name in SECTIONS]
+    assert lines[-1] == END_MARKER
+    state = GpuHostState().process(lines)
+    assert state["kernel_module"] is None and state["driver"] is None
+    assert state["gpus"] is None and state["nvlink"] is None

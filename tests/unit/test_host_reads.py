@@ -4,6 +4,10 @@ own, and the host is read again once something else ran on it."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import time
+
 import pytest
 from pyinfra.api import Config, FactBase, Inventory, State
 from pyinfra.api.connect import connect_all
@@ -12,7 +16,7 @@ from pyinfra.facts.files import File, Sha1File
 from pyinfra.facts.server import KernelVersion, LinuxDistribution
 
 from facts.files import FileDigests, PathTypes
-from facts.host_state import SECTION, STATUS, split_sections
+from facts.host_state import SECTION, STATUS, side_by_side, split_sections
 from facts.storage import Fstab
 from facts.sysctl import KernelParam
 from pyinfra_vllm import host_reads
@@ -40,6 +44,45 @@ def test_sections_are_taken_apart_by_their_own_nonce_only():
         0: (0, ["one"]),
         1: (3, [f"{STATUS}-zzz 0", "two"]),  # another nonce is output, not a marker
     }
+
+
+def _sh(command: str, **env: str) -> tuple[float, list[str]]:
+    start = time.monotonic()
+    done = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True,
+                          env={**os.environ, **env})
+    return time.monotonic() - start, done.stdout.splitlines()
+
+
+SLOW = ["sleep 0.6; echo first; exit 3", "sleep 0.6; echo second",
+        "sleep 0.6; printf 'third\\nlines\\n'; exit 1"]
+SLOW_OUTPUT = ["# 0", "first", "= 3", "# 1", "second", "= 0", "# 2", "third", "lines", "= 1"]
+
+
+def _side_by_side(commands: list[str]) -> str:
+    in_order = "; ".join(f"echo '# {index}'; ( {command}\n); echo \"= $?\""
+                         for index, command in enumerate(commands))
+    return side_by_side(
+        commands, lambda index, output, status: f"echo '# {index}'; cat {output}; "
+                                                 f"echo \"= $(cat {status})\"", in_order)
+
+
+def test_side_by_side_runs_the_commands_at_once_and_prints_them_in_order():
+    seconds, lines = _sh(_side_by_side(SLOW))
+    assert lines == SLOW_OUTPUT
+    # Three 0.6 s commands at once, not 1.8 s one after another.
+    assert seconds < 1.5
+
+
+def test_side_by_side_without_a_temporary_directory_runs_them_one_after_another():
+    # mktemp -d fails where TMPDIR does not exist: the same output, in order.
+    seconds, lines = _sh(_side_by_side(SLOW), TMPDIR="/nonexistent/pyinfra-vllm")
+    assert lines == SLOW_OUTPUT
+    assert seconds >= 1.8
+
+
+def test_side_by_side_leaves_no_temporary_directory(tmp_path):
+    _sh(_side_by_side(["echo a", "echo b"]), TMPDIR=str(tmp_path))
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_each_fact_read_at_once_equals_the_fact_read_alone(local, tmp_path):
