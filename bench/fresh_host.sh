@@ -6,6 +6,12 @@
 #
 #   bash bench/fresh_host.sh [RUNS]          # default 2 runs of each, in turn
 #
+# Variables: MODES (default "hardlink copy": which of the two, in that order each run);
+# MODEL_S=N holds the model's download to about N seconds (the sandbox mirror's `slow`
+# fault on every file, each paced so the largest takes N s), as a real model's
+# download of minutes would, to see what runs beside it; REV=COMMIT runs that commit's
+# deploys/full.py (a temporary git worktree) against the same hosts, for a before/after.
+#
 # Root, from the repository root, with the sandbox's uv cache already holding the stack's
 # wheels (any earlier run of it, e.g. the e2e tests). The stack is vLLM 0.6.3's CUDA
 # build (about 6.4 GB installed) with the engine not started, as in bench/whole_run.md,
@@ -17,13 +23,23 @@ PYINFRA=.venv/bin/pyinfra
 INV=.sandbox/inventory.py
 RUNS=${1:-2}
 DATA=(--data vllm_device=cuda --data vllm_version=0.6.3 --data vllm_start=false)
+read -r -a MODES <<<"${MODES:-hardlink copy}"
+HERE=$PWD
+CHECKOUT=$HERE
+if [ -n "${REV:-}" ]; then
+    CHECKOUT=$(mktemp -d /tmp/fresh-host-rev.XXXXXX)
+    git worktree add -q --detach "$CHECKOUT" "$REV"
+    trap 'git -C "$HERE" worktree remove --force "$CHECKOUT"' EXIT
+fi
 
 fresh() {  # $1: hardlink or copy; prints the whole run's wall time and totals
     local up_args=() start end
     [ "$1" = hardlink ] && up_args=(--own-caches)
     $PY -m sandbox up --hosts 1 --scenario seed "${up_args[@]}" >/dev/null
+    [ -n "${MODEL_S:-}" ] && slow_model "$MODEL_S"
     start=$(date +%s.%N)
-    $PYINFRA -y --json $INV deploys/full.py "${DATA[@]}" 2> >(stamped >/tmp/fresh_host.err) \
+    (cd "$CHECKOUT" && "$HERE/$PYINFRA" -y --json "$HERE/$INV" deploys/full.py "${DATA[@]}") \
+        2> >(stamped >/tmp/fresh_host.err) \
         | $PY -c 'import json,sys; t=json.load(sys.stdin)["results"]["totals"]; sys.exit(t["error"] != 0)'
     end=$(date +%s.%N)
     sleep 0.5  # the stamped stderr's last lines
@@ -31,6 +47,21 @@ fresh() {  # $1: hardlink or copy; prints the whole run's wall time and totals
         "(first to last journal line): $(on_host "journalctl -q -o short-unix" \
         "-u 'pyinfra-vllm-env-*' | awk 'NR==1{a=\$1} END{printf \"%.1f\", \$1-a}'") s; slowest:"
     slowest 6
+}
+
+slow_model() {  # $1: seconds the largest model file takes (each file paced alone)
+    $PY - "$1" <<'PYEOF'
+import json, sys, urllib.request
+text = open(".sandbox/inventory.py").read()
+mirror = text.split('"model_base_url": "', 1)[1].split('"', 1)[0]
+lock = json.load(open(text.split('"model_lock": "', 1)[1].split('"', 1)[0]))
+rate = -(-max(f["size"] for f in lock["files"]) // int(sys.argv[1]))
+for method, body in (("DELETE", None), ("POST", {"mode": "slow", "rate": rate, "times": -1})):
+    data = None if body is None else json.dumps(body).encode()
+    urllib.request.urlopen(urllib.request.Request(
+        mirror + "/_faults", data=data, method=method,
+        headers={"Content-Type": "application/json"}), timeout=10).read()
+PYEOF
 }
 
 stamped() {  # each line of stdin behind its time since the start
@@ -57,7 +88,8 @@ PYEOF
 }
 
 for _ in $(seq "$RUNS"); do
-    fresh hardlink
-    fresh copy
+    for mode in "${MODES[@]}"; do
+        fresh "$mode"
+    done
 done
 $PY -m sandbox down >/dev/null
