@@ -14,18 +14,10 @@
 set -euo pipefail
 PY=.venv/bin/python
 PYINFRA=.venv/bin/pyinfra
-RESTARTS=${1:-2}
+. bench/bench_host.sh
 
-$PY -m sandbox down >/dev/null
-$PY -m sandbox up --hosts 1 --scenario seed --own-caches >/dev/null
-$PYINFRA -y --json .sandbox/inventory.py deploys/full.py 2>/dev/null \
-    | $PY -c 'import json,sys; t=json.load(sys.stdin)["results"]["totals"]; sys.exit(t["error"] != 0)'
-
-$PY - "$RESTARTS" <<'PYEOF'
-import json, subprocess, sys
-from sandbox import hosts
-address = json.load(open(".sandbox/state.json"))["hosts"][0]["address"]
-script = r"""
+bench_host_up
+{ echo "RESTARTS=${1:-2}"; cat <<'EOF_HOST'; } | bench_host_script
 E=$(readlink -f /opt/vllm/current)
 version=$("$E/bin/python" -c 'import json,sys; print(json.load(open(sys.argv[1]))["runtime"]["vllm"])' "$E/pyinfra-vllm-env.json")
 ms() { echo $(( $(date +%s%N) / 1000000 )); }
@@ -41,12 +33,9 @@ s=$(ms); "$E/bin/python" "$E/pyinfra-vllm-probe.py" --expect-vllm "$version" --m
     --stack bench --requirements-sha256 bench --manager uv >/dev/null 2>&1
 echo "the probe, no bytecode cache: $(( $(ms) - s )) ms"
 echo "files: $(find "$E" -name '*.py' | wc -l) .py, $(find "$E" -name '*.pyc' | wc -l) .pyc as built"
-for i in $(seq RESTARTS); do restart; done
+for _ in $(seq "$RESTARTS"); do restart; done
 s=$(ms); "$E/bin/python" -m compileall -q -j 0 "$E"/lib/python3*/site-packages >/dev/null 2>&1
 echo "compileall -j 0: $(( $(ms) - s )) ms; $(find "$E" -name '*.pyc' | wc -l) .pyc"
-for i in $(seq RESTARTS); do restart; done
-""".replace("RESTARTS", sys.argv[1])
-argv = [*hosts.ssh_argv(address), "--", "sudo -n bash -s"]
-print(subprocess.run(argv, input=script, capture_output=True, text=True, check=True).stdout, end="")
-PYEOF
+for _ in $(seq "$RESTARTS"); do restart; done
+EOF_HOST
 $PY -m sandbox down >/dev/null

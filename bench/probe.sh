@@ -17,46 +17,36 @@ set -euo pipefail
 PY=.venv/bin/python
 PYINFRA=.venv/bin/pyinfra
 RUNS=${1:-2}
+. bench/bench_host.sh
 
-$PY -m sandbox down >/dev/null
-$PY -m sandbox up --hosts 1 --scenario seed --own-caches >/dev/null
-$PYINFRA -y --json .sandbox/inventory.py deploys/full.py --data vllm_device=cuda \
-    --data vllm_version=0.6.3 --data vllm_start=false 2>/dev/null \
-    | $PY -c 'import json,sys; t=json.load(sys.stdin)["results"]["totals"]; sys.exit(t["error"] != 0)'
-
-$PY - "$RUNS" "${PROBE:-}" <<'PYEOF'
-import json, subprocess, sys
-from sandbox import hosts
-address = json.load(open(".sandbox/state.json"))["hosts"][0]["address"]
-runs, other = sys.argv[1], sys.argv[2]
-probes = [("the probe", "$E/pyinfra-vllm-probe.py")]
-setup = ""
-if other:
-    # The other version, written on the host through the script itself.
-    text = open(other).read()
-    setup = f"cat > /tmp/probe-other.py <<'EOF_PROBE'\n{text}\nEOF_PROBE\n"
-    probes.append((f"PROBE ({other})", "/tmp/probe-other.py"))
-body = ""
-for words, path in probes:
-    body += f"""
-    clean; echo "run $run, {words}, no bytecode cache (a fresh host): "; time probe {path}
-    echo "run $run, {words}, bytecode cached: "; time probe {path}"""
-script = setup + r"""
+bench_host_up --data vllm_device=cuda --data vllm_version=0.6.3 --data vllm_start=false
+{
+    echo "RUNS=$RUNS"
+    if [ -n "${PROBE:-}" ]; then
+        # The other version, written on the host by the script itself.
+        echo "cat > /tmp/probe-other.py <<'EOF_PROBE'"; cat "$PROBE"; echo "EOF_PROBE"
+        echo "OTHER='PROBE ($PROBE)'"
+    fi
+    cat <<'EOF_HOST'
 E=$(readlink -f /opt/vllm/current)
-TIMEFORMAT='%R s wall, %U s user + %S s sys'
 clean() { find "$E" -name __pycache__ -type d -prune -exec rm -rf {} + ; }
-probe() { "$E/bin/python" "$1" --expect-vllm 0.6.3 --marker /tmp/m.json \
-          --stack bench --requirements-sha256 bench --manager uv >/dev/null 2>&1; }
+timed() {  # words, probe: one line with the probe's wall and CPU seconds
+    local line
+    line=$( { TIMEFORMAT='%R s wall, %U s user + %S s sys'; time "$E/bin/python" "$2" \
+        --expect-vllm 0.6.3 --marker /tmp/m.json --stack bench --requirements-sha256 bench \
+        --manager uv >/dev/null 2>&1; } 2>&1 )
+    echo "$1: $line"
+}
 cd /tmp
-for run in $(seq RUNS); do BODY
+for run in $(seq "$RUNS"); do
+    clean; timed "run $run, the probe, no bytecode cache (a fresh host)" "$E/pyinfra-vllm-probe.py"
+    timed "run $run, the probe, bytecode cached" "$E/pyinfra-vllm-probe.py"
+    if [ -n "${OTHER:-}" ]; then
+        clean; timed "run $run, $OTHER, no bytecode cache (a fresh host)" /tmp/probe-other.py
+        timed "run $run, $OTHER, bytecode cached" /tmp/probe-other.py
+    fi
 done
 echo "bytecode files after the imports: $(find "$E" -name '*.pyc' | wc -l)"
-""".replace("RUNS", runs).replace("BODY", body)
-argv = [*hosts.ssh_argv(address), "--", "sudo -n bash -s"]
-done = subprocess.run(argv, input=script, capture_output=True, text=True, check=True)
-# bash's `time` writes to stderr, after the words on stdout: each beside its words.
-words, times = done.stdout.splitlines(), done.stderr.strip().splitlines()
-for index, line in enumerate(words):
-    print(line + (times[index] if index < len(times) else ""))
-PYEOF
+EOF_HOST
+} | bench_host_script
 $PY -m sandbox down >/dev/null
