@@ -39,7 +39,7 @@ SECTIONS: dict[str, tuple[type[FactBase], str | None]] = {
 
 
 def _section_command(fact: type[FactBase], needs: str | None) -> str:
-    command = fact().command()
+    command = str(fact().command())
     if needs is not None:
         # A missing binary leaves the section empty: the fact's absent value.
         command = f"if command -v {needs} >/dev/null 2>&1; then {command}; fi"
