@@ -14,7 +14,9 @@ systemd unit (operations/jobs.py), with the mirror's `slow` fault on the model's
 file (about 30 s for it): the operator's run is killed (SIGKILL to its process group: the
 laptop lid closes) while that unit is active; the download goes on, and the next run
 attaches to it instead of starting a second one (the mirror served that file once), and
-it succeeds with the files verified. A last run changes nothing.
+it succeeds with the files verified. A last run changes nothing. Killed the same way
+once more, the run's jobs still running are stopped by deploys/remove.py before it
+removes what they write: nothing of the suite runs or is left after it.
 
 The environment build runs through the same kill-and-attach code of operations/jobs.py
 (start, watch, attach when the unit is still running); the download is the one tested
@@ -48,6 +50,8 @@ REMOVE_DATA = [*DATA, "--data", "remove_model_files=true"]
 INSTALL_TIMEOUT = 2400  # a cold uv cache downloads about 8.5 GB of wheels
 MODEL_DIR = "/srv/models/sandbox/tiny-qwen2"  # model_dir / model_id (operations/model.py)
 SLOW_SECONDS = 30  # the largest file's download under the slow fault
+OP_JOBS_STOPPED = ("remove | Remove: the suite's running jobs stopped (a model download, an "
+                   "environment's build)")
 
 
 def run(sandbox, *args: str, timeout: float = 900) -> dict:
@@ -135,6 +139,38 @@ def test_remove_then_a_run_killed_mid_download_is_attached_to(converged, tmp_pat
 
     after = run(sandbox, *DATA, "deploys/full.py")
     assert after["results"]["totals"]["success"] == 0, changed(after)
+
+
+def test_remove_stops_the_jobs_a_killed_run_left(converged, tmp_path):
+    # Removed again, so that a run downloads (and builds) once more; that run killed in
+    # the middle of the slow download, as above, leaves its jobs running on the host.
+    sandbox, host = converged
+    lock = json.loads(model_mirror.LOCK_FILE.read_text())
+    run(sandbox, *REMOVE_DATA, "deploys/remove.py")
+    largest = max(lock["files"], key=lambda f: f["size"])
+    key = f"{lock['model_id']}/{largest['path']}"
+    mirror("/_faults", method="DELETE")
+    mirror("/_stats", method="DELETE")
+    mirror("/_faults", {"mode": "slow", "path": largest["path"],
+                        "rate": -(-largest["size"] // SLOW_SECONDS), "times": -1})
+    try:
+        unit = killed_in_the_download(sandbox, host, largest, key, tmp_path / "killed.log")
+        data = run(sandbox, *REMOVE_DATA, "deploys/remove.py")
+    finally:
+        mirror("/_faults", method="DELETE")
+    assert OP_JOBS_STOPPED in changed(data)
+    # Stopped, not finished: the slow file was never sent whole, and nothing of the suite
+    # runs or is left where the jobs wrote (the model's directory, the environments).
+    assert mirror("/_stats")["files"][key]["bytes_sent"] < largest["size"]
+    active = sandbox.ssh(host, "systemctl list-units --no-legend --plain --state=active "
+                               "'pyinfra-vllm-*'; true").stdout.strip()
+    assert active == ""
+    assert sandbox.ssh(host, f"systemctl is-active {unit}; true").stdout.strip() == "inactive"
+    left = sandbox.ssh(host, f"for p in {MODEL_DIR} /opt/vllm /run/pyinfra-vllm/jobs/{unit}; "
+                             "do test -e $p && echo $p; done; true").stdout.split()
+    assert left == []
+    again = run(sandbox, *REMOVE_DATA, "deploys/remove.py")
+    assert again["results"]["totals"]["success"] == 0, changed(again)
 
 
 def killed_in_the_download(sandbox, host, largest: dict, key: str, log: Path) -> str:
