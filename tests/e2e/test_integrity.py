@@ -14,6 +14,8 @@ might on a real server:
   engine restarted;
 - the engine left running with another configuration than its unit (the unit edited,
   the engine restarted, the unit put back): restarted;
+- the engine stopped at its start limit (started and stopped by hand too often: systemd
+  refuses every start for the rest of the interval): started, its count reset first;
 - a foreign nginx server taking the gateway's port: set aside, nginx reloaded after
   ``nginx -t``;
 - the unit edited by hand: ``pyinfra --dry --diff`` shows the change (and no secret)
@@ -51,6 +53,7 @@ OP_UNIT = "full | vllm_service | vLLM service: systemd unit and its environment 
 OP_FLAGS = "full | vllm_service | vLLM service: flags accepted by the new environment's server"
 OP_RESTART = "full | vllm_service | vLLM service: restarted for its new unit"
 OP_DROP_INS = "full | vllm_service | vLLM service: no foreign drop-in for its unit"
+OP_RUNNING = "full | vllm_service | vLLM service: enabled and running"
 OP_STALE = ("full | vllm_service | vLLM service: the running engine has its unit's command "
             "line and environment")
 OP_FOREIGN = ("full | gateway | Gateway: no other nginx server on the gateway's port (nginx -t "
@@ -208,6 +211,26 @@ def test_an_engine_left_running_with_an_old_unit_is_named_and_restarted(served):
     assert "VLLM_CPU_KVCACHE_SPACE" in found
 
     assert repair(sandbox) == {OP_STALE, OP_RESTART}
+    converged_again(sandbox)
+
+
+def test_an_engine_stopped_at_its_start_limit_is_started_by_the_next_run(served):
+    sandbox, host = served
+    # Started and stopped by hand more often than the unit allows (StartLimitBurst=5 in
+    # 1800 s, hand starts counted): systemd then refuses every start, the next run's
+    # included, until the interval ends; the run resets the count (reset-failed) first.
+    # The refusal is in the journal: the unit's Result keeps the last real failure's
+    # (here "signal": each stop killed a start's ExecStartPre or ExecStartPost).
+    hit = sandbox.ssh(host, "since=$(date +%s); systemctl stop vllm; for i in 1 2 3 4 5 6; "
+                            "do systemctl start --no-block vllm; sleep 1; systemctl stop vllm; "
+                            "done; systemctl start vllm 2>/dev/null; echo rc=$?; journalctl -u "
+                            "vllm --since @$since --no-pager -o cat", check=False).stdout
+    assert "rc=1" in hit.splitlines(), hit
+    assert "vllm.service: Start request repeated too quickly." in hit.splitlines(), hit
+    assert audit(sandbox).returncode == 1
+
+    assert repair(sandbox) == {OP_RUNNING}
+    assert sandbox.ssh(host, "systemctl is-active vllm").stdout.strip() == "active"
     converged_again(sandbox)
 
 

@@ -171,10 +171,14 @@ def test_the_restart_and_drain_commands():
         "--status -c -; then mv -f /etc/systemd/system/vllm.service.pyinfra-staged "
         "/etc/systemd/system/vllm.service ; else rm -f "
         "/etc/systemd/system/vllm.service.pyinfra-staged ; fi; }; } && systemctl "
-        "daemon-reload && systemctl restart vllm.service || { rc=$?; journalctl -u "
+        "daemon-reload && { systemctl reset-failed vllm.service 2>/dev/null; systemctl "
+        "restart vllm.service ; } || { rc=$?; journalctl -u "
         'vllm.service -t vllm --since "@$since" -n 15 --no-pager -o cat >&2; exit $rc; }'
     )
-    assert "systemctl try-restart vllm.service" in ops.restart_command([], False).get_raw_value()
+    # Not started, a failed engine stays failed for the audit: no reset-failed.
+    assert "systemctl daemon-reload && systemctl try-restart vllm.service ||" in (
+        ops.restart_command([], False).get_raw_value())
+    assert "reset-failed" not in ops.restart_command([], False).get_raw_value()
     assert rolling.drain_command().get_raw_value() == (
         "install -d -m 755 /run/pyinfra-vllm && touch /run/pyinfra-vllm/draining")
     assert rolling.undrain_command().get_raw_value() == "rm -f /run/pyinfra-vllm/draining"
