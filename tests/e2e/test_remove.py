@@ -107,13 +107,7 @@ def test_remove_then_a_run_killed_mid_download_is_attached_to(converged, tmp_pat
     again = run(sandbox, *REMOVE_DATA, "deploys/remove.py")
     assert again["results"]["totals"]["success"] == 0, changed(again)
 
-    # The largest file at about 30 s; the others at full speed.
-    largest = max(lock["files"], key=lambda f: f["size"])
-    key = f"{lock['model_id']}/{largest['path']}"
-    mirror("/_faults", method="DELETE")
-    mirror("/_stats", method="DELETE")
-    mirror("/_faults", {"mode": "slow", "path": largest["path"],
-                        "rate": -(-largest["size"] // SLOW_SECONDS), "times": -1})
+    largest, key = largest_file_slowed(lock)
     try:
         unit = killed_in_the_download(sandbox, host, largest, key, tmp_path / "killed.log")
     finally:
@@ -147,12 +141,7 @@ def test_remove_stops_the_jobs_a_killed_run_left(converged, tmp_path):
     sandbox, host = converged
     lock = json.loads(model_mirror.LOCK_FILE.read_text())
     run(sandbox, *REMOVE_DATA, "deploys/remove.py")
-    largest = max(lock["files"], key=lambda f: f["size"])
-    key = f"{lock['model_id']}/{largest['path']}"
-    mirror("/_faults", method="DELETE")
-    mirror("/_stats", method="DELETE")
-    mirror("/_faults", {"mode": "slow", "path": largest["path"],
-                        "rate": -(-largest["size"] // SLOW_SECONDS), "times": -1})
+    largest, key = largest_file_slowed(lock)
     try:
         unit = killed_in_the_download(sandbox, host, largest, key, tmp_path / "killed.log")
         data = run(sandbox, *REMOVE_DATA, "deploys/remove.py")
@@ -171,6 +160,18 @@ def test_remove_stops_the_jobs_a_killed_run_left(converged, tmp_path):
     assert left == []
     again = run(sandbox, *REMOVE_DATA, "deploys/remove.py")
     assert again["results"]["totals"]["success"] == 0, changed(again)
+
+
+def largest_file_slowed(lock: dict) -> tuple[dict, str]:
+    """The mirror's faults and counters cleared, then its largest file held at about
+    SLOW_SECONDS (the others at full speed): that file's lock entry and its key in the
+    mirror's counters."""
+    largest = max(lock["files"], key=lambda f: f["size"])
+    mirror("/_faults", method="DELETE")
+    mirror("/_stats", method="DELETE")
+    mirror("/_faults", {"mode": "slow", "path": largest["path"],
+                        "rate": -(-largest["size"] // SLOW_SECONDS), "times": -1})
+    return largest, f"{lock['model_id']}/{largest['path']}"
 
 
 def killed_in_the_download(sandbox, host, largest: dict, key: str, log: Path) -> str:
