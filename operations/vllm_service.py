@@ -61,9 +61,9 @@ STOP_TIMEOUT_S = 120
 # A crash is retried RestartSec=10 later; more starts than this within the interval leave
 # the unit failed (a held GPU or a config that cannot load would loop forever). Hand
 # starts count too, and a unit at its limit refuses every start ("Start request repeated
-# too quickly") until the interval ends: the stage's own start and restart reset the count first
-# (`systemctl reset-failed`, as systemd.unit(5) advises for a deliberate start), so a
-# run after the cause was fixed starts the engine, or fails with the cause's own line.
+# too quickly") until the interval ends: the stage's own start and restart reset the
+# count first (``limit_reset_then``), so a run after the cause was fixed starts the
+# engine, or fails with the cause's own line.
 START_LIMIT_BURST = 5
 START_LIMIT_INTERVAL_S = 1800
 # RestartSteps= and RestartMaxDelaySec= arrived in systemd 254; 249 (Ubuntu 22.04) and 252
@@ -568,18 +568,24 @@ def _report_ready(state, host) -> bool:
     return found.get("active") == "active"
 
 
+def limit_reset_then(verb: str) -> StringCommand:
+    """``systemctl VERB`` the engine, its start limit reset first (``systemctl
+    reset-failed``, as systemd.unit(5) advises for a deliberate start). The reset's own
+    failure is ignored: systemd refuses it for a unit it has not loaded yet (a first
+    install, even after daemon-reload), which has no count to reset."""
+    return StringCommand("{ systemctl reset-failed", UNIT, "2>/dev/null; systemctl", verb,
+                         UNIT, "; }")
+
+
 def restart_command(staged: Sequence[tuple[str, str]], start: bool) -> StringCommand:
     """The staged unit and environment file moved into place (``rolling.promote_command``),
     systemd reloaded, the engine restarted; on failure, the lines the unit's processes
     logged since (their ``SyslogIdentifier``) on stderr and the failure kept."""
     # try-restart leaves a failed engine failed, for the audit to see: no reset there.
-    # reset-failed fails on a unit systemd has not loaded yet (a first install), which
-    # has no count to reset.
-    verb = (["{ systemctl reset-failed", UNIT, "2>/dev/null; systemctl restart", UNIT, "; }"]
-            if start else ["systemctl try-restart", UNIT])
+    verb = limit_reset_then("restart") if start else StringCommand("systemctl try-restart", UNIT)
     return StringCommand(
         "since=$(date +%s) &&", rolling.promote_command(staged),
-        "&& systemctl daemon-reload &&", *verb,
+        "&& systemctl daemon-reload &&", verb,
         "|| { rc=$?; journalctl -u", UNIT, "-t", SERVICE, '--since "@$since" -n',
         str(JOURNAL_LINES), "--no-pager -o cat >&2; exit $rc; }",
     )
@@ -662,10 +668,10 @@ def restarted(start: bool = True, staged: dict[str, str] | None = None, batch: i
     ends, gets the staged files, restarts, and is put back once ready: ``systemctl
     restart`` returns when ExecStartPost's readiness wait (health, a one-token completion,
     the warm-ups) answered, its start limit reset first (as ``running``). One that does
-    not run takes no slot and is not drained. A
-    restart that fails prints the unit's journal lines since, stops the rollout with the
-    last readiness line, and leaves the host drained; a host the rollout did not reach
-    fails with "rollout stopped: host X failed readiness: ..." and keeps its unit.
+    not run takes no slot and is not drained. A restart that fails prints the unit's
+    journal lines since, stops the rollout with the last readiness line, and leaves the
+    host drained; a host the rollout did not reach fails with "rollout stopped: host X
+    failed readiness: ..." and keeps its unit.
     """
     found = host.get_fact(UnitActivation, unit=UNIT) or {}
     serving = found.get("active") == "active"
@@ -693,8 +699,7 @@ def running(start: bool = True):
         yield StringCommand("systemctl enable", UNIT)
         changed = True
     if start and found["active"] != "active":
-        yield _journal_on_failure(StringCommand(
-            "{ systemctl reset-failed", UNIT, "2>/dev/null; systemctl start", UNIT, "; }"))
+        yield _journal_on_failure(limit_reset_then("start"))
         yield FunctionCommand(_report_ready, (), {})
         changed = True
     if not changed:
