@@ -23,7 +23,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         "pyinfra_vllm.context", "pyinfra_vllm.host_reads", "pyinfra_vllm.checks", "pyinfra_vllm.gates",
         "pyinfra_vllm.capacity", "pyinfra_vllm.compat", "pyinfra_vllm.report",
         "pyinfra_vllm.textfile", "pyinfra_vllm.locks", "pyinfra_vllm.report_changes",
-        "pyinfra_vllm.report_html", "pyinfra_vllm.report_store",
+        "pyinfra_vllm.report_html", "pyinfra_vllm.report_store", "pyinfra_vllm.gpu_health",
     )),
     ("operations", ("operations",)),
     ("facts", ("facts",)),

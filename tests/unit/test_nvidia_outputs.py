@@ -500,18 +500,21 @@ def test_os_release_h200_through_pyinfra():
 
 
 def test_every_fixture_file_has_a_test():
-    source = Path(__file__).read_text(encoding="utf-8")
+    # The GPU-health outputs have their own test module, test_gpu_health.py.
+    source = "".join(Path(__file__).with_name(name).read_text(encoding="utf-8")
+                     for name in ("test_nvidia_outputs.py", "test_gpu_health.py"))
     # The device capture has its own test module, test_real_gpu_host.py.
     names = [
         str(path.relative_to(FIXTURES))
         for path in sorted(FIXTURES.rglob("*.txt"))
         if not path.parent.name.startswith("h200-device-")
     ]
-    assert len(names) == 34
+    assert len(names) == 77
     missing = [
         name
         for name in names
         if f'"{name}"' not in source and f'H200 + "{name.removeprefix(H200)}"' not in source
+        and f'"{name.rpartition("/")[2]}"' not in source
     ]
     assert missing == []
 
