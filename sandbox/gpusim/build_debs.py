@@ -9,7 +9,8 @@ nvidia-graphics-drivers-535-server source package:
   libnvidia-compute-535-server     placeholder (the real one ships libnvidia-ml.so.1; NVML is
                                    not simulated)
   nvidia-kernel-common-535-server  placeholder (real: firmware, udev rules)
-  nvidia-dkms-535-server           the "kernel module": gpusimctl + gpusim-boot.service
+  nvidia-dkms-535-server           the "kernel module": gpusimctl + gpusim-boot.service, and
+                                   /usr/local/bin/dmesg (the simulated kernel log)
   nvidia-headless-535-server       meta package
 Like Ubuntu's, the headless meta package does not pull in nvidia-utils: install both.
 
@@ -165,7 +166,10 @@ def package_specs(branch: str, version: str) -> list[dict]:
          "depends": f"python3, nvidia-kernel-common-{branch} (= {version})",
          "description": "NVIDIA kernel module (simulated: gpusimctl and gpusim-boot.service)",
          "files": {"/usr/sbin/gpusimctl": (_script("gpusimctl.py"), 0o755),
-                   "/lib/systemd/system/gpusim-boot.service": (BOOT_UNIT, 0o644)},
+                   "/lib/systemd/system/gpusim-boot.service": (BOOT_UNIT, 0o644),
+                   # The simulated kernel log; /usr/local/bin is ahead of /usr/bin in root's
+                   # PATH and sudo's secure_path, and dpkg owns no /usr/local/bin/dmesg.
+                   "/usr/local/bin/dmesg": (_script("dmesg.py"), 0o755)},
          "postinst": DKMS_POSTINST.format(upstream=up, reload=RELOAD),
          "prerm": DKMS_PRERM},
         {"name": f"nvidia-headless-{branch}",

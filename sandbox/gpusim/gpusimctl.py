@@ -10,6 +10,7 @@ Commands:
   install-driver --version V / remove-driver   what the package scripts call
   configure --mig-auto-reset on|off            bare-metal (on) or passthrough-like (off)
   show                print the state as JSON
+  fault GPU FAULT [N] / fault clear           GPU-health faults (README.md lists them)
 
 The state file is /var/lib/gpusim/state.json unless GPUSIM_STATE says otherwise. The
 helpers below repeat the few lines of nvidia_smi.py that read and write it, because each
@@ -28,6 +29,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
 from pathlib import Path
 
@@ -141,6 +143,7 @@ def a100_pcie(index: int, bus_id: str, temp: int, draw: float, nvlink: dict) -> 
         "brand": "NVIDIA", "architecture": "Ampere", "compute_cap": "8.0",
         "memory_total_mib": 81920, "memory_reserved_mib": 0, "memory_base_used_mib": 4,
         "power_limit_w": 300.0, "power_draw_w": draw, "temperature_c": temp, "pstate": "P0",
+        "temperature_memory_c": temp - 3, "pcie_gen_max": 4, "pcie_width_max": 16,
         "clocks_max_sm_mhz": 1410, "ecc_mode": "Enabled", "compute_mode": "Default",
         "mig_capable": True, "mig_current": "Disabled", "mig_pending": "Disabled",
         "persistence_legacy": False, "persistence_daemon": False,
@@ -193,6 +196,10 @@ def h200_state() -> dict:
         "mig_pending": "Disabled", "persistence_legacy": True, "persistence_daemon": False,
         "cpu_affinity": "0-15", "numa_affinity": "0", "gpu_numa_id": "N/A",
         "nvlink": {"state": "hidden"},
+        # -q health details of the capture (q.txt): healthy, every error counter 0.
+        "pcie_gen_max": 5, "pcie_width_max": 16, "pcie_replays": 1, "remap_banks": 3072,
+        "temperature_tlimit_c": 44, "temperature_memory_c": 42, "power_instant_w": 133.77,
+        "power_memory_w": 37.63, "power_min_limit_w": 200.0,
     }
     return {
         "schema": SCHEMA, "scenario": "h200", "driver": driver("580.159.04", "580.159.04"),
@@ -351,6 +358,7 @@ def apply_reboot(state: dict) -> None:
             gpu["mig_current"] = gpu.get("mig_pending", gpu.get("mig_current"))
         gpu["persistence_legacy"] = False
         gpu["persistence_daemon"] = False
+        reset_health(gpu)
     _stop_spawned(state["processes"])
     state["processes"] = []
     state["persistenced"] = None
@@ -381,6 +389,7 @@ def cmd_boot(args: argparse.Namespace, path: Path) -> int:
             boot["skip_next"] = False
         else:
             apply_reboot(state)
+        new_kernel_log(state)  # every boot, the first included, starts a new kernel log
         boot["count"] = boot.get("count", 0) + 1
         save_state(state, path)
     proc_driver = Path(args.proc_root) if args.proc_root else PROC_DRIVER
@@ -430,6 +439,207 @@ def cmd_show(args: argparse.Namespace, path: Path) -> int:
     return 0
 
 
+# ------------------------------------------------------------------------ faults, kernel log
+# NVIDIA's Xid line: `NVRM: Xid (PCI:0000:17:00): 79, pid='<unknown>', name=<unknown>, TEXT`.
+# Texts from real kernel-log lines (fixtures/nvidia/health/xid-*.txt unless noted); {link}
+# and {gpu} are filled in. Codes not listed get a short text from NVIDIA's Xid catalogue.
+XID_TEXT = {
+    13: "Graphics SM Warp Exception on (GPC 8, TPC 5, SM 0): Out Of Range Address",
+    31: ("Ch 0000003b, intr 00000000. MMU Fault: ENGINE GRAPHICS HUBCLIENT_SCC faulted @ "
+         "0x1_8c710000. Fault is of type FAULT_PTE ACCESS_TYPE_VIRT_READ"),
+    43: "Ch 00000008",
+    48: ("An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer "
+         "at physAddr 0x12bac1c3e0 partition 2, subpartition 1."),
+    63: "Row Remapper: New row (0x00000012bac1c3e0) marked for remapping, reset gpu to activate.",
+    # 64: a field report quoted in a public parser's doctest.
+    64: "Row Remapper Error: (0x00000002eebc4100) - All reserved rows for bank are remapped",
+    # 74: NVIDIA's Xid catalogue example and field reports.
+    74: "NVLink: fatal error detected on link {link}(0x0, 0x0, 0x10000, 0x0, 0x0, 0x0, 0x0)",
+    79: "GPU has fallen off the bus.",
+    94: "Contained: SM (0x1). RST: No, D-RST: No",
+    # 95: field reports (and the example in NVIDIA's open kernel module source).
+    95: "Uncontained: FBHUB. RST: Yes, D-RST: No",
+    119: ("Timeout after 6s of waiting for RPC response from GPU{gpu} GSP! Expected function "
+          "103 (GSP_RM_ALLOC) (0x2081 0x4)."),
+}
+XID_CATALOGUE = {
+    8: "GPU stopped processing", 32: "Invalid or corrupted push buffer stream",
+    45: "Preemptive cleanup, due to previous errors", 61: "Internal micro-controller breakpoint/warning",
+    62: "Internal micro-controller halt", 92: "High single-bit ECC error rate",
+    120: "GSP Error", 154: "GPU recovery action changed",
+}
+CLOCK_FAULTS = {  # fault -> clocks event reasons it makes Active (8xH100 535 captures)
+    "hw-slowdown": ["hw_slowdown"],
+    "power-brake": ["hw_slowdown", "hw_power_brake_slowdown"],
+    "thermal-slowdown": ["hw_slowdown", "hw_thermal_slowdown"],
+    "sw-power-cap": ["sw_power_cap"],
+    "sw-thermal-slowdown": ["sw_thermal_slowdown"],
+}
+# R580 also counts the time spent in a reason ("Clocks Event Reasons Counters", in us).
+COUNTED = {"hw_power_brake_slowdown", "hw_thermal_slowdown", "sw_power_cap",
+           "sw_thermal_slowdown"}
+
+
+def now() -> float:
+    fixed = os.environ.get("GPUSIM_TIME")  # tests pin the clock
+    return float(fixed) if fixed else time.time()
+
+
+def xid_line(gpu: dict, code: int, link: int = 0) -> str:
+    bus = gpu["pci_bus_id"]
+    pci = f"{bus[4:8]}:{bus[9:11]}:{bus[12:14]}".lower()  # 00000000:17:00.0 -> 0000:17:00
+    text = XID_TEXT.get(code, XID_CATALOGUE.get(code, "Unknown Error"))
+    text = text.format(link=link, gpu=gpu["index"])
+    return f"NVRM: Xid (PCI:{pci}): {code}, pid='<unknown>', name=<unknown>, {text}"
+
+
+def log_kernel(state: dict, lines: list[str]) -> None:
+    """Append to the simulated kernel log (never /dev/kmsg: the containers share this
+    machine's kernel). Lines of one event are a few microseconds apart."""
+    log = state.setdefault("kernel_log", [])
+    start = max([now()] + [e["t"] + 0.000001 for e in log[-1:]])
+    for n, line in enumerate(lines):
+        log.append({"t": round(start + n * 0.000028, 6), "level": "warn", "msg": line})
+
+
+def pid1_start() -> float | None:
+    """When this PID namespace's init started: the container's boot time."""
+    try:
+        stat = Path("/proc/1/stat").read_text()
+        ticks = int(stat.rsplit(")", 1)[1].split()[19])
+        btime = next(int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
+                     if line.startswith("btime "))
+        return btime + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+
+
+def new_kernel_log(state: dict) -> None:
+    """A new boot: an empty kernel log, and the boot time its timestamps count from."""
+    state["kernel_log"] = []
+    boot = state.setdefault("boot", {"skip_next": False, "count": 0})
+    fixed = os.environ.get("GPUSIM_TIME")
+    boot["wall"] = float(fixed) if fixed else (pid1_start() or now())
+
+
+def reset_health(gpu: dict) -> None:
+    """A GPU reset or reboot: volatile ECC counts start again at 0 and a pending row remap
+    takes effect (Pending: No; the remapped row stays counted). Other faults stay."""
+    h = gpu.get("health")
+    if not h:
+        return
+    if "ecc" in h:
+        h["ecc"].pop("volatile", None)
+    if "remapped_rows" in h:
+        h["remapped_rows"]["pending"] = False
+
+
+def nvlink_peers(state: dict, gpu: dict) -> list[dict]:
+    pairs = state.get("topology", {}).get("pairs", {})
+    peers = []
+    for other in state["gpus"]:
+        key = f"{min(gpu['index'], other['index'])},{max(gpu['index'], other['index'])}"
+        if other is not gpu and pairs.get(key, "").startswith("NV"):
+            peers.append(other)
+    return peers
+
+
+def _set_ecc(gpu: dict, key: str, count: int) -> None:
+    ecc = gpu.setdefault("health", {}).setdefault("ecc", {})
+    for scope in ("volatile", "aggregate"):
+        ecc.setdefault(scope, {})[key] = count
+
+
+def apply_fault(state: dict, gpu: dict, kind: str, value: int | None) -> str:
+    h = gpu.setdefault("health", {})
+    if kind == "clear":
+        for link in h.get("nvlink_down", []):  # the other end of each link comes back too
+            for peer in nvlink_peers(state, gpu):
+                down = peer.get("health", {}).get("nvlink_down", [])
+                if link in down:
+                    down.remove(link)
+        gpu.pop("health", None)
+        return f"GPU {gpu['index']}: healthy"
+    if kind == "ecc-correctable":
+        _set_ecc(gpu, "dram_correctable", value)
+    elif kind == "ecc-uncorrectable":
+        # A DBE in HBM: the row is marked for remapping (A100/H100 row remapper).
+        _set_ecc(gpu, "dram_uncorrectable", value)
+        rows = h.setdefault("remapped_rows", {})
+        rows["uncorrectable"] = rows.get("uncorrectable", 0) + 1
+        rows["pending"] = True
+        log_kernel(state, [xid_line(gpu, 48), xid_line(gpu, 63)])
+    elif kind == "remap-failure":
+        h.setdefault("remapped_rows", {})["failure"] = True
+        log_kernel(state, [xid_line(gpu, 64)])
+    elif kind == "xid":
+        log_kernel(state, [xid_line(gpu, value)])
+    elif kind == "nvlink-down":
+        nvl = gpu.get("nvlink") or {}
+        if nvl.get("state") != "active" or not 0 <= value < nvl.get("links", 0):
+            raise SystemExit(f"gpusimctl: GPU {gpu['index']} has no active NVLink {value}")
+        for target in [gpu] + nvlink_peers(state, gpu):
+            down = target.setdefault("health", {}).setdefault("nvlink_down", [])
+            if value not in down:
+                down.append(value)
+                down.sort()
+        log_kernel(state, [xid_line(gpu, 74, link=value)])
+    elif kind == "nvlink-crc":
+        # Each CRC error makes the link replay the packet: both counters of link 0.
+        errs = h.setdefault("nvlink_errors", {}).setdefault("0", {})
+        errs["crc"] = errs["replay"] = value
+    elif kind == "pcie-width":
+        h.setdefault("pcie", {})["width_current"] = value
+    else:
+        reasons = h.setdefault("clocks_event_reasons", [])
+        counters = h.setdefault("clocks_event_counters_us", {})
+        for reason in CLOCK_FAULTS[kind]:
+            if reason not in reasons:
+                reasons.append(reason)
+            if reason in COUNTED:
+                counters[reason] = counters.get(reason, 0) + 1000000
+    return f"GPU {gpu['index']}: {kind}" + ("" if value is None else f" {value}")
+
+
+FAULTS_WITH_VALUE = {"ecc-correctable", "ecc-uncorrectable", "xid", "nvlink-down",
+                     "nvlink-crc", "pcie-width"}
+FAULTS = sorted(FAULTS_WITH_VALUE | set(CLOCK_FAULTS) | {"remap-failure", "clear"})
+
+
+def cmd_fault(args: argparse.Namespace, path: Path) -> int:
+    if os.geteuid() != 0 and os.environ.get("GPUSIM_ASSUME_ROOT") != "1":
+        raise SystemExit("gpusimctl fault: must be root")
+    words = args.words
+    with locked(path):
+        state = _need_state(path)
+        if words == ["clear"]:
+            # Healthy again everywhere, and the kernel log is empty as after a reboot.
+            for gpu in state["gpus"]:
+                gpu.pop("health", None)
+            state["kernel_log"] = []
+            save_state(state, path)
+            print("gpusim: every GPU healthy, kernel log empty")
+            return 0
+        if len(words) < 2 or words[1] not in FAULTS:
+            raise SystemExit("usage: gpusimctl fault clear | gpusimctl fault GPU "
+                             f"{{{','.join(FAULTS)}}} [N]")
+        target, kind = words[0], words[1]
+        gpu = next((g for g in state["gpus"] if str(g["index"]) == target), None)
+        if gpu is None:
+            raise SystemExit(f"gpusimctl: no GPU {target}")
+        needs = kind in FAULTS_WITH_VALUE
+        if len(words) != 2 + needs or (needs and not words[2].isdigit()):
+            what = "a number" if needs else "no value"
+            raise SystemExit(f"gpusimctl fault: {kind} takes {what}")
+        value = int(words[2]) if needs else None
+        if kind == "pcie-width" and value not in (1, 2, 4, 8, 16):
+            raise SystemExit("gpusimctl fault: pcie-width is 1, 2, 4, 8 or 16")
+        message = apply_fault(state, gpu, kind, value)
+        save_state(state, path)
+    print(f"gpusim: {message}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gpusimctl", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -465,6 +675,12 @@ def build_parser() -> argparse.ArgumentParser:
     conf.add_argument("--pcie-link", choices=["PHB", "NODE", "SYS", "PXB", "PIX"])
     conf.set_defaults(func=cmd_configure)
     sub.add_parser("show").set_defaults(func=cmd_show)
+    fault = sub.add_parser(
+        "fault", help="put a fault on a GPU (README.md: what each one changes)",
+        usage="gpusimctl fault clear | gpusimctl fault GPU FAULT [N]")
+    fault.add_argument("words", nargs="+", metavar="GPU FAULT [N]",
+                       help=f"FAULT: {', '.join(FAULTS)}")
+    fault.set_defaults(func=cmd_fault)
     return parser
 
 

@@ -242,6 +242,79 @@ def select_gpus(state: dict, ids: str | None) -> list[dict]:
     return chosen
 
 
+# ------------------------------------------------------------------- GPU health (gpusimctl fault)
+# Each GPU's faults live in its "health" dict; a missing key is the healthy default, so state
+# files written before faults existed read as healthy GPUs.
+
+ECC_KEYS = ("sram_correctable", "sram_uncorrectable_parity", "sram_uncorrectable_secded",
+            "dram_correctable", "dram_uncorrectable")
+
+
+def health(gpu: dict) -> dict:
+    return gpu.get("health") or {}
+
+
+def ecc_counts(gpu: dict) -> dict:
+    ecc = health(gpu).get("ecc", {})
+    return {scope: {key: int(ecc.get(scope, {}).get(key, 0)) for key in ECC_KEYS}
+            for scope in ("volatile", "aggregate")}
+
+
+def remap(gpu: dict) -> dict:
+    rows = health(gpu).get("remapped_rows", {})
+    return {"correctable": int(rows.get("correctable", 0)),
+            "uncorrectable": int(rows.get("uncorrectable", 0)),
+            "pending": bool(rows.get("pending", False)), "failure": bool(rows.get("failure", False))}
+
+
+def default_banks(gpu: dict) -> int:
+    """Bank Remap Availability Histogram "Max" of a healthy board (H200 capture: 3072; H100
+    535 capture: 2560; A100 80GB: 640, from the A100-SXM4-80GB excerpt's 639 + 1)."""
+    name = gpu["name"]
+    if "H200" in name:
+        return 3072
+    if "H100" in name:
+        return 2560
+    return 640
+
+
+def pcie_link(gpu: dict) -> dict:
+    """PCIe generation and width: the board's maximum (A100: Gen4, Hopper: Gen5, x16) and what
+    the link trained to (a pcie-width fault lowers the width)."""
+    gen_max = int(gpu.get("pcie_gen_max", 5 if gpu.get("architecture") == "Hopper" else 4))
+    width_max = int(gpu.get("pcie_width_max", 16))
+    pcie = health(gpu).get("pcie", {})
+    return {"gen_max": gen_max, "gen_current": int(pcie.get("gen_current", gen_max)),
+            "width_max": width_max, "width_current": int(pcie.get("width_current", width_max))}
+
+
+def nvlink_down(gpu: dict) -> set[int]:
+    return {int(n) for n in health(gpu).get("nvlink_down", [])}
+
+
+def nvlink_errors(gpu: dict, link: int) -> dict:
+    errs = health(gpu).get("nvlink_errors", {}).get(str(link), {})
+    return {key: int(errs.get(key, 0)) for key in ("replay", "recovery", "crc")}
+
+
+def reset_health(gpu: dict) -> None:
+    """What a GPU reset or reboot does to the counters: volatile ECC counts start again at 0
+    and a pending row remap takes effect (Pending: No; the remapped row stays counted)."""
+    h = gpu.get("health")
+    if not h:
+        return
+    if "ecc" in h:
+        h["ecc"].pop("volatile", None)
+    if "remapped_rows" in h:
+        h["remapped_rows"]["pending"] = False
+
+
+def volatile_uncorrectable(gpu: dict) -> int:
+    vol = ecc_counts(gpu)["volatile"]
+    return (vol["dram_uncorrectable"] + vol["sram_uncorrectable_parity"]
+            + vol["sram_uncorrectable_secded"])
+
+
 # ------------------------------------------------------------------------------ default table
 
 
@@ -285,7 +358,7 @@ def _gpu_block(state: dict, gpu: dict, kind: str) -> list[str]:
     pad = 1 if kind == "r535" else 3
     mid1 = f"{' ' * pad}{gpu['pci_bus_id']} {gpu.get('display_active', 'Off'):>3} "
     # Real R535 output shows "On" in the ECC cell and N/A utilisation while MIG is current.
-    ecc = "On" if mig_on else str(gpu.get("ecc_errors", 0))
+    ecc = "On" if mig_on else str(gpu.get("ecc_errors", 0) + volatile_uncorrectable(gpu))
     right1 = f"{ecc:>21} "
     fan = gpu.get("fan", "N/A")
     temp = f"{gpu['temperature_c']}C"
@@ -490,9 +563,15 @@ def _q_width(state: dict) -> int:
     return 55 if layout(state) == "r580" else 42
 
 
+# -d names and the blocks they select, in the order real -q prints the blocks.
+Q_DISPLAY = {"MEMORY", "ECC", "PAGE_RETIREMENT", "ROW_REMAPPER", "PERFORMANCE", "TEMPERATURE",
+             "POWER"}
+
+
 def render_q(state: dict, gpus: list[dict], display: str | None) -> str:
     width = _q_width(state)
     drv = state["driver"]
+    kind = layout(state)
 
     def kv(depth: int, key: str, value: str) -> str:
         return f"{' ' * (4 * depth)}{key}".ljust(width) + f": {value}"
@@ -501,24 +580,47 @@ def render_q(state: dict, gpus: list[dict], display: str | None) -> str:
         return f"{' ' * (4 * depth)}{key}"
 
     wanted = {d.strip().upper() for d in display.split(",")} if display else None
-    lead = ["", ""] if layout(state) == "r580" else [""]
+
+    def want(block: str) -> bool:
+        return wanted is None or block in wanted
+
+    # The whole R580 -q starts with two empty lines, its -d forms with one (H200 captures).
+    lead = ["", ""] if kind == "r580" and wanted is None else [""]
     lines = lead + ["==============NVSMI LOG==============", "",
                     kv(0, "Timestamp", timestamp()),
                     kv(0, "Driver Version", drv["module_version"]),
                     kv(0, "CUDA Version", drv["cuda_version"]), "",
                     kv(0, "Attached GPUs", str(len(state["gpus"])))]
-    for gpu in gpus:
+    for number, gpu in enumerate(gpus):
+        if number:
+            lines.append("")  # an empty line between GPUs (multi-GPU captures)
         lines.append(f"GPU {gpu['pci_bus_id']}")
         if wanted is None:
             lines += _q_identity(state, gpu, kv, title)
-        if wanted is None or "MEMORY" in wanted:
+        if want("PERFORMANCE"):
+            lines += _q_performance(state, gpu, kv, title)
+        if want("MEMORY"):
             lines += [title(1, "FB Memory Usage"),
                       kv(2, "Total", f"{gpu['memory_total_mib']} MiB"),
                       kv(2, "Reserved", f"{gpu.get('memory_reserved_mib', 0)} MiB"),
                       kv(2, "Used", f"{used_mib(state, gpu)} MiB"),
                       kv(2, "Free", f"{free_mib(state, gpu)} MiB")]
         if wanted is None:
-            lines += _q_tail(state, gpu, kv, title)
+            lines.append(kv(1, "Compute Mode", gpu.get("compute_mode", "Default")))
+        if want("ECC"):
+            lines += _q_ecc(state, gpu, kv, title)
+        if want("PAGE_RETIREMENT"):
+            # A100/H100/H200 remap rows instead of retiring pages: N/A (H200, A10, H100 captures).
+            lines += [title(1, "Retired Pages"), kv(2, "Single Bit ECC", "N/A"),
+                      kv(2, "Double Bit ECC", "N/A"), kv(2, "Pending Page Blacklist", "N/A")]
+        if want("ROW_REMAPPER"):
+            lines += _q_remapped_rows(state, gpu, kv, title)
+        if want("TEMPERATURE"):
+            lines += _q_temperature(state, gpu, kv, title)
+        if want("POWER"):
+            lines += _q_power(state, gpu, kv, title, samples=wanted is not None)
+        if wanted is None:
+            lines += _q_processes(state, gpu, kv, title)
     return "\n".join(lines) + "\n\n"
 
 
@@ -548,21 +650,191 @@ def _q_identity(state: dict, gpu: dict, kv, title) -> list[str]:
         kv(2, "Device Id", gpu.get("pci_device_id", "N/A")),
         kv(2, "Bus Id", bus),
         kv(2, "Sub System Id", gpu.get("pci_subsystem_id", "N/A")),
-        kv(1, "Performance State", gpu["pstate"]),
+    ] + _q_pci_link(gpu, kv, title)
+
+
+def _q_pci_link(gpu: dict, kv, title) -> list[str]:
+    """GPU Link Info and the replay counter, as the A10/H100 535 and H200 580 captures print."""
+    link = pcie_link(gpu)
+    return [
+        title(2, "GPU Link Info"),
+        title(3, "PCIe Generation"),
+        kv(4, "Max", str(link["gen_max"])),
+        kv(4, "Current", str(link["gen_current"])),
+        kv(4, "Device Current", str(link["gen_current"])),
+        kv(4, "Device Max", str(link["gen_max"])),
+        kv(4, "Host Max", str(gpu.get("pcie_host_max", "N/A"))),
+        title(3, "Link Width"),
+        kv(4, "Max", f"{link['width_max']}x"),
+        kv(4, "Current", f"{link['width_current']}x"),
+        kv(2, "Replays Since Reset", str(gpu.get("pcie_replays", 0))),
+        kv(2, "Replay Number Rollovers", "0"),
     ]
 
 
-def _q_tail(state: dict, gpu: dict, kv, title) -> list[str]:
-    lines = [kv(1, "Compute Mode", gpu.get("compute_mode", "Default")),
-             title(1, "ECC Mode"),
-             kv(2, "Current", gpu.get("ecc_mode", "Enabled")),
-             kv(2, "Pending", gpu.get("ecc_mode", "Enabled")),
-             title(1, "Temperature"),
-             kv(2, "GPU Current Temp", f"{gpu['temperature_c']} C")]
+CLOCK_REASONS = [  # (-q label, depth, health key); the HW ones sit under "HW Slowdown"
+    ("Idle", 2, "idle"), ("Applications Clocks Setting", 2, "applications_clocks_setting"),
+    ("SW Power Cap", 2, "sw_power_cap"), ("HW Slowdown", 2, "hw_slowdown"),
+    ("HW Thermal Slowdown", 3, "hw_thermal_slowdown"),
+    ("HW Power Brake Slowdown", 3, "hw_power_brake_slowdown"), ("Sync Boost", 2, "sync_boost"),
+    ("SW Thermal Slowdown", 2, "sw_thermal_slowdown"),
+    ("Display Clock Setting", 2, "display_clock_setting"),
+]
+# R580's "Clocks Event Reasons Counters" (H200 capture): label -> reason whose time it counts.
+CLOCK_COUNTERS = [("SW Power Capping", "sw_power_cap"), ("Sync Boost", "sync_boost"),
+                  ("SW Thermal Slowdown", "sw_thermal_slowdown"),
+                  ("HW Thermal Slowdown", "hw_thermal_slowdown"),
+                  ("HW Power Braking", "hw_power_brake_slowdown")]
+
+
+def active_reasons(state: dict, gpu: dict) -> set[str]:
+    """Idle when no process holds the GPU; plus the faults gpusimctl set."""
+    active = set(health(gpu).get("clocks_event_reasons", []))
+    if not gpu_processes(state, gpu):
+        active.add("idle")
+    return active
+
+
+def _q_performance(state: dict, gpu: dict, kv, title) -> list[str]:
+    active = active_reasons(state, gpu)
+    # R535 already says "Clocks Event Reasons" (A10 and H100 535 captures); R470 and older
+    # said "Clocks Throttle Reasons" (A100 460 capture).
+    lines = [kv(1, "Performance State", gpu["pstate"]), title(1, "Clocks Event Reasons")]
+    lines += [kv(depth, label, "Active" if key in active else "Not Active")
+              for label, depth, key in CLOCK_REASONS]
+    if layout(state) == "r580":
+        counters = health(gpu).get("clocks_event_counters_us", {})
+        lines.append(title(1, "Clocks Event Reasons Counters"))
+        lines += [kv(2, label, f"{counters.get(key, 0)} us") for label, key in CLOCK_COUNTERS]
+        lines.append(kv(1, "Sparse Operation Mode", "Disabled"))
+    return lines
+
+
+ECC_SPLIT = [("SRAM Correctable", "sram_correctable"),
+             ("SRAM Uncorrectable Parity", "sram_uncorrectable_parity"),
+             ("SRAM Uncorrectable SEC-DED", "sram_uncorrectable_secded"),
+             ("DRAM Correctable", "dram_correctable"), ("DRAM Uncorrectable", "dram_uncorrectable")]
+
+
+def ecc_split(gpu: dict) -> bool:
+    """GA100/GH100 print SRAM Uncorrectable as Parity + SEC-DED (A100-SXM4 and H100 535
+    captures); the A10 (GA102) on 535 prints one `SRAM Uncorrectable` line."""
+    return gpu.get("architecture") == "Hopper" or "A100" in gpu["name"]
+
+
+def _q_ecc(state: dict, gpu: dict, kv, title) -> list[str]:
+    mode = gpu.get("ecc_mode", "Enabled")
+    counts = ecc_counts(gpu)
+    on = mode == "Enabled"
+
+    def val(scope: str, key: str) -> str:
+        if not on:
+            return "N/A"
+        if key == "sram_uncorrectable":
+            c = counts[scope]
+            return str(c["sram_uncorrectable_parity"] + c["sram_uncorrectable_secded"])
+        return str(counts[scope][key])
+
+    lines = [title(1, "ECC Mode"), kv(2, "Current", mode), kv(2, "Pending", mode),
+             title(1, "ECC Errors")]
+    split = ecc_split(gpu)
+    fields = ECC_SPLIT if split else [
+        ("SRAM Correctable", "sram_correctable"), ("SRAM Uncorrectable", "sram_uncorrectable"),
+        ("DRAM Correctable", "dram_correctable"), ("DRAM Uncorrectable", "dram_uncorrectable")]
+    for scope in ("volatile", "aggregate"):
+        lines.append(title(2, scope.capitalize()))
+        lines += [kv(3, label, val(scope, key)) for label, key in fields]
+    if split:
+        lines.append(kv(3, "SRAM Threshold Exceeded", "No" if on else "N/A"))
+        lines.append(title(2, "Aggregate Uncorrectable SRAM Sources"))
+        lines += [kv(3, f"SRAM {src}", "0" if on else "N/A")
+                  for src in ("L2", "SM", "Microcontroller", "PCIE", "Other")]
+    if layout(state) == "r580":
+        lines += [kv(2, "Channel Repair Pending", "No"), kv(2, "TPC Repair Pending", "No"),
+                  kv(2, "Unrepairable Memory", "Yes" if remap(gpu)["failure"] else "No")]
+    return lines
+
+
+def _q_remapped_rows(state: dict, gpu: dict, kv, title) -> list[str]:
+    rows = remap(gpu)
+    banks = gpu.get("remap_banks", default_banks(gpu))
+    lines = [title(1, "Remapped Rows"), kv(2, "Correctable Error", str(rows["correctable"]))]
+    r580 = layout(state) == "r580"
+    if r580:
+        lines.append(kv(2, "Inactive Correctable Error", "0"))
+    lines.append(kv(2, "Uncorrectable Error", str(rows["uncorrectable"])))
+    if r580:
+        lines.append(kv(2, "Inactive Uncorrectable Error", "0"))
+    lines += [kv(2, "Pending", "Yes" if rows["pending"] else "No"),
+              kv(2, "Remapping Failure Occurred", "Yes" if rows["failure"] else "No"),
+              title(2, "Bank Remap Availability Histogram"),
+              kv(3, "Max", f"{banks} bank(s)")]
+    lines += [kv(3, name, "0 bank(s)") for name in ("High", "Partial", "Low", "None")]
+    return lines
+
+
+def _temp(value) -> str:
+    return "N/A" if value is None else f"{value} C"
+
+
+def _q_temperature(state: dict, gpu: dict, kv, title) -> list[str]:
+    lines = [title(1, "Temperature"), kv(2, "GPU Current Temp", f"{gpu['temperature_c']} C"),
+             kv(2, "GPU T.Limit Temp", _temp(gpu.get("temperature_tlimit_c")))]
+    if gpu.get("architecture") == "Hopper":
+        # Hopper reports thresholds relative to T.Limit (H100 535 and H200 580 captures).
+        lines += [kv(2, "GPU Shutdown T.Limit Temp", "-8 C"),
+                  kv(2, "GPU Slowdown T.Limit Temp", "-2 C"),
+                  kv(2, "GPU Max Operating T.Limit Temp", "0 C"),
+                  kv(2, "GPU Target Temperature", "N/A"),
+                  kv(2, "Memory Current Temp", _temp(gpu.get("temperature_memory_c"))),
+                  kv(2, "Memory Max Operating T.Limit Temp", "0 C")]
+    else:
+        # Ampere: absolute thresholds (A10 535 capture's lines; the A100 values illustrative).
+        limits = gpu.get("temperature_limits_c", {"shutdown": 92, "slowdown": 89,
+                                                   "max_operating": 85, "memory_max": 95})
+        lines += [kv(2, "GPU Shutdown Temp", _temp(limits.get("shutdown"))),
+                  kv(2, "GPU Slowdown Temp", _temp(limits.get("slowdown"))),
+                  kv(2, "GPU Max Operating Temp", _temp(limits.get("max_operating"))),
+                  kv(2, "GPU Target Temperature", "N/A"),
+                  kv(2, "Memory Current Temp", _temp(gpu.get("temperature_memory_c"))),
+                  kv(2, "Memory Max Operating Temp", _temp(limits.get("memory_max")))]
+    return lines
+
+
+def _q_power(state: dict, gpu: dict, kv, title, samples: bool) -> list[str]:
+    draw, cap = gpu["power_draw_w"], gpu["power_limit_w"]
+    limits = [kv(2, "Current Power Limit", power(cap)), kv(2, "Requested Power Limit", power(cap)),
+              kv(2, "Default Power Limit", power(gpu.get("power_default_limit_w", cap))),
+              kv(2, "Min Power Limit", power(gpu.get("power_min_limit_w", cap / 2))),
+              kv(2, "Max Power Limit", power(gpu.get("power_max_limit_w", cap)))]
+    module_limits = ["Current Power Limit", "Requested Power Limit", "Default Power Limit",
+                     "Min Power Limit", "Max Power Limit"]
+    sample_lines = [title(1, "Power Samples"), kv(2, "Duration", "2.36 sec"),
+                    kv(2, "Number of Samples", "119"), kv(2, "Max", power(draw)),
+                    kv(2, "Min", power(draw)), kv(2, "Avg", power(draw))] if samples else []
+    if layout(state) != "r580":
+        # R535: one "Power Draw" line (A10 and H100 535 captures).
+        return ([title(1, "GPU Power Readings"), kv(2, "Power Draw", power(draw))] + limits
+                + sample_lines + [title(1, "Module Power Readings"), kv(2, "Power Draw", "N/A")]
+                + [kv(2, name, "N/A") for name in module_limits])
+    memory = gpu.get("power_memory_w")
+    return ([title(1, "GPU Power Readings"), kv(2, "Average Power Draw", power(draw)),
+             kv(2, "Instantaneous Power Draw", power(gpu.get("power_instant_w", draw)))]
+            + limits + sample_lines
+            # The capture has a trailing space after "GPU Memory Power Readings".
+            + [title(1, "GPU Memory Power Readings "),
+               kv(2, "Average Power Draw", "N/A" if memory is None else power(memory)),
+               kv(2, "Instantaneous Power Draw", "N/A"),
+               title(1, "Module Power Readings"), kv(2, "Average Power Draw", "N/A"),
+               kv(2, "Instantaneous Power Draw", "N/A")]
+            + [kv(2, name, "N/A") for name in module_limits])
+
+
+def _q_processes(state: dict, gpu: dict, kv, title) -> list[str]:
     procs = gpu_processes(state, gpu)
     if not procs:
-        return lines + [kv(1, "Processes", "None")]
-    lines.append(title(1, "Processes"))
+        return [kv(1, "Processes", "None")]
+    lines = [title(1, "Processes")]
     for proc in procs:
         lines += [kv(2, "GPU instance ID", "N/A"), kv(2, "Compute instance ID", "N/A"),
                   kv(2, "Process ID", str(proc["pid"])), kv(2, "Type", proc.get("type", "C")),
@@ -575,9 +847,21 @@ def _q_tail(state: dict, gpu: dict, kv, title) -> list[str]:
 
 
 def link_between(state: dict, a: int, b: int) -> str:
+    """NV<links that are up>: a bridge link that is down on either GPU leaves the bond (NV12
+    with one link down is NV11); with none left the pair talks over PCIe."""
     topo = state.get("topology", {})
     key = f"{min(a, b)},{max(a, b)}"
-    return topo.get("pairs", {}).get(key, topo.get("pcie_link", "PHB"))
+    pcie = topo.get("pcie_link", "PHB")
+    cell = topo.get("pairs", {}).get(key, pcie)
+    if not cell.startswith("NV"):
+        return cell
+    by_index = {g["index"]: g for g in state.get("gpus", [])}
+    down = set()
+    for index in (a, b):
+        if index in by_index:
+            down |= {n for n in nvlink_down(by_index[index]) if n < int(cell[2:])}
+    up = int(cell[2:]) - len(down)
+    return f"NV{up}" if up > 0 else pcie
 
 
 def render_topo_m(state: dict) -> str:
@@ -624,7 +908,31 @@ def render_nvlink_status(state: dict, gpus: list[dict]) -> str:
             out.append("NVML: Unable to retrieve NVLink information as all links are inActive")
             continue
         out.append(f"GPU {gpu['index']}: {gpu['name']} (UUID: {gpu['uuid']})")
-        out += [f"\t Link {n}: {nvl['speed']}" for n in range(nvl["links"])]
+        down = nvlink_down(gpu)
+        # An inactive link: `<inactive>` (V100 captures).
+        out += [f"\t Link {n}: {'<inactive>' if n in down else nvl['speed']}"
+                for n in range(nvl["links"])]
+    return "".join(line + "\n" for line in out)
+
+
+def render_nvlink_errors(state: dict, gpus: list[dict]) -> str:
+    """`nvlink -e`: per link Replay, Recovery and CRC errors, an empty line after each link
+    (a public 8x A100-SXM4-40GB 535.161.08 capture; stas00/ml-engineering's H100 example)."""
+    out = []
+    for gpu in gpus:
+        nvl = gpu.get("nvlink") or {"state": "inactive"}
+        if nvl["state"] == "hidden":
+            continue  # H200 VM: `nvlink -e` printed nothing, exit 0
+        if nvl["state"] == "inactive":
+            out.append(f"GPU {gpu['index']}: {gpu['name']}")
+            out.append("NVML: Unable to retrieve NVLink information as all links are inActive")
+            continue
+        out.append(f"GPU {gpu['index']}: {gpu['name']} (UUID: {gpu['uuid']})")
+        for n in range(nvl["links"]):
+            errs = nvlink_errors(gpu, n)
+            out += [f"\t Link {n}: Replay Errors: {errs['replay']}",
+                    f"\t Link {n}: Recovery Errors: {errs['recovery']}",
+                    f"\t Link {n}: CRC Errors: {errs['crc']}", ""]
     return "".join(line + "\n" for line in out)
 
 
@@ -717,6 +1025,7 @@ def gpu_reset(ids: str | None) -> str:
         out = []
         for gpu in targets:
             gpu["mig_current"] = gpu.get("mig_pending", gpu.get("mig_current"))
+            reset_health(gpu)
             out.append(f"GPU {gpu['pci_bus_id']} was successfully reset.")
     return "\n".join(out) + "\nAll done.\n"
 
@@ -803,10 +1112,14 @@ def cmd_nvlink(argv: list[str]) -> tuple[str, int]:
             continue
         rest.append(argv[i])
         i += 1
-    if rest not in (["-s"], ["--status"]):
+    if rest in (["-s"], ["--status"]):
+        render = render_nvlink_status
+    elif rest in (["-e"], ["--errorcounters"]):
+        render = render_nvlink_errors
+    else:
         raise SmiExit(f"Invalid combination of input arguments. {HELP_HINT}\n", EXIT_BAD_ARG)
     state = _loaded_state()
-    return render_nvlink_status(state, select_gpus(state, ids)), EXIT_OK
+    return render(state, select_gpus(state, ids)), EXIT_OK
 
 
 def cmd_mig(argv: list[str]) -> tuple[str, int]:

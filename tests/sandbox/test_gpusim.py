@@ -463,7 +463,8 @@ def test_debs_names_versions_depends_and_files(tmp_path):
     assert files(names["nvidia-compute-utils-535-server"]) == {
         "/usr/bin/nvidia-persistenced", "/lib/systemd/system/nvidia-persistenced.service"}
     assert files(names["nvidia-dkms-535-server"]) == {
-        "/usr/sbin/gpusimctl", "/lib/systemd/system/gpusim-boot.service"}
+        "/usr/sbin/gpusimctl", "/lib/systemd/system/gpusim-boot.service",
+        "/usr/local/bin/dmesg"}
     headless = field(names["nvidia-headless-535-server"], "Depends")
     assert f"nvidia-dkms-535-server (= {version})" in headless
     assert "nvidia-utils" not in headless  # as on Ubuntu: install nvidia-utils as well
@@ -478,3 +479,311 @@ def test_debs_names_versions_depends_and_files(tmp_path):
     assert packages.count("Package: ") == 6
     assert "Filename: ./nvidia-utils-535-server_535.129.03-0ubuntu0.22.04.1_all.deb" in packages
     assert (repo / "Packages.gz").is_file() and "SHA256:" in (repo / "Release").read_text()
+
+
+# ---------------------------------------------------------------------------- GPU health
+
+
+# The health captures of the H200 host and the health/ set live in the shared fixture
+# folder; the repository copy (tests/fixtures/nvidia) is preferred where it has them.
+SHARED = Path("/work/shared/fixtures/nvidia")
+
+
+def fixture(rel: str) -> str:
+    for base in (FIXTURES, SHARED):
+        if (base / rel).is_file():
+            return (base / rel).read_text()
+    pytest.skip(f"fixture {rel} not present")
+
+
+def dmesg(env: dict, *args: str) -> subprocess.CompletedProcess[str]:
+    return run({**env, "TZ": "UTC"}, "dmesg.py", *args)
+
+
+def no_timestamp(text: str) -> list[str]:
+    return [line for line in text.split("\n") if not line.startswith("Timestamp")]
+
+
+def block(text: str, head: str) -> list[str]:
+    """The lines of one -q block: `head` and the deeper-indented lines after it."""
+    lines = text.split("\n")
+    start = lines.index(head)
+    depth = len(head) - len(head.lstrip())
+    out = [head]
+    for line in lines[start + 1:]:
+        if not line.strip() or len(line) - len(line.lstrip()) <= depth:
+            break
+        out.append(line)
+    return out
+
+
+@pytest.mark.parametrize("display", ["ECC", "ROW_REMAPPER", "PAGE_RETIREMENT", "PERFORMANCE"])
+def test_h200_health_blocks_byte_for_byte(env, display):
+    real = fixture(f"h200-ubuntu2404-driver580/q-d-{display}.txt")
+    ctl(env, "init", "--scenario", "h200")
+    assert no_timestamp(smi(env, "-q", "-d", display).stdout) == no_timestamp(real)
+
+
+def test_h200_temperature_power_keys_and_whole_q_values(env):
+    real = fixture("h200-ubuntu2404-driver580/q-d-TEMPERATURE,POWER.txt")
+    ctl(env, "init", "--scenario", "h200")
+    mine = smi(env, "-q", "-d", "TEMPERATURE,POWER").stdout
+    # Same lines and keys (this capture was taken at another temperature and power draw).
+    assert [line.split(":")[0] for line in mine.split("\n")] == \
+        [line.split(":")[0] for line in real.split("\n")]
+    # The whole -q, where the values are those of q.txt: every health line is there.
+    whole = smi(env, "-q").stdout.split("\n")
+    capture = (H200 / "q.txt").read_text().split("\n")
+    for head in ("    Temperature", "    GPU Power Readings", "    Remapped Rows",
+                 "    ECC Errors", "    Clocks Event Reasons", "        GPU Link Info"):
+        assert block("\n".join(whole), head) == block("\n".join(capture), head), head
+    assert "        Replays Since Reset                            : 1" in whole
+
+
+def test_h200_combined_display_and_hidden_nvlink(env):
+    ctl(env, "init", "--scenario", "h200")
+    both = smi(env, "-q", "-d", "ECC,ROW_REMAPPER").stdout
+    ecc = fixture("h200-ubuntu2404-driver580/q-d-ECC.txt")
+    rows = fixture("h200-ubuntu2404-driver580/q-d-ROW_REMAPPER.txt")
+    assert no_timestamp(both) == no_timestamp(ecc)[:-2] + no_timestamp(rows)[8:]
+    proc = smi(env, "nvlink", "-e")
+    assert (proc.returncode, proc.stdout) == (0, fixture("h200-ubuntu2404-driver580/nvlink-e.txt"))
+    assert smi(env, "nvlink", "--errorcounters", "-i", "0").stdout == ""
+
+
+# The A100-SXM4-40GB 535.161.08 `-q -d ECC` capture's block (public, see README.md), and the
+# A10 535.129.03 capture's Clocks Event Reasons and Remapped Rows lines (healthy values).
+R535_ECC = """\
+    ECC Mode
+        Current                           : Enabled
+        Pending                           : Enabled
+    ECC Errors
+        Volatile
+            SRAM Correctable              : 0
+            SRAM Uncorrectable Parity     : 0
+            SRAM Uncorrectable SEC-DED    : 0
+            DRAM Correctable              : {vc}
+            DRAM Uncorrectable            : {vu}
+        Aggregate
+            SRAM Correctable              : 0
+            SRAM Uncorrectable Parity     : 0
+            SRAM Uncorrectable SEC-DED    : 0
+            DRAM Correctable              : {ac}
+            DRAM Uncorrectable            : {au}
+            SRAM Threshold Exceeded       : No
+        Aggregate Uncorrectable SRAM Sources
+            SRAM L2                       : 0
+            SRAM SM                       : 0
+            SRAM Microcontroller          : 0
+            SRAM PCIE                     : 0
+            SRAM Other                    : 0"""
+
+
+def ecc_block(vc=0, vu=0, ac=0, au=0) -> list[str]:
+    return R535_ECC.format(vc=vc, vu=vu, ac=ac, au=au).split("\n")
+
+
+def test_r535_healthy_blocks_follow_the_535_captures(env):
+    ctl(env, "init", "--scenario", "seed")
+    out = smi(env, "-q", "-i", "0").stdout
+    lines = out.split("\n")
+    at = lines.index("    ECC Mode")
+    assert lines[at:at + 23] == ecc_block()
+    a10 = fixture("health/q-A10-driver535-remapped-rows-pending-uncorrectable4-01.txt")
+    assert block(out, "    Clocks Event Reasons") == block(a10, "    Clocks Event Reasons")
+    real_rows = block(a10, "    Remapped Rows")
+    mine_rows = block(out, "    Remapped Rows")
+    assert [line.split(":")[0] for line in mine_rows] == [line.split(":")[0] for line in real_rows]
+    assert "            Max                           : 640 bank(s)" in mine_rows
+    link = block(out, "        GPU Link Info")
+    assert link[2:4] == ["                Max                       : 4",
+                         "                Current                   : 4"]
+    assert link[-2:] == ["                Max                       : 16x",
+                         "                Current                   : 16x"]
+    assert block(out, "    Temperature")[1:3] == [
+        "        GPU Current Temp                  : 46 C",
+        "        GPU T.Limit Temp                  : N/A"]
+    assert "        Power Draw                        : 63.00 W" in lines
+    # Two GPUs: an empty line between their blocks.
+    assert "\n\nGPU 00000000:65:00.0\n" in smi(env, "-q", "-d", "ECC").stdout
+
+
+def test_fault_ecc_uncorrectable_remaps_a_row_and_logs_xid_48_and_63(env):
+    ctl(env, "init", "--scenario", "seed")
+    ctl(env, "fault", "0", "ecc-uncorrectable", "3")
+    ecc = smi(env, "-q", "-d", "ECC", "-i", "0").stdout.split("\n")
+    assert ecc[9:32] == ecc_block(vu=3, au=3)
+    rows = block(smi(env, "-q", "-d", "ROW_REMAPPER", "-i", "0").stdout, "    Remapped Rows")
+    assert rows[1:5] == ["        Correctable Error                 : 0",
+                         "        Uncorrectable Error               : 1",
+                         "        Pending                           : Yes",
+                         "        Remapping Failure Occurred        : No"]
+    assert "|                    3 |" in smi(env).stdout.split("\n")[8]  # Volatile Uncorr. ECC
+    assert smi(env, "-q", "-d", "ECC", "-i", "1").stdout.split("\n")[9:32] == ecc_block()
+    log = dmesg(env, "--time-format", "iso").stdout.splitlines()
+    assert [line.split(" ", 1)[1] for line in log] == [
+        "NVRM: Xid (PCI:0000:17:00): 48, pid='<unknown>', name=<unknown>, An uncorrectable "
+        "double bit error (DBE) has been detected on GPU in the framebuffer at physAddr "
+        "0x12bac1c3e0 partition 2, subpartition 1.",
+        "NVRM: Xid (PCI:0000:17:00): 63, pid='<unknown>', name=<unknown>, Row Remapper: New "
+        "row (0x00000012bac1c3e0) marked for remapping, reset gpu to activate."]
+    # A GPU reset activates the remap and clears the volatile counts; aggregate stays.
+    smi(env, "-i", "0", "-r")
+    rows = smi(env, "-q", "-d", "ROW_REMAPPER,ECC", "-i", "0").stdout.split("\n")
+    assert rows[9:32] == ecc_block(au=3)
+    assert "        Pending                           : No" in rows
+    assert "        Uncorrectable Error               : 1" in rows
+
+
+def test_fault_ecc_correctable_and_remap_failure(env):
+    ctl(env, "init", "--scenario", "seed")
+    ctl(env, "fault", "1", "ecc-correctable", "177")
+    assert smi(env, "-q", "-d", "ECC", "-i", "1").stdout.split("\n")[9:32] == \
+        ecc_block(vc=177, ac=177)
+    assert dmesg(env).stdout == ""  # corrected errors log no Xid
+    ctl(env, "fault", "1", "remap-failure")
+    rows = smi(env, "-q", "-d", "ROW_REMAPPER", "-i", "1").stdout
+    assert "        Remapping Failure Occurred        : Yes\n" in rows
+    assert dmesg(env, "-t").stdout == (
+        "NVRM: Xid (PCI:0000:65:00): 64, pid='<unknown>', name=<unknown>, Row Remapper Error: "
+        "(0x00000002eebc4100) - All reserved rows for bank are remapped\n")
+    ctl(env, "init", "--scenario", "h200")
+    ctl(env, "fault", "0", "remap-failure")
+    ecc = smi(env, "-q", "-d", "ECC").stdout
+    assert "        Unrepairable Memory                            : Yes\n" in ecc
+
+
+def test_fault_xid_time_formats_one_line_per_event(env):
+    ctl(env, "init", "--scenario", "seed")
+    ctl({**env, "GPUSIM_TIME": "1796454000"}, "boot", "--proc-root", str(Path(env["GPUSIM_STATE"])
+                                                                    .parent / "proc"), "--no-udev")
+    ctl({**env, "GPUSIM_TIME": "1796454123.456789"}, "fault", "0", "xid", "79")
+    ctl({**env, "GPUSIM_TIME": "1796454130.5"}, "fault", "1", "xid", "94")
+    ctl({**env, "GPUSIM_TIME": "1796454131"}, "fault", "1", "xid", "999")
+    plain = dmesg(env).stdout.splitlines()
+    assert plain[0] == ("[  123.456789] NVRM: Xid (PCI:0000:17:00): 79, pid='<unknown>', "
+                        "name=<unknown>, GPU has fallen off the bus.")
+    assert plain[1] == ("[  130.500000] NVRM: Xid (PCI:0000:65:00): 94, pid='<unknown>', "
+                        "name=<unknown>, Contained: SM (0x1). RST: No, D-RST: No")
+    assert plain[2].endswith("): 999, pid='<unknown>', name=<unknown>, Unknown Error")
+    iso = dmesg(env, "--time-format=iso").stdout.splitlines()
+    assert len(iso) == 3
+    assert iso[0].startswith("2026-12-05T07:02:03,456789+00:00 NVRM: Xid (PCI:0000:17:00): 79, ")
+    assert dmesg(env, "-T").stdout.splitlines()[1].startswith(
+        "[Sat Dec  5 07:02:10 2026] NVRM: Xid (PCI:0000:65:00): 94, ")
+    assert dmesg(env, "-x", "--time-format", "iso").stdout.startswith("kern  :warn  : 2026-12-05")
+    # Flags it does not know are ignored; the grep the product runs finds the lines.
+    assert dmesg(env, "-k", "--level", "err,warn", "-H").stdout == dmesg(env).stdout
+    grep = subprocess.run(["grep", "-E", "NVRM: Xid"], input=dmesg(env, "--time-format", "iso")
+                          .stdout, capture_output=True, text=True)
+    assert len(grep.stdout.splitlines()) == 3
+    # A reboot starts a new, empty kernel log.
+    ctl(env, "boot", "--proc-root", str(Path(env["GPUSIM_STATE"]).parent / "proc"), "--no-udev")
+    assert dmesg(env).stdout == ""
+
+
+def test_dmesg_without_state_prints_nothing(env):
+    proc = dmesg(env)
+    assert (proc.returncode, proc.stdout) == (0, "")
+
+
+def test_fault_nvlink_down_and_crc(env):
+    ctl(env, "init", "--scenario", "seed")
+    ctl(env, "fault", "0", "nvlink-down", "3")
+    for gpu in ("0", "1"):  # both ends of the bridge link
+        links = smi(env, "nvlink", "-s", "-i", gpu).stdout.splitlines()
+        assert links[4] == "\t Link 3: <inactive>"
+        assert links[3] == links[5].replace("4", "2") == "\t Link 2: 25 GB/s"
+    assert smi(env, "topo", "-m").stdout.splitlines()[1] == "GPU0\t X \tNV11\t0-31,64-95\t0\t\tN/A"
+    assert "74, pid='<unknown>', name=<unknown>, NVLink: fatal error detected on link 3(" in \
+        dmesg(env).stdout
+    ctl(env, "fault", "1", "nvlink-crc", "12")
+    errors = smi(env, "nvlink", "-e", "-i", "1").stdout.split("\n")
+    assert errors[:6] == [
+        f"GPU 1: NVIDIA A100 80GB PCIe (UUID: {query(env, 'uuid', '1')})",
+        "\t Link 0: Replay Errors: 12", "\t Link 0: Recovery Errors: 0",
+        "\t Link 0: CRC Errors: 12", "", "\t Link 1: Replay Errors: 0"]
+    assert len(errors) == 1 + 12 * 4 + 1  # header, 12 links of 3 lines + blank, final newline
+    topology_facts = pytest.importorskip("facts.topology")
+    topology = topology_facts.parse_topology(smi(env, "topo", "-m").stdout.splitlines())
+    assert topology["links"]["GPU0"]["GPU1"] == "NV11"
+    parsed = topology_facts.parse_nvlink_status(smi(env, "nvlink", "-s").stdout.splitlines())
+    assert [link["active"] for link in parsed[0]].count(False) == 1
+
+
+def test_fault_pcie_width_and_clock_reasons(env):
+    ctl(env, "init", "--scenario", "seed")
+    ctl(env, "fault", "1", "pcie-width", "8")
+    width = block(smi(env, "-q", "-i", "1").stdout, "            Link Width")
+    assert width == ["            Link Width", "                Max                       : 16x",
+                     "                Current                   : 8x"]
+    ctl(env, "fault", "0", "power-brake")
+    perf = block(smi(env, "-q", "-d", "PERFORMANCE", "-i", "0").stdout, "    Clocks Event Reasons")
+    h100 = fixture("health/q-8xH100-driver535-hw-power-brake-slowdown-active-all-gpus-01.txt")
+    real = block(h100, "    Clocks Event Reasons")
+    # Same as the H100 capture, apart from Idle (no process holds the simulated GPU).
+    assert perf[2:] == real[2:]
+    assert perf[1] == "        Idle                              : Active"
+    attach(env, 0)
+    assert "        Idle                              : Not Active" in \
+        smi(env, "-q", "-d", "PERFORMANCE", "-i", "0").stdout.split("\n")
+
+
+@pytest.mark.parametrize("fault,active", [
+    ("hw-slowdown", ["HW Slowdown"]),
+    ("power-brake", ["HW Slowdown", "HW Power Brake Slowdown"]),
+    ("thermal-slowdown", ["HW Slowdown", "HW Thermal Slowdown"]),
+    ("sw-power-cap", ["SW Power Cap"]),
+])
+def test_clock_fault_r580(env, fault, active):
+    ctl(env, "init", "--scenario", "h200")
+    ctl(env, "fault", "0", fault)
+    lines = smi(env, "-q", "-d", "PERFORMANCE").stdout.split("\n")
+    reasons = block("\n".join(lines), "    Clocks Event Reasons")
+    on = [line.split(":")[0].strip() for line in reasons[1:] if line.endswith(": Active")]
+    assert on == ["Idle"] + active
+
+
+def test_fault_clear_restores_healthy_output_byte_for_byte(env):
+    ctl(env, "init", "--scenario", "seed")
+    views = [["-q"], ["-q", "-d", "ECC,ROW_REMAPPER,PERFORMANCE"], [], ["nvlink", "-s"],
+             ["nvlink", "-e"], ["topo", "-m"]]
+    healthy = [smi(env, *v).stdout for v in views]
+    for words in (["0", "ecc-uncorrectable", "2"], ["1", "ecc-correctable", "5"],
+                  ["0", "remap-failure"], ["1", "xid", "79"], ["0", "nvlink-down", "0"],
+                  ["1", "nvlink-crc", "4"], ["0", "pcie-width", "4"], ["1", "hw-slowdown"],
+                  ["0", "thermal-slowdown"]):
+        ctl(env, "fault", *words)
+    assert [smi(env, *v).stdout for v in views] != healthy
+    ctl(env, "fault", "0", "clear")  # GPU 0 only: its faults and both ends of its link
+    assert smi(env, "topo", "-m").stdout == healthy[5]
+    assert "CRC Errors: 4" in smi(env, "nvlink", "-e").stdout
+    ctl(env, "fault", "clear")
+    assert [smi(env, *v).stdout for v in views] == healthy
+    assert dmesg(env).stdout == ""
+    assert all("health" not in gpu for gpu in state(env)["gpus"])
+
+
+def test_state_without_health_keys_reads_healthy(env):
+    """A state file written before faults existed (no health, no -q detail keys)."""
+    ctl(env, "init", "--scenario", "seed")
+    healthy = smi(env, "-q", "-d", "ECC,ROW_REMAPPER,PERFORMANCE").stdout
+    st = state(env)
+    for gpu in st["gpus"]:
+        for key in ("temperature_memory_c", "pcie_gen_max", "pcie_width_max", "health"):
+            gpu.pop(key, None)
+    st.pop("kernel_log", None)
+    Path(env["GPUSIM_STATE"]).write_text(json.dumps(st))
+    assert smi(env, "-q", "-d", "ECC,ROW_REMAPPER,PERFORMANCE").stdout == healthy
+    assert "                Max                       : 4" in smi(env, "-q").stdout.split("\n")
+    assert dmesg(env).stdout == ""
+
+
+def test_fault_usage_errors(env):
+    ctl(env, "init", "--scenario", "seed")
+    for words in (["0", "bogus"], ["0", "xid"], ["7", "xid", "79"], ["0", "pcie-width", "3"],
+                  ["0", "hw-slowdown", "1"]):
+        proc = run(env, "gpusimctl.py", "fault", *words)
+        assert proc.returncode != 0, words
+    ctl(env, "init", "--scenario", "pcie")
+    assert run(env, "gpusimctl.py", "fault", "0", "nvlink-down", "0").returncode != 0
