@@ -1,7 +1,8 @@
 """Everything the preflight and the audit read about a GPU host, in one remote command.
 
-Each fact in ``facts.driver``, ``facts.gpus``, ``facts.topology`` and ``facts.cuda`` is
-one round trip; read one by one, the ten of them cost ten. ``GpuHostState`` runs their commands in one shell, each
+Each fact in ``facts.driver``, ``facts.gpus``, ``facts.topology``, ``facts.gpu_health``
+and ``facts.cuda`` is one round trip; read one by one, the thirteen of them cost
+thirteen. ``GpuHostState`` runs their commands in one shell, each
 output behind a section marker, and hands each section to that fact's own parser, so
 the values are the same as the single facts give (tests/unit/test_gpu_host.py
 checks this on the real H200 capture).
@@ -16,6 +17,7 @@ from typing_extensions import override
 
 from facts.cuda import CudaToolkit
 from facts.driver import DriverInfo, DriverPackages, KernelModule, NvmlError, parse_held_dpkg
+from facts.gpu_health import GpuHealth, NvlinkErrors, XidEvents
 from facts.gpus import GpuInventory, GpuProcesses
 from facts.host_state import side_by_side
 from facts.topology import GpuTopology, NvlinkStatus
@@ -35,6 +37,9 @@ SECTIONS: dict[str, tuple[type[FactBase], str | None]] = {
     "processes": (GpuProcesses, "nvidia-smi"),
     "topology": (GpuTopology, "nvidia-smi"),
     "nvlink": (NvlinkStatus, "nvidia-smi"),
+    "gpu_health": (GpuHealth, "nvidia-smi"),
+    "nvlink_errors": (NvlinkErrors, "nvidia-smi"),
+    "xid": (XidEvents, None),
 }
 
 
@@ -78,7 +83,8 @@ class GpuHostState(FactBase[dict[str, Any]]):
     ``kernel_module`` (KernelModule), ``driver_packages`` (DriverPackages),
     ``held_packages`` (HeldPackages), ``cuda_toolkit`` (CudaToolkit), ``driver``
     (DriverInfo), ``nvml_error`` (NvmlError), ``gpus`` (GpuInventory), ``processes``
-    (GpuProcesses), ``topology`` (GpuTopology), ``nvlink`` (NvlinkStatus). Each is
+    (GpuProcesses), ``topology`` (GpuTopology), ``nvlink`` (NvlinkStatus),
+    ``gpu_health`` (GpuHealth), ``nvlink_errors`` (NvlinkErrors), ``xid`` (XidEvents). Each is
     absent exactly where the single fact is: on a host without a driver every
     nvidia-smi section is None.
     """
@@ -93,7 +99,7 @@ class GpuHostState(FactBase[dict[str, Any]]):
         def show(index: int, output: str, _status: str) -> str:
             return f"echo '{SECTION_MARKER}{names[index]}'; cat {output}"
 
-        # The sections run side by side (six nvidia-smi calls). The end marker is the
+        # The sections run side by side (eight nvidia-smi calls and the kernel log). The end marker is the
         # last command: the whole command exits 0.
         return f"{side_by_side(commands, show, in_order)}; echo '{END_MARKER}'"
 

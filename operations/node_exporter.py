@@ -24,6 +24,16 @@ DROP_IN_TEMPLATE = "prometheus-node-exporter-override.conf.j2"
 SYSTEMD_UNITS = "(vllm|nginx|nvidia-persistenced|prometheus-node-exporter)[.]service"
 # The file the metrics stage writes in textfile_collector_dir.
 TEXTFILE_NAME = "pyinfra_vllm.prom"
+# The GPUs' health, written by preflight (before it may refuse the host, so that the
+# alerts name a failing GPU): pyinfra_vllm/textfile.py gpu_health_text.
+HEALTH_TEXTFILE_NAME = "pyinfra_vllm_gpu_health.prom"
+
+
+def health_textfile(textfile_dir: str) -> str:
+    """Where preflight writes the GPUs' health for node_exporter's textfile collector."""
+    return f"{textfile_dir}/{HEALTH_TEXTFILE_NAME}"
+
+
 # Written by the gateway stage before the scrape job moved to the operator's side
 # (python -m tools.scrape_config): nothing reads it any more; the metrics stage removes it.
 LEGACY_SCRAPE_JOB = "/etc/prometheus/scrape.d/vllm.yml"

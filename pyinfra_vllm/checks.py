@@ -13,6 +13,7 @@ from typing import Any
 
 from facts.driver import module_mismatch, userspace_driver
 from facts.topology import tp_link_verdict
+from pyinfra_vllm.gpu_health import host_gpu_health
 from pyinfra_vllm.settings import Settings
 from pyinfra_vllm.versions import version_tuple
 
@@ -187,6 +188,61 @@ def check_tp_link(state: dict[str, Any], settings: Settings) -> dict[str, Any] |
     )
 
 
+def engine_gpus(state: dict[str, Any], settings: Settings) -> list[int]:
+    """The indices of the GPUs the engine runs on: the tensor-parallel set the topology
+    gives (tp_link_verdict), else the first tensor_parallel_size GPUs."""
+    tp = settings.tensor_parallel_size
+    indices = tp_link_verdict(state.get("topology"), tp).get("indices") or []
+    return list(indices) or list(range(tp))
+
+
+def gpu_health(state: dict[str, Any], settings: Settings,
+               previous: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Each GPU's health verdict (pyinfra_vllm.gpu_health.host_gpu_health), by bus id;
+    ``previous``: an earlier result, for the counters that rose since."""
+    return host_gpu_health(state, engine_gpus(state, settings), previous)
+
+
+def _health_words(bus_id: str, gpu: dict[str, Any]) -> str:
+    index = gpu.get("index")
+    name = f"GPU{index} {bus_id}" if index is not None else f"GPU {bus_id}"
+    return f"{name}: " + "; ".join(r["detail"] for r in gpu["reasons"])
+
+
+def _health_fixes(gpus: list[dict[str, Any]]) -> str:
+    actions = [r["action"] for gpu in gpus for r in gpu["reasons"] if r.get("action")]
+    return "; ".join(dict.fromkeys(actions))
+
+
+def check_gpu_health(state: dict[str, Any], settings: Settings,
+                     health: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """The GPUs' health: a failing GPU the engine runs on stops the host (unless
+    allow_failing_gpus); a degraded GPU, or a failing one the engine does not use, is a
+    warning. Nothing to judge without GPU data (the driver checks say why)."""
+    health = gpu_health(state, settings) if health is None else health
+    if not health:
+        return []
+    engine = set(engine_gpus(state, settings))
+    failing = {bus: gpu for bus, gpu in health.items() if gpu["verdict"] == "failing"
+               and (gpu.get("index") is None or gpu["index"] in engine)}
+    others = {bus: gpu for bus, gpu in health.items()
+              if gpu["verdict"] != "ok" and bus not in failing}
+    checks = []
+    if failing:
+        checks.append(check(
+            "gpu_health", False, "; ".join(_health_words(b, g) for b, g in failing.items()),
+            _health_fixes(list(failing.values())),
+            severity="warning" if settings.allow_failing_gpus else "error"))
+    else:
+        checks.append(check("gpu_health", True, f"{len(health)} GPU(s): none failing"))
+    if others:
+        checks.append(check(
+            "gpu_health_degraded", False,
+            "; ".join(_health_words(b, g) for b, g in others.items()),
+            _health_fixes(list(others.values())), severity="warning"))
+    return checks
+
+
 # vllm_device "cpu": memory each process of the engine holds besides the weights and the
 # KV cache: the API server, the engine core and each tensor-parallel worker. Measured
 # resident on the tiny model, serving (tests/fixtures/vllm-cpu/processes.txt): API server
@@ -276,7 +332,7 @@ def check_host(state: dict[str, Any], settings: Settings) -> list[dict[str, Any]
     link = None if too_few else check_tp_link(state, settings)
     if link is not None:
         checks.append(link)
-    return checks
+    return checks + check_gpu_health(state, settings)
 
 
 def blocking(checks: list[dict[str, Any]]) -> list[dict[str, Any]]:

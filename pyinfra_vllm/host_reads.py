@@ -178,6 +178,8 @@ def answer_from(host: Any, values: dict[tuple[type, str], Any]) -> None:
 def preflight_reads(settings: Settings) -> list[Read]:
     reads = [Read(LinuxDistribution), Read(KernelVersion), Read(GpuHostState),
              Read(VllmEnvironments, {"root": settings.python_env_root})]
+    if "metrics" not in settings.skip_stages:
+        reads.append(Read(FileDigests, {"paths": [node_exporter_ops.health_textfile(settings.textfile_collector_dir)]}))
     if settings.vllm_device == "cpu":
         reads.append(Read(CpuHostState))
     return reads

@@ -35,10 +35,10 @@ from operations.gateway import foreign_servers, foreign_words
 from operations.units import foreign_drop_ins
 from operations.vllm_service import difference_words, engine_differences
 from pyinfra_vllm import report_store
-from pyinfra_vllm.checks import blocking, check_host
+from pyinfra_vllm.checks import blocking, check_host, gpu_health
 from pyinfra_vllm.gates import gpu_memory_mib, model_gates
 from pyinfra_vllm.report_changes import changes, markdown_changes
-from pyinfra_vllm.report_html import render_html
+from pyinfra_vllm.report_html import HEALTH_COLUMNS, render_html
 from pyinfra_vllm.settings import Settings
 from pyinfra_vllm.versions import pyinfra_problem
 
@@ -50,8 +50,12 @@ _RUN: dict[str, Any] = {"hosts": {}, "paths": None, "registered": False, "previo
 INDEX_ENV = "PYINFRA_VLLM_AUDIT_INDEX"
 
 
-def summarize(name: str, state: dict[str, Any], settings: Settings) -> dict[str, Any]:
-    """One host's entry in the report: the raw state, the checks, and a digest."""
+def summarize(name: str, state: dict[str, Any], settings: Settings,
+              previous: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One host's entry in the report: the raw state, the checks, the GPUs' health
+    (``previous``: the host's entry in an earlier report, for the counters that rose
+    since), and a digest."""
+    health = gpu_health(state, settings, (previous or {}).get("gpu_health"))
     checks = check_host(state, settings)
     gpus = state.get("gpus")
     driver = state.get("driver") or {}
@@ -88,8 +92,23 @@ def summarize(name: str, state: dict[str, Any], settings: Settings) -> dict[str,
             (c["detail"] for c in checks if c["name"] == "driver_module_match"), None
         ),
         "verdict": _verdict(checks),
+        "health": health_words(health),
     }
-    return {"summary": digest, "checks": checks, "state": state}
+    return {"summary": digest, "checks": checks, "state": state, "gpu_health": health}
+
+
+def health_words(health: dict[str, Any]) -> str:
+    """The GPUs' health in a few words: "ok", or each GPU that is not with its reasons'
+    codes; "-" without GPU data."""
+    if not health:
+        return "-"
+    bad = [(bus, gpu) for bus, gpu in sorted(health.items()) if gpu["verdict"] != "ok"]
+    if not bad:
+        return "ok"
+    return ", ".join(
+        f"{'GPU' + str(gpu['index']) if gpu.get('index') is not None else bus} "
+        f"{gpu['verdict']} ({' '.join(r['code'] for r in gpu['reasons'])})"
+        for bus, gpu in bad)
 
 
 def _verdict(checks: list[dict[str, Any]]) -> str:
@@ -360,6 +379,7 @@ def render_markdown(report: dict[str, Any]) -> str:
                 ok = "warn"
             lines.append(f"| {check['name']} | {ok} | {check['detail']} | {check['fix']} |")
         lines += ["", f"Verdict: {s['verdict']}", ""]
+        lines += _markdown_gpu_health(entry)
         if "engine" in entry:
             lines += [f"Engine: {_md(engine_words(entry))}", ""]
             metrics = (entry["engine"] or {}).get("metrics") or {}
@@ -370,6 +390,24 @@ def render_markdown(report: dict[str, Any]) -> str:
         lines += (_markdown_drift(entry) + _markdown_integrity(entry) + _markdown_model(entry)
                   + _markdown_model_integrity(entry))
     return "\n".join(lines)
+
+
+def _markdown_gpu_health(entry: dict[str, Any]) -> list[str]:
+    """Each GPU's health verdict, its reasons with what to do, and its counters."""
+    health = entry.get("gpu_health") or {}
+    if not health:
+        return []
+    lines = ["### GPU health", "",
+             "| GPU | bus id | verdict | reasons | " + " | ".join(h for _, h in HEALTH_COLUMNS)
+             + " |", "|---" * (4 + len(HEALTH_COLUMNS)) + "|"]
+    for bus, gpu in sorted(health.items()):
+        counters = gpu.get("counters") or {}
+        reasons = "<br>".join(_md(f"{r['detail']}: {r['action']}") for r in gpu["reasons"])
+        cells = [str(counters.get(key, "-")) for key, _ in HEALTH_COLUMNS]
+        index = gpu.get("index")
+        lines.append(f"| {'-' if index is None else index} | {_md(bus)} | {gpu['verdict']} | "
+                     f"{reasons or '-'} | " + " | ".join(cells) + " |")
+    return lines + [""]
 
 
 def _md(text: str) -> str:
@@ -565,7 +603,7 @@ def summary_rows(report: dict[str, Any]) -> list[tuple[str, ...]]:
     """The terminal table's rows, header first (the HTML report's fleet table too)."""
     header: tuple[str, ...] = (
         "host", "OS", "GPUs", "driver", "CUDA", "MIG", "persistence", "NVLink", "TP GPUs",
-        "verdict", "drift",
+        "health", "verdict", "drift",
     )
     asked = any("engine" in entry for entry in report["hosts"].values())
     if asked:
@@ -584,6 +622,7 @@ def summary_rows(report: dict[str, Any]) -> list[tuple[str, ...]]:
                 _persistence_words(s),
                 _nvlink_words(entry["state"]),
                 _link_words(s, entry["state"]),
+                s.get("health") or "-",
                 s["verdict"],
                 _drift_words(entry),
                 *([engine_words(entry)] if asked else []),
@@ -648,15 +687,27 @@ def _print_summary() -> None:
              if removed else ""), file=sys.stderr)
 
 
-def record(name: str, entry: dict[str, Any], report_dir: str, keep: int | None = None) -> None:
-    """Add one host's entry and rewrite the run's reports; ``keep``: the report sets kept
-    in ``report_dir`` (None: all)."""
+def _start(report_dir: str, keep: int | None) -> None:
+    """The run's report paths, and the previous report, read before this run writes or
+    prunes anything."""
     if _RUN["paths"] is None:
         paths = _RUN["paths"] = _paths(report_dir)
-        # Read before this run writes or prunes anything.
         _RUN["previous"] = report_store.previous_report(paths[0])
         _RUN["keep"] = keep
         _RUN["generated_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def previous_entry(name: str, report_dir: str, keep: int | None = None) -> dict[str, Any] | None:
+    """The host's entry in the previous audit report in ``report_dir`` (None: none)."""
+    _start(report_dir, keep)
+    _path, previous = _RUN["previous"] or (None, None)
+    return ((previous or {}).get("hosts") or {}).get(name)
+
+
+def record(name: str, entry: dict[str, Any], report_dir: str, keep: int | None = None) -> None:
+    """Add one host's entry and rewrite the run's reports; ``keep``: the report sets kept
+    in ``report_dir`` (None: all)."""
+    _start(report_dir, keep)
     if not _RUN["registered"]:
         atexit.register(_print_summary)
         _RUN["registered"] = True

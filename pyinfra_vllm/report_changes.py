@@ -14,9 +14,10 @@ with a default and a field it lacks is not compared (never reported as a change)
 ``added``: hosts in this report only; ``removed``: hosts in the previous one only (taken
 out of the inventory, or left out of this run by ``--limit``). Each change of a host in
 both is ``{"field", "before", "after"}`` for a value (verdict, driver, gpus, cuda,
-drift: the count of operations, None when not checked) and ``{"field", "added",
-"removed"}`` for a list (operations, refused, findings). A host that did not change has
-no key.
+drift: the count of operations, None when not checked, GPU health) and ``{"field", "added",
+"removed"}`` for a list (operations, refused, findings); each GPU-health counter that
+moved is ``{"field": "gpu_counter", "gpu", "counter", "before", "after"}``. A host that
+did not change has no key.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ VALUES: tuple[tuple[str, str], ...] = (
     ("driver", "driver"),
     ("cuda", "CUDA (driver)"),
     ("gpus", "GPU count"),
+    ("health", "GPU health"),
 )
 LISTS: tuple[tuple[str, str], ...] = (
     ("operations", "operations that would change"),
@@ -51,6 +53,8 @@ def _value(entry: dict[str, Any], field: str) -> Any:
         return summary.get("cuda_version", _ABSENT)
     if field == "gpus":
         return summary.get("gpu_count", _ABSENT)
+    if field == "health":
+        return summary.get("health", _ABSENT)
     if field == "drift":
         if "drift" not in entry:
             return _ABSENT
@@ -85,6 +89,25 @@ def host_changes(before: dict[str, Any], after: dict[str, Any]) -> list[dict[str
         removed = [item for item in old_items if item not in new_items]
         if added or removed:
             found.append({"field": field, "added": added, "removed": removed})
+    return found + counter_changes(before.get("gpu_health"), after.get("gpu_health"))
+
+
+def counter_changes(before: dict[str, Any] | None,
+                    after: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """Each GPU-health counter that moved between two entries' ``gpu_health``, by GPU
+    ({"field": "gpu_counter", "gpu", "counter", "before", "after"}); a GPU or counter
+    one side lacks is not compared."""
+    found: list[dict[str, Any]] = []
+    if not before or not after:
+        return found
+    for bus in sorted(set(before) & set(after)):
+        old = before[bus].get("counters") or {}
+        new = after[bus].get("counters") or {}
+        index = after[bus].get("index")
+        gpu = f"GPU{index} {bus}" if index is not None else f"GPU {bus}"
+        found += [{"field": "gpu_counter", "gpu": gpu, "counter": name,
+                   "before": old[name], "after": new[name]}
+                  for name in sorted(set(old) & set(new)) if old[name] != new[name]]
     return found
 
 
@@ -116,6 +139,10 @@ def _shown(value: Any) -> str:
 
 def change_words(change: dict[str, Any]) -> list[str]:
     """One change in sentences: one for a value, one per item for a list."""
+    if change["field"] == "gpu_counter":
+        delta = change["after"] - change["before"]
+        return [f"{change['gpu']} {change['counter']}: {change['before']} → "
+                f"{change['after']} ({delta:+d})"]
     label = LABELS[change["field"]]
     if "before" in change:
         return [f"{label}: {_shown(change['before'])} → {_shown(change['after'])}"]

@@ -285,6 +285,36 @@ def _capacity_section(entry: dict[str, Any]) -> str:
     return "".join(parts)
 
 
+# The GPU-health counters the reports show, with their column heads.
+HEALTH_COLUMNS = (
+    ("ecc_volatile_uncorrectable", "ECC uncorr. (vol.)"),
+    ("ecc_aggregate_uncorrectable", "ECC uncorr. (agg.)"),
+    ("ecc_aggregate_correctable", "ECC corr. (agg.)"),
+    ("remapped_rows_pending", "rows pending"),
+    ("pcie_width_current", "PCIe width"),
+    ("pcie_replays", "PCIe replays"),
+    ("nvlink_errors", "NVLink errors"),
+    ("xid_events", "Xid events"),
+)
+
+
+def _gpu_health_section(entry: dict[str, Any]) -> str:
+    """Each GPU's health verdict, its reasons with what to do, and its counters."""
+    health = entry.get("gpu_health") or {}
+    if not health:
+        return ""
+    rows = []
+    for bus, gpu in sorted(health.items()):
+        counters = gpu.get("counters") or {}
+        reasons = [f"{r.get('detail')}: {r.get('action')}" for r in gpu.get("reasons") or []]
+        index = gpu.get("index")
+        rows.append([esc("-" if index is None else index), esc(bus), esc(gpu.get("verdict")),
+                     _list(reasons) if reasons else "-",
+                     *(esc(counters.get(key, "-")) for key, _ in HEALTH_COLUMNS)])
+    return "<h3>GPU health</h3>" + _table(
+        ("GPU", "bus id", "verdict", "reasons", *(head for _, head in HEALTH_COLUMNS)), rows)
+
+
 def _host_section(name: str, anchor: str, entry: dict[str, Any], row: dict[str, str]) -> str:
     """One host: the terminal table's row for it as a list, then its drift, findings,
     link matrix, model plan and checks."""
@@ -300,6 +330,7 @@ def _host_section(name: str, anchor: str, entry: dict[str, Any], row: dict[str, 
         _table(("what", "found"), [[esc(k), esc(v)] for k, v in facts]),
         _drift_section(entry),
         _topology_section(entry),
+        _gpu_health_section(entry),
         _capacity_section(entry),
     ]
     checks = entry.get("checks") or []

@@ -377,6 +377,10 @@ class Settings(BaseModel):
     """Smallest memory per GPU, in MiB, preflight accepts (A100 80GB reports 81920)."""
     allow_pcie_tensor_parallel: bool = False
     """Accept tensor-parallel GPUs joined only by PCIe (a warning instead of a stop)."""
+    allow_failing_gpus: bool = False
+    """Start the engine on GPUs whose health is failing (uncorrectable memory errors
+    pending a reset, a row-remapping failure, a fatal Xid, the tensor-parallel NVLink
+    down): a warning instead of a stop. Only to take evidence from a GPU on its way out."""
     nvidia_driver_branch: str = Field(default="535-server", pattern=r"^\d{3}(-server|-open|-server-open)?$")
     """Ubuntu driver branch installed on hosts without a driver (nvidia-headless-<branch>)."""
     # Before nvidia_apt_repo: its check reads this one (pydantic validates in order).

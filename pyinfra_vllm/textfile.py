@@ -52,3 +52,41 @@ def metrics_text(host: str, checks: list[dict[str, Any]], info: dict[str, Any],
                 f"pyinfra_vllm_capacity_{name} {int(capacity[key])}",
             ]
     return "\n".join(lines) + "\n"
+
+
+# A GPU's verdict as a number: the alert rules compare it.
+_VERDICT_VALUE = {"ok": 0, "degraded": 1, "failing": 2}
+# Counters that follow the load, not the GPU's health (the PCIe generation drops when a
+# GPU idles): left out, so that a converged host's file stays the same between runs.
+_VOLATILE_COUNTERS = {"pcie_gen_current"}
+
+
+def gpu_health_text(host: str, health: dict[str, Any]) -> str:
+    """The GPU-health .prom file: each GPU's verdict, one series per reason that holds,
+    and its error counters (pyinfra_vllm.gpu_health.host_gpu_health's result)."""
+    lines = [
+        "# Written by pyinfra-vllm (deploys/preflight.py); replaced on every run.",
+        "# HELP pyinfra_vllm_gpu_health GPU health verdict: 0 ok, 1 degraded, 2 failing.",
+        "# TYPE pyinfra_vllm_gpu_health gauge",
+    ]
+    gpus = sorted(health.items(), key=lambda item: (item[1].get("index") is None,
+                                                     item[1].get("index") or 0, item[0]))
+
+    def labels(bus_id: str, gpu: dict[str, Any]) -> str:
+        index = "" if gpu.get("index") is None else gpu["index"]
+        return f'host="{_label(host)}",gpu="{index}",bus_id="{_label(bus_id)}"'
+
+    lines += [f"pyinfra_vllm_gpu_health{{{labels(b, g)}}} {_VERDICT_VALUE[g['verdict']]}"
+              for b, g in gpus]
+    lines += ["# HELP pyinfra_vllm_gpu_health_reason A GPU health finding (1 while it holds).",
+              "# TYPE pyinfra_vllm_gpu_health_reason gauge"]
+    lines += [f'pyinfra_vllm_gpu_health_reason{{{labels(b, g)},reason="{_label(r["code"])}",'
+              f'severity="{_label(r["severity"])}"}} 1' for b, g in gpus for r in g["reasons"]]
+    names = sorted({name for _, g in gpus for name in g.get("counters") or {}}
+                   - _VOLATILE_COUNTERS)
+    for name in names:
+        lines += [f"# HELP pyinfra_vllm_gpu_{name} GPU health counter {name} (nvidia-smi, "
+                  "the kernel log).", f"# TYPE pyinfra_vllm_gpu_{name} gauge"]
+        lines += [f"pyinfra_vllm_gpu_{name}{{{labels(b, g)}}} {int(g['counters'][name])}"
+                  for b, g in gpus if name in (g.get("counters") or {})]
+    return "\n".join(lines) + "\n"

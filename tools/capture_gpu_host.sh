@@ -34,14 +34,28 @@ capture os-release cat /etc/os-release
 capture dpkg-nvidia dpkg-query -W -f '${Package}\t${Version}\t${db:Status-Abbrev}\n' 'nvidia-*' 'libnvidia-*' 'cuda-*'
 capture apt-mark-showhold apt-mark showhold
 capture systemd-detect-virt systemd-detect-virt
+# GPU health (facts.gpu_health): the whole query holds ECC, remapped rows, retired pages,
+# clocks event reasons, PCIe and sensors; the XML and the kernel log for the same.
+capture q-x nvidia-smi -q -x
+capture nvlink-e nvidia-smi nvlink -e
+capture dmesg-xid sh -c "dmesg --time-format iso | grep -E 'NVRM: Xid' || true"
+capture journal-xid sh -c "journalctl -k -b -q --no-pager -o short-iso | grep -E 'NVRM: Xid' || true"
 
 facts=(
     facts.topology.GpuTopology facts.topology.NvlinkStatus facts.driver.KernelModule
     facts.cuda.CudaToolkit facts.gpus.GpuInventory facts.driver.DriverInfo
     facts.gpus.GpuProcesses facts.driver.DriverPackages facts.driver.HeldPackages
-    facts.driver.NvmlError facts.topology.P2pRead
+    facts.driver.NvmlError facts.topology.P2pRead facts.gpu_health.GpuHealth
+    facts.gpu_health.NvlinkErrors facts.gpu_health.XidEvents
 )
 $pyinfra @local fact "${facts[@]}" --json >"$out/facts.json" 2>"$out/facts.log"
 echo "facts $?" >>"$out/raw/exit-codes.txt"
-$pyinfra -y @local deploys/audit.py --data audit_report_dir="$out/reports" >"$out/audit.log" 2>&1
+$pyinfra -y @local deploys/audit.py --data audit_report_dir="$out/reports" ${AUDIT_ARGS:-} >"$out/audit.log" 2>&1
 echo "audit $?" >>"$out/raw/exit-codes.txt"
+# The saved outputs as a support bundle: the ones with any output (an empty one has no kind).
+bundle=()
+for name in q q-x nvlink-s nvlink-e dmesg-xid journal-xid; do
+    [ -s "$out/raw/$name.txt" ] && bundle+=("$out/raw/$name.txt")
+done
+${PYTHON:-python3} -m tools.gpu_health "${bundle[@]}" >"$out/gpu-health.json" 2>"$out/gpu-health.log"
+echo "gpu_health $?" >>"$out/raw/exit-codes.txt"

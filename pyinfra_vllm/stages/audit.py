@@ -1,5 +1,5 @@
-"""Audit: read every host's OS, driver, GPUs, MIG, persistence, topology and NVLink
-state, judge it against the settings, and write a JSON and a Markdown report.
+"""Audit: read every host's OS, driver, GPUs, MIG, persistence, topology, NVLink and GPU
+health state, judge it against the settings, and write a JSON and a Markdown report.
 
 Changes nothing on any host: it adds no operation, it only reads facts.
 
@@ -42,6 +42,7 @@ from pyinfra_vllm.report import (
     integrity_problems,
     model_integrity,
     model_plans,
+    previous_entry,
     record,
     summarize,
 )
@@ -54,7 +55,9 @@ from pyinfra_vllm.report import (
 def audit() -> None:
     """Audit: read every host's OS, driver, GPUs, MIG, persistence, topology and NVLink"""
     ctx = context(host, lock_required=False, stages=("audit",))
-    entry = summarize(host.name, ctx.state, ctx.settings)
+    settings = ctx.settings
+    previous = previous_entry(host.name, settings.audit_report_dir, settings.audit_report_keep)
+    entry = summarize(host.name, ctx.state, settings, previous)
     entry.update(host_plan(state, host, ctx.refused, ctx.refusals, planned=bool(ctx.stages_asked)))
     # What was changed by hand, named: the operations above say only what would be redone.
     entry["findings"] = environment_findings(ctx.environments(host), ctx.environment_path(host))
@@ -67,7 +70,6 @@ def audit() -> None:
         capacity=plans["capacity"],
         model_note=plans["why"],
     )
-    settings = ctx.settings
     if settings.vllm_start and "vllm_service" not in settings.skip_stages:
         # What the engine itself says it serves, asked on the host (in the audit only:
         # one more command after deploys/full.py, in the one read on its own).

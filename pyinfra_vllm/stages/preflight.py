@@ -2,11 +2,16 @@
 
 Supported OS; the driver loaded, matching its installed packages, and new enough for
 the stack's CUDA build; enough GPUs with enough memory; the tensor-parallel GPUs
-joined by NVLink. Then the model, from the config.json in its lock: the stack's vLLM
+joined by NVLink; no GPU the engine runs on failing its health (uncorrectable memory
+errors pending a reset, a row-remapping failure, a fatal Xid in the kernel log since
+boot, the tensor-parallel NVLink down: pyinfra_vllm/gpu_health.py). Then the model, from the config.json in its lock: the stack's vLLM
 loads its architecture (the host's installed registry when it has the stack, else the
 built-in table), max_model_len is within the model's limit, and it fits the GPUs next
 to the weights (the numbers are shown). A failed check stops this host (and only this
-host) with what is wrong and what to do. Changes nothing.
+host) with what is wrong and what to do. Changes nothing but one file: the GPUs' health
+for node_exporter's textfile collector (unless the metrics stage is skipped), written
+before the checks are judged, so that a host refused for a failing GPU still tells the
+alert rules which GPU and why.
 
     pyinfra inventory.py deploys/preflight.py
 """
@@ -16,10 +21,12 @@ from __future__ import annotations
 from pyinfra import host, logger
 from pyinfra.api import deploy
 
-from operations import gate
-from pyinfra_vllm.checks import blocking, check_host
+from operations import file_set, gate
+from operations import node_exporter as node_exporter_ops
+from pyinfra_vllm.checks import blocking, check_gpu_health, check_host, gpu_health
 from pyinfra_vllm.context import context
 from pyinfra_vllm.gates import installed_registry, model_gates
+from pyinfra_vllm.textfile import gpu_health_text
 
 
 @deploy("preflight")
@@ -30,6 +37,12 @@ def preflight() -> None:
     if ctx.proceed("preflight"):
         settings = ctx.settings
         checks = check_host(ctx.state, settings)
+        health = gpu_health(ctx.state, settings)
+        if settings.vllm_device == "cpu":
+            # The CPU engine uses no GPU: their health is reported, never a stop.
+            checks += [dict(c, severity="warning") for c in check_gpu_health(
+                ctx.state, settings, health)]
+        health_textfile(settings, health)
         if ctx.lock is not None:
             registry = installed_registry(ctx.environments(host), ctx.environment_path(host))
             checks += model_gates(settings, ctx.lock, ctx.state, registry)["checks"]
@@ -43,3 +56,13 @@ def preflight() -> None:
             for reason in ctx.refused:
                 host.log_styled(reason, fg="red", log_func=logger.error)
             ctx.refusals.append(gate.refuse(name="Preflight: host refused", reasons=ctx.refused))
+
+
+def health_textfile(settings, health: dict) -> None:
+    """The GPUs' health for node_exporter's textfile collector (nothing without GPUs)."""
+    if health and "metrics" not in settings.skip_stages:
+        path = node_exporter_ops.health_textfile(settings.textfile_collector_dir)
+        file_set.present(
+            name="Preflight: GPU health for node_exporter's textfile collector",
+            files={path: (gpu_health_text(host.name, health).encode(), "644")},
+        )

@@ -77,8 +77,9 @@ def remove() -> None:
         paths=[node_exporter_ops.DROP_IN],
     )
     file_set.absent(
-        name="Remove: the metrics textfile and the old scrape job",
+        name="Remove: the metrics textfiles and the old scrape job",
         paths=[f"{settings.textfile_collector_dir}/{node_exporter_ops.TEXTFILE_NAME}",
+               f"{settings.textfile_collector_dir}/{node_exporter_ops.HEALTH_TEXTFILE_NAME}",
                node_exporter_ops.LEGACY_SCRAPE_JOB],
     )
 

@@ -63,7 +63,7 @@ def names(checks):
 def test_the_seed_host_passes_every_check():
     checks = check_host(seed_state(), validate({"gateway_open": True}))
     assert [c["name"] for c in checks] == [
-        "os", "driver_version", "driver_cuda", "gpu_count", "gpu_memory", "tp_nvlink",
+        "os", "driver_version", "driver_cuda", "gpu_count", "gpu_memory", "tp_nvlink", "gpu_health",
     ]
     assert all(c["ok"] is True for c in checks), checks
     assert names(checks)["tp_nvlink"]["detail"] == "GPU0 and GPU1 joined by NVLink (GPU0-GPU1 NV12)"
@@ -179,3 +179,43 @@ def test_installed_but_not_loaded_is_left_to_the_driver_stage():
         "loaded: reboot required"
     )
     assert blocking(checks) == []
+
+
+XID_79 = {"source": "journal", "events": [{
+    "time": "2026-12-02T02:42:57+0000", "pci": "0000:17:00", "code": 79, "pid": None,
+    "process": None, "text": "GPU has fallen off the bus."}]}
+
+
+def test_a_failing_gpu_the_engine_uses_stops_the_host_with_the_action():
+    checks = names(check_host(seed_state(xid=XID_79), validate({"gateway_open": True})))
+    health = checks["gpu_health"]
+    assert health["ok"] is False and health["severity"] == "error"
+    assert health["detail"].startswith("GPU0 00000000:17:00.0: ")
+    assert "79" in health["detail"] and health["fix"]
+    assert [c["name"] for c in blocking(list(checks.values()))] == ["gpu_health"]
+
+
+def test_a_failing_gpu_is_a_warning_when_allowed():
+    settings = validate({"gateway_open": True, "allow_failing_gpus": True})
+    health = names(check_host(seed_state(xid=XID_79), settings))["gpu_health"]
+    assert (health["ok"], health["severity"]) == (False, "warning")
+
+
+def test_a_failing_gpu_the_engine_does_not_use_is_a_warning():
+    # Three GPUs, the first two joined by NVLink: the engine runs on GPU0 and GPU1.
+    third = a100(2, pci_bus_id="00000000:B3:00.0")
+    links = {"GPU0": {"GPU1": "NV12", "GPU2": "SYS"}, "GPU1": {"GPU0": "NV12", "GPU2": "SYS"},
+             "GPU2": {"GPU0": "SYS", "GPU1": "SYS"}}
+    xid = {"source": "dmesg", "events": [dict(XID_79["events"][0], pci="0000:b3:00")]}
+    state = seed_state(gpus=[a100(0), a100(1), third], xid=xid,
+                       topology=dict(topology("NV12"), gpus=["GPU0", "GPU1", "GPU2"],
+                                     links=links))
+    checks = names(check_host(state, validate({"gateway_open": True})))
+    assert checks["gpu_health"]["ok"] is True
+    assert checks["gpu_health_degraded"]["severity"] == "warning"
+    assert checks["gpu_health_degraded"]["detail"].startswith("GPU2 00000000:B3:00.0: ")
+
+
+def test_no_gpu_data_no_health_check():
+    checks = check_host(seed_state(gpus=None, gpu_health=None), validate({"gateway_open": True}))
+    assert "gpu_health" not in names(checks)

@@ -23,7 +23,12 @@ RAW = {
     "processes": "query-compute-apps.txt",
     "topology": "topo-m.txt",
     "nvlink": "nvlink-s.txt",
+    # The health captures are of the same host, three days later.
+    "gpu_health": "../h200-ubuntu2404-driver580/q.txt",
+    "nvlink_errors": "../h200-ubuntu2404-driver580/nvlink-e.txt",
 }
+# dmesg-NVRM.txt holds no Xid line: the kernel log section is its source marker alone.
+XID_SECTION = ["##SOURCE dmesg"]
 SMI_SECTIONS = {name for name, (_fact, needs) in SECTIONS.items() if needs == "nvidia-smi"}
 
 
@@ -32,7 +37,7 @@ def output_of_the_h200() -> list[str]:
     lines = []
     for name in SECTIONS:
         lines.append(SECTION_MARKER + name)
-        lines += (CAPTURE / RAW[name]).read_text().splitlines()
+        lines += XID_SECTION if name == "xid" else (CAPTURE / RAW[name]).read_text().splitlines()
         if name in SMI_SECTIONS:
             lines.append(f"{SMI_EXIT_MARKER}0")
     return [*lines, END_MARKER]
@@ -53,7 +58,17 @@ def test_same_values_as_the_single_facts_on_the_real_h200():
         "nvlink": "facts.topology.NvlinkStatus",
     }
     state = json.loads(json.dumps(parse_gpu_host(output_of_the_h200())))
-    assert set(state) == set(single)
+    assert set(state) == set(single) | {"gpu_health", "nvlink_errors", "xid"}
+    # The health sections, against their facts on the same raw outputs.
+    for key in ("gpu_health", "nvlink_errors"):
+        raw = (CAPTURE / RAW[key]).read_text().splitlines()
+        fact = SECTIONS[key][0]
+        expected = fact().process([*raw, f"{SMI_EXIT_MARKER}0"])
+        assert state[key] == json.loads(json.dumps(expected)), key
+    assert state["gpu_health"]["00000000:00:06.0"]["ecc"]["volatile"] == {
+        "correctable": 0, "uncorrectable": 0}
+    assert state["nvlink_errors"] == {}  # nvlink -e printed nothing: NVLink not exposed
+    assert state["xid"] == {"source": "dmesg", "events": []}
     for key, fact in single.items():
         # Recorded before facts/nvidia.py was split by what it reads: the capture names
         # the NVIDIA facts by their module of the time.
@@ -76,6 +91,9 @@ def test_a_host_without_driver_nvcc_or_dpkg():
         "processes": None,
         "topology": None,
         "nvlink": None,
+        "gpu_health": None,
+        "nvlink_errors": None,
+        "xid": None,
     }
 
 
@@ -102,7 +120,7 @@ def test_one_command_guards_each_nvidia_smi_section():
     command = GpuHostState().command()
     # Each section twice: side by side, and one after another where no temporary
     # directory can be made (facts.host_state.side_by_side).
-    assert command.count("if command -v nvidia-smi >/dev/null 2>&1; then nvidia-smi ") == 12
+    assert command.count("if command -v nvidia-smi >/dev/null 2>&1; then nvidia-smi ") == 16
     assert command.count(SECTION_MARKER) == 2 * len(SECTIONS)
     assert command.endswith(f"echo '{END_MARKER}'")
 

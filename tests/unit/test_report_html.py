@@ -78,7 +78,7 @@ def test_the_fleet_table_has_the_terminal_tables_columns_and_words():
     fleet_table = tables(page)[0]
     assert fleet_table == [list(row) for row in summary_rows(report)]
     assert fleet_table[0] == ["host", "OS", "GPUs", "driver", "CUDA", "MIG", "persistence",
-                              "NVLink", "TP GPUs", "verdict", "drift"]
+                              "NVLink", "TP GPUs", "health", "verdict", "drift"]
     assert fleet_table[1][:3] == ["gpu-dgx-01", "Ubuntu 24.04.3 LTS", "8x NVIDIA A100-SXM4-40GB"]
     assert [row[-1] for row in fleet_table[1:]] == ["1 change(s)", "converged", "refused"]
     # Each row is coloured by the host's state and links to its section.
