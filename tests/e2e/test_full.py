@@ -39,7 +39,7 @@ OP_SYSCTL = "full | sysctl | Sysctl: kernel parameters persisted and applied"
 
 @pytest.fixture(scope="module")
 def fleet():
-    with booted(SCENARIOS) as sandbox:
+    with booted(SCENARIOS, leave_up_for="gpu-health") as sandbox:
         yield sandbox
 
 

@@ -1,0 +1,107 @@
+"""GPU health the way fleets fail, on test_full.py's converged seed host.
+
+Each fault is put on GPU 0 of gpu-sbx-1 with the simulator's ``gpusimctl fault`` (the
+simulated nvidia-smi, NVLink and kernel log show it as the real ones would; the kernel
+log is the simulator's, never this machine's). Then one ``deploys/full.py
+deploys/audit.py`` run: preflight refuses a failing GPU (or warns for a degraded one),
+writes the verdict to the health textfile the alert rules read, and the audit reports
+the GPU's verdict and reasons. The fault cleared, the next run converges past preflight
+again, with the textfile back to 0. The run is CUDA_063's (vllm_start false: a sandbox
+host has no GPU to start the CUDA engine on), so "converges" is the whole deploy after
+preflight, the unit included, without the engine's start.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.e2e.conftest import CUDA_063, booted
+from tests.e2e.test_full import SCENARIOS
+
+pytestmark = pytest.mark.e2e
+
+HOST = "gpu-sbx-1"
+BUS = "00000000:17:00.0"  # GPU 0 of the seed scenario (sandbox/gpusim)
+TEXTFILE = "/var/lib/prometheus/node-exporter/pyinfra_vllm_gpu_health.prom"
+LABELS = f'host="{HOST}",gpu="0",bus_id="{BUS}"'
+
+# (gpusimctl fault arguments, reason code, its severity, the textfile line the alert
+# rule reads). A "rising" reason compares with the previous audit (the module's baseline,
+# or the previous test's cleared run, with the counter at 0): the audit judges it, and
+# the alert rule judges the counter's rise (monitoring/vllm-alerts.yml); preflight has
+# no earlier value, so it neither warns nor writes a reason for it.
+FAULTS = [
+    ("0 ecc-uncorrectable 2", "ecc_uncorrectable_pending", "failing", None),
+    ("0 ecc-correctable 177", "ecc_correctable_rising", "degraded",
+     f"pyinfra_vllm_gpu_ecc_aggregate_correctable{{{LABELS}}} 177"),
+    ("0 xid 79", "xid_79", "failing", None),
+    ("0 nvlink-down 3", "nvlink_down", "failing", None),
+    ("0 nvlink-crc 120", "nvlink_errors_rising", "degraded",
+     f"pyinfra_vllm_gpu_nvlink_errors{{{LABELS}}} 120"),
+    ("0 pcie-width 8", "pcie_degraded", "degraded", None),
+    ("0 hw-slowdown", "hw_slowdown", "degraded", None),
+]
+VALUE = {"failing": 2, "degraded": 1}
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory):
+    with booted(SCENARIOS, take_over="gpu-health") as sandbox:
+        reports = tmp_path_factory.mktemp("audit-reports")
+        sandbox.reports = reports
+        run(sandbox)  # the baseline audit the "rising" reasons compare with
+        yield sandbox
+        sandbox.ssh(sandbox.host(HOST), "gpusimctl fault clear")
+
+
+def run(sandbox) -> tuple[object, dict]:
+    """deploys/full.py then deploys/audit.py on HOST, reports in the module's directory;
+    the process and the host's audit entry."""
+    proc = sandbox.pyinfra("--limit", HOST, *CUDA_063, "--data",
+                           f"audit_report_dir={sandbox.reports}", "deploys/full.py",
+                           "deploys/audit.py", timeout=600)
+    latest = json.loads((sandbox.reports / "latest.json").read_text())
+    return proc, latest["hosts"][HOST]
+
+
+def textfile(sandbox) -> str:
+    return sandbox.ssh(sandbox.host(HOST), f"cat {TEXTFILE}").stdout
+
+
+@pytest.mark.parametrize(("fault", "reason", "severity", "line"), FAULTS,
+                         ids=[fault.split()[1] for fault, *_ in FAULTS])
+def test_a_gpu_fault_is_reported_refused_and_alerted_then_cleared(fleet, fault, reason,
+                                                                  severity, line):
+    sbx_host = fleet.host(HOST)
+    fleet.ssh(sbx_host, f"gpusimctl fault {fault}")
+    proc, entry = run(fleet)
+    gpu = entry["gpu_health"][BUS]
+    assert gpu["verdict"] == severity, gpu
+    assert reason in [r["code"] for r in gpu["reasons"]], gpu
+    logged = [text for text in proc.stderr.splitlines() if f"[{HOST}]" in text]
+    rising = reason.endswith("_rising")
+    if severity == "failing":
+        assert proc.returncode != 0
+        assert any("preflight gpu_health: GPU0 " + BUS in text for text in logged), logged
+        assert entry["refused"] and entry["refused"][0].startswith("preflight gpu_health:")
+        assert entry["summary"]["health"].startswith("GPU0 failing (")
+    else:
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert rising or any("warning: GPU0 " + BUS in text for text in logged), logged
+        assert not entry["refused"]
+        assert entry["summary"]["health"].startswith("GPU0 degraded (")
+    prom = textfile(fleet).splitlines()
+    value = 0 if rising else VALUE[severity]
+    assert f"pyinfra_vllm_gpu_health{{{LABELS}}} {value}" in prom
+    assert (line or f'pyinfra_vllm_gpu_health_reason{{{LABELS},reason="{reason}",'
+            f'severity="{severity}"}} 1') in prom
+
+    fleet.ssh(sbx_host, "gpusimctl fault clear")
+    proc, entry = run(fleet)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert entry["gpu_health"][BUS]["verdict"] == "ok"
+    assert entry["summary"]["health"] == "ok"
+    assert not entry["refused"]
+    assert f"pyinfra_vllm_gpu_health{{{LABELS}}} 0" in textfile(fleet).splitlines()
