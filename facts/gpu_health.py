@@ -1160,10 +1160,12 @@ _XID_COMMAND = (
     ' && [ -n "$(journalctl -k -b -q --no-pager -n 1 2>/dev/null)" ]; then'
     f" echo '{SOURCE_MARKER}journal';"
     " journalctl -k -b -q --no-pager -o short-iso 2>/dev/null | grep -E 'NVRM: Xid' || true;"
-    " elif command -v dmesg >/dev/null 2>&1; then"
+    # A dmesg that may not read the log (dmesg_restrict without root) prints nothing:
+    # unknown, not "no Xid".
+    " elif command -v dmesg >/dev/null 2>&1"
+    " && log=$(dmesg --time-format iso 2>/dev/null || dmesg 2>/dev/null); then"
     f" echo '{SOURCE_MARKER}dmesg';"
-    " { dmesg --time-format iso 2>/dev/null || dmesg 2>/dev/null; }"
-    " | grep -E 'NVRM: Xid' || true;"
+    " printf '%s\\n' \"$log\" | grep -E 'NVRM: Xid' || true;"
     " fi"
 )
 
