@@ -38,8 +38,8 @@ capture systemd-detect-virt systemd-detect-virt
 # clocks event reasons, PCIe and sensors; the XML and the kernel log for the same.
 capture q-x nvidia-smi -q -x
 capture nvlink-e nvidia-smi nvlink -e
-capture dmesg-xid sh -c "dmesg --time-format iso | grep -E 'NVRM: Xid' || true"
-capture journal-xid sh -c "journalctl -k -b -q --no-pager -o short-iso | grep -E 'NVRM: Xid' || true"
+capture dmesg-xid sh -c "dmesg --time-format iso 2>/dev/null | grep -E 'NVRM: Xid' || true"
+capture journal-xid sh -c "journalctl -k -b -q --no-pager -o short-iso 2>/dev/null | grep -E 'NVRM: Xid' || true"
 
 facts=(
     facts.topology.GpuTopology facts.topology.NvlinkStatus facts.driver.KernelModule

@@ -185,3 +185,50 @@ def test_drift_audit_of_the_real_host():
     stages = {item["stage"] for item in planned["drift"]}
     assert stages == {"driver", "persistence", "sysctl", "model_volume", "python_env",
                       "vllm_service", "gateway", "metrics"}
+
+
+# The GPU-health run on the same host (tools/capture_gpu_host.sh, 2026-12-02, read-only):
+# the health facts, the audit with tensor_parallel_size 1 and gateway_open, and
+# tools.gpu_health on the saved outputs.
+HEALTH_CAPTURE = CAPTURE.with_name("h200-device-20261202")
+H200_BUS = "00000000:00:06.0"
+
+
+def test_the_h200_health_facts_are_the_parsers_on_its_raw_outputs():
+    from facts.gpu_health import parse_nvlink_errors, parse_query_text
+
+    facts = json.loads((HEALTH_CAPTURE / "pyinfra-facts.json").read_text())
+    recorded = facts["facts.gpu_health.GpuHealth"]["@local"]
+    raw = (HEALTH_CAPTURE / "q.txt").read_text().splitlines()
+    parsed = json.loads(json.dumps(parse_query_text(raw)))
+    # The fact ran nvidia-smi -q a moment after the raw capture: the sensors moved.
+    live = ("temperature_c", "memory_temperature_c", "power_draw_w", "utilization_gpu",
+            "pstate", "clocks_event_reasons")
+    assert ({k: v for k, v in recorded[H200_BUS].items() if k not in live}
+            == {k: v for k, v in parsed[H200_BUS].items() if k not in live})
+    gpu = recorded[H200_BUS]
+    assert gpu["ecc"]["volatile"] == {"correctable": 0, "uncorrectable": 0}
+    assert gpu["remapped_rows"] == {"correctable": 0, "uncorrectable": 0, "pending": False,
+                                    "failure": False}
+    assert gpu["pcie"]["width_current"] == gpu["pcie"]["width_max"] == 16
+    # NVLink is not exposed in this VM: nvlink -e prints nothing, the fact is {}.
+    assert (HEALTH_CAPTURE / "nvlink-e.txt").read_text() == ""
+    assert facts["facts.gpu_health.NvlinkErrors"]["@local"] == parse_nvlink_errors([]) == {}
+    # No systemd and no journal there: the kernel log came from dmesg, with no Xid.
+    assert facts["facts.gpu_health.XidEvents"]["@local"] == {"source": "dmesg", "events": []}
+
+
+def test_the_h200_audit_and_the_health_tool_say_ok():
+    entry = json.loads((HEALTH_CAPTURE / "audit-report.json").read_text())["hosts"]["@local"]
+    assert entry["summary"]["health"] == "ok"
+    assert entry["gpu_health"][H200_BUS]["verdict"] == "ok"
+    assert entry["gpu_health"][H200_BUS]["counters"]["xid_events"] == 0
+    table = (HEALTH_CAPTURE / "audit-log.txt").read_text().splitlines()
+    header = next(line for line in table if line.startswith("host "))
+    row = next(line for line in table if line.startswith("@local "))
+    assert row[header.index("health"):].split()[0] == "ok"
+    tool = json.loads((HEALTH_CAPTURE / "gpu-health.json").read_text())
+    assert tool["gpus"] == {H200_BUS: {"verdict": "ok", "reasons": []}}
+    exits = dict(line.split() for line in (HEALTH_CAPTURE / "exit-codes.txt").read_text()
+                 .splitlines())
+    assert (exits["facts"], exits["audit"], exits["gpu_health"]) == ("0", "0", "0")
