@@ -38,8 +38,9 @@ FAULTS = [
      f"pyinfra_vllm_gpu_ecc_aggregate_correctable{{{LABELS}}} 177"),
     ("0 xid 79", "xid_79", "failing", None),
     ("0 nvlink-down 3", "nvlink_down", "failing", None),
+    # Link 0 counts 120 CRC errors and the 120 replays they caused (nvlink -e).
     ("0 nvlink-crc 120", "nvlink_errors_rising", "degraded",
-     f"pyinfra_vllm_gpu_nvlink_errors{{{LABELS}}} 120"),
+     f"pyinfra_vllm_gpu_nvlink_errors{{{LABELS}}} 240"),
     ("0 pcie-width 8", "pcie_degraded", "degraded", None),
     ("0 hw-slowdown", "hw_slowdown", "degraded", None),
 ]
@@ -66,6 +67,12 @@ def run(sandbox) -> tuple[object, dict]:
     return proc, latest["hosts"][HOST]
 
 
+def checks(entry: dict) -> dict:
+    """The audit's checks of the host by name (its refusals: pyinfra runs with -y here,
+    so the audit plans no drift)."""
+    return {check["name"]: check for check in entry["checks"]}
+
+
 def textfile(sandbox) -> str:
     return sandbox.ssh(sandbox.host(HOST), f"cat {TEXTFILE}").stdout
 
@@ -84,24 +91,30 @@ def test_a_gpu_fault_is_reported_refused_and_alerted_then_cleared(fleet, fault, 
     rising = reason.endswith("_rising")
     if severity == "failing":
         assert proc.returncode != 0
+        assert checks(entry)["gpu_health"]["ok"] is False
         assert any("preflight gpu_health: GPU0 " + BUS in text for text in logged), logged
-        assert entry["refused"] and entry["refused"][0].startswith("preflight gpu_health:")
+        assert checks(entry)["gpu_health"]["severity"] == "error"
         assert entry["summary"]["health"].startswith("GPU0 failing (")
     else:
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert rising or any("warning: GPU0 " + BUS in text for text in logged), logged
-        assert not entry["refused"]
+        assert checks(entry)["gpu_health"]["ok"] is True
         assert entry["summary"]["health"].startswith("GPU0 degraded (")
     prom = textfile(fleet).splitlines()
     value = 0 if rising else VALUE[severity]
     assert f"pyinfra_vllm_gpu_health{{{LABELS}}} {value}" in prom
     assert (line or f'pyinfra_vllm_gpu_health_reason{{{LABELS},reason="{reason}",'
             f'severity="{severity}"}} 1') in prom
+    if rising:  # the counter's move, in "changed since the previous audit"
+        counter = line.split("{")[0].removeprefix("pyinfra_vllm_gpu_")
+        moved = json.loads((fleet.reports / "latest.json").read_text())["changes"]["hosts"][HOST]
+        assert {"field": "gpu_counter", "gpu": f"GPU0 {BUS}", "counter": counter,
+                "before": 0, "after": int(line.split()[-1])} in moved
 
     fleet.ssh(sbx_host, "gpusimctl fault clear")
     proc, entry = run(fleet)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert entry["gpu_health"][BUS]["verdict"] == "ok"
     assert entry["summary"]["health"] == "ok"
-    assert not entry["refused"]
+    assert checks(entry)["gpu_health"]["ok"] is True
     assert f"pyinfra_vllm_gpu_health{{{LABELS}}} 0" in textfile(fleet).splitlines()
