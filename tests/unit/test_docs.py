@@ -171,3 +171,11 @@ def test_the_security_catalogue_is_the_tests_own():
     assert text[start:end] == markdown(), (
         "docs/security.md's catalogue is stale: run `python -m tests.catalogue` and paste it"
     )
+
+
+def test_the_gpu_health_page_lists_every_xid_code_the_suite_knows():
+    from pyinfra_vllm.gpu_health import XID_CODES
+
+    rows = {int(m.group(1)): m.group(2) for m in re.finditer(
+        r"^\| (\d+) \| [^|]+ \| (failing|degraded|info) \|", text("gpu-health.md"), flags=re.M)}
+    assert rows == {code: severity for code, (_m, _a, severity) in XID_CODES.items()}
