@@ -6,9 +6,9 @@ log is the simulator's, never this machine's). Then one ``deploys/full.py
 deploys/audit.py`` run: preflight refuses a failing GPU (or warns for a degraded one),
 writes the verdict to the health textfile the alert rules read, and the audit reports
 the GPU's verdict and reasons. The fault cleared, the next run converges past preflight
-again, with the textfile back to 0. The run is CUDA_063's (vllm_start false: a sandbox
-host has no GPU to start the CUDA engine on), so "converges" is the whole deploy after
-preflight, the unit included, without the engine's start.
+again, through the vllm_service stage that a failing GPU kept it from, with the
+textfile back to 0. The run is CUDA_063's (vllm_start false: a sandbox host has no GPU to
+start the CUDA engine on), so that stage keeps the unit in place without starting it.
 """
 
 from __future__ import annotations
@@ -67,6 +67,12 @@ def run(sandbox) -> tuple[object, dict]:
     return proc, latest["hosts"][HOST]
 
 
+def engine_stage_ran(proc) -> bool:
+    """Whether the run reached the vllm_service stage, the one that starts the engine."""
+    return any(line.startswith("--> Starting operation: full | vllm_service |")
+               for line in proc.stdout.splitlines() + proc.stderr.splitlines())
+
+
 def checks(entry: dict) -> dict:
     """The audit's checks of the host by name (its refusals: pyinfra runs with -y here,
     so the audit plans no drift)."""
@@ -95,6 +101,7 @@ def test_a_gpu_fault_is_reported_refused_and_alerted_then_cleared(fleet, fault, 
         assert any("preflight gpu_health: GPU0 " + BUS in text for text in logged), logged
         assert checks(entry)["gpu_health"]["severity"] == "error"
         assert entry["summary"]["health"].startswith("GPU0 failing (")
+        assert not engine_stage_ran(proc)
     else:
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert rising or any("warning: GPU0 " + BUS in text for text in logged), logged
@@ -114,6 +121,7 @@ def test_a_gpu_fault_is_reported_refused_and_alerted_then_cleared(fleet, fault, 
     fleet.ssh(sbx_host, "gpusimctl fault clear")
     proc, entry = run(fleet)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert engine_stage_ran(proc)
     assert entry["gpu_health"][BUS]["verdict"] == "ok"
     assert entry["summary"]["health"] == "ok"
     assert checks(entry)["gpu_health"]["ok"] is True

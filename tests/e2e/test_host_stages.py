@@ -27,6 +27,8 @@ OP_MIG = "full | mig | MIG: disabled on every GPU"
 OP_PERSISTENCED = "full | persistence | Persistence: nvidia-persistenced enabled and running"
 OP_VOLUME = "full | model_volume | Model volume: XFS mounted at the model directory"
 OP_METRICS = "full | metrics | Metrics: verdicts for node_exporter's textfile collector"
+# Preflight writes the GPUs' health before it judges, also on a host it then refuses.
+OP_HEALTH = "full | preflight | Preflight: GPU health for node_exporter's textfile collector"
 
 
 class Run:
@@ -123,7 +125,7 @@ def test_pcie_host_stops_at_preflight_naming_the_code_and_the_setting(fleet):
     assert first.says(PCIE, "preflight tp_nvlink: no 2 GPUs are joined by NVLink")
     assert first.says(PCIE, "GPU0-GPU1 PHB")
     assert first.says(PCIE, "set allow_pcie_tensor_parallel=true")
-    assert first.changed(PCIE) == set()
+    assert first.changed(PCIE) == {OP_HEALTH}
     sandbox.ssh(sandbox.host(PCIE), "! test -e /etc/sysctl.d/60-vllm.conf")
 
 
@@ -163,10 +165,11 @@ def test_bare_host_with_allow_reboot_reboots_and_converges(fleet):
     assert "Kernel Module  535.129.03" in module
     assert smi(sandbox, BARE, "persistence_mode").splitlines() == ["Enabled", "Enabled"]
     assert run.says(BARE, "metrics: not written in a run that reboots into a new driver")
-    # The next run records the verdicts read with the driver loaded, and nothing else;
-    # the one after changes nothing.
+    # The next run records the verdicts and the GPUs' health read with the driver loaded
+    # (the run before read them without one), and nothing else; the one after changes
+    # nothing.
     again = full_run(sandbox, "--limit", BARE)
-    assert again.changed(BARE) == {OP_METRICS}, again.changed(BARE)
+    assert again.changed(BARE) == {OP_METRICS, OP_HEALTH}, again.changed(BARE)
     third = full_run(sandbox, "--limit", BARE)
     assert (third.results["totals"]["success"], third.results["totals"]["error"]) == (0, 0), (
         third.changed(BARE)
