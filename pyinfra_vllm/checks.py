@@ -322,9 +322,11 @@ def check_cpu_host(state: dict[str, Any], settings: Settings) -> list[dict[str, 
     return checks
 
 
-def check_host(state: dict[str, Any], settings: Settings) -> list[dict[str, Any]]:
+def check_host(state: dict[str, Any], settings: Settings,
+               health: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """Every preflight check for one host, in the order an operator reads them. On
-    vllm_device "cpu" the driver, GPU and NVLink checks give way to the CPU ones."""
+    vllm_device "cpu" the driver, GPU and NVLink checks give way to the CPU ones.
+    ``health``: the GPUs' health when the caller judged it already (``gpu_health``)."""
     if settings.vllm_device == "cpu":
         return [check_os(state), *check_cpu_host(state, settings)]
     checks = [check_os(state), *check_driver(state, settings), *check_gpus(state, settings)]
@@ -332,7 +334,7 @@ def check_host(state: dict[str, Any], settings: Settings) -> list[dict[str, Any]
     link = None if too_few else check_tp_link(state, settings)
     if link is not None:
         checks.append(link)
-    return checks + check_gpu_health(state, settings)
+    return checks + check_gpu_health(state, settings, health)
 
 
 def blocking(checks: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -56,7 +56,7 @@ def summarize(name: str, state: dict[str, Any], settings: Settings,
     (``previous``: the host's entry in an earlier report, for the counters that rose
     since), and a digest."""
     health = gpu_health(state, settings, (previous or {}).get("gpu_health"))
-    checks = check_host(state, settings)
+    checks = check_host(state, settings, health)
     gpus = state.get("gpus")
     driver = state.get("driver") or {}
     module = state.get("kernel_module") or {}

@@ -26,6 +26,7 @@ from operations import node_exporter as node_exporter_ops
 from pyinfra_vllm.checks import blocking, check_gpu_health, check_host, gpu_health
 from pyinfra_vllm.context import context
 from pyinfra_vllm.gates import installed_registry, model_gates
+from pyinfra_vllm.settings import Settings
 from pyinfra_vllm.textfile import gpu_health_text
 
 
@@ -36,8 +37,8 @@ def preflight() -> None:
 
     if ctx.proceed("preflight"):
         settings = ctx.settings
-        checks = check_host(ctx.state, settings)
         health = gpu_health(ctx.state, settings)
+        checks = check_host(ctx.state, settings, health)
         if settings.vllm_device == "cpu":
             # The CPU engine uses no GPU: their health is reported, never a stop.
             checks += [dict(c, severity="warning") for c in check_gpu_health(
@@ -58,7 +59,7 @@ def preflight() -> None:
             ctx.refusals.append(gate.refuse(name="Preflight: host refused", reasons=ctx.refused))
 
 
-def health_textfile(settings, health: dict) -> None:
+def health_textfile(settings: Settings, health: dict) -> None:
     """The GPUs' health for node_exporter's textfile collector (nothing without GPUs)."""
     if health and "metrics" not in settings.skip_stages:
         path = node_exporter_ops.health_textfile(settings.textfile_collector_dir)
