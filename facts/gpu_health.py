@@ -63,7 +63,7 @@ from typing_extensions import override
 
 from facts.gpus import parse_query_csv
 from facts.nvidia_smi import EMPTY_CELLS, NvidiaSmiFact, nvml_failure, split_smi_output
-from facts.topology import parse_nvlink_status
+from facts.topology import NVLINK_GPU_RE, parse_nvlink_status
 
 # NVML's clocks event reason bits (nvmlClocksEventReason*), lowest first.
 REASON_BITS: dict[str, int] = {
@@ -782,7 +782,6 @@ def parse_retired_pages_csv(lines: Iterable[str]) -> dict[str, dict[str, Any]] |
 
 # --- nvidia-smi nvlink -e / -s --------------------------------------------------------
 
-_NVLINK_GPU_RE = re.compile(r"^GPU (\d+):")
 _NVLINK_COUNTER_RE = re.compile(r"^Link (\d+): (.+?):\s*(\S.*)$")
 _NVLINK_KEYS = {
     "replay errors": "replay",
@@ -805,7 +804,7 @@ def parse_nvlink_errors(lines: Iterable[str]) -> dict[int, dict[int, dict[str, i
     current: int | None = None
     for line in kept:
         text = line.strip()
-        gpu = _NVLINK_GPU_RE.match(text)
+        gpu = NVLINK_GPU_RE.match(text)
         if gpu is not None:
             current = int(gpu.group(1))
             result[current] = {}
@@ -840,7 +839,7 @@ def nvlink_applicability(lines: Iterable[str]) -> dict[int, dict[str, Any]] | No
     current: int | None = None
     for line in kept:
         text = line.strip()
-        gpu = _NVLINK_GPU_RE.match(text)
+        gpu = NVLINK_GPU_RE.match(text)
         if gpu is not None:
             current = int(gpu.group(1))
             links = parsed.get(current, [])
@@ -1095,7 +1094,7 @@ def detect_kind(text: str) -> str | None:
         return "query_text"
     if any(_DIAG_SECTION_RE.match(line) or _DIAG_ROW_RE.match(line) for line in lines):
         return "dcgmi_diag"
-    if _NVLINK_GPU_RE.match(lines[0].strip()):
+    if NVLINK_GPU_RE.match(lines[0].strip()):
         if any(_NVLINK_COUNTER_RE.match(line.strip()) for line in lines):
             return "nvlink_errors"
         if any(re.match(r"^Link \d+: ", line.strip()) or _nvlink_message(line)

@@ -282,7 +282,8 @@ def tp_link_verdict(topology: dict[str, Any] | None, n: int) -> dict[str, Any]:
     return _verdict(topology, list(best[1]) if best is not None else [], False)
 
 
-_NVLINK_GPU_RE = re.compile(r"^GPU (\d+):")
+# A GPU's header line in the output of `nvidia-smi nvlink` (-s, -e): "GPU 0: NVIDIA ...".
+NVLINK_GPU_RE = re.compile(r"^GPU (\d+):")
 
 
 _NVLINK_LINK_RE = re.compile(r"^Link (\d+):\s*(.*)$")
@@ -307,7 +308,7 @@ def parse_nvlink_status(lines: Iterable[str]) -> dict[int, list[dict[str, Any]]]
     current: int | None = None
     for line in lines:
         text = line.strip()
-        gpu = _NVLINK_GPU_RE.match(text)
+        gpu = NVLINK_GPU_RE.match(text)
         if gpu is not None:
             current = int(gpu.group(1))
             result[current] = []
