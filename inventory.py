@@ -7,7 +7,7 @@ Run from the repository root:
 
 Each group is a list of hosts; a host is "address" or ("name", {data}). Host data
 overrides group_data/<group>.py, which overrides group_data/all.py, which overrides
-the defaults in pyinfra_vllm/settings.py (docs/settings.md lists every key).
+the defaults in pyinfra_vllm/core/settings.py (docs/settings.md lists every key).
 """
 
 # Two-A100 80GB PCIe servers with an NVLink bridge: the product's target machine.

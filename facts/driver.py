@@ -15,7 +15,7 @@ from pyinfra.api import FactBase
 from typing_extensions import override
 
 from facts.nvidia_smi import NvidiaSmiFact, device_error, nvml_failure, split_smi_output
-from pyinfra_vllm.versions import version_tuple
+from pyinfra_vllm.core.versions import version_tuple
 
 T = TypeVar("T")
 

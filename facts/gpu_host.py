@@ -26,7 +26,7 @@ SECTION_MARKER = "##SECTION "
 END_MARKER = "##END"
 
 # Section name: (fact, binary the fact needs or None). The section names are the keys
-# of the returned dict, and of pyinfra_vllm.context.collect's.
+# of the returned dict, and of pyinfra_vllm.run.context.collect's.
 SECTIONS: dict[str, tuple[type[FactBase], str | None]] = {
     "kernel_module": (KernelModule, None),
     "driver_packages": (DriverPackages, "dpkg-query"),

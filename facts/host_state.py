@@ -3,7 +3,7 @@
 pyinfra 3 runs one remote command per fact read, one after another: a converged host's
 run used to spend about thirty round trips on reads alone. ``StateSections`` runs the
 commands it is given in one shell, each in a subshell (so an ``exit`` in one ends only
-that one) with its exit status after it; pyinfra_vllm.host_reads hands each section to
+that one) with its exit status after it; pyinfra_vllm.run.host_reads hands each section to
 its own fact's parser, with pyinfra's rules for a single fact (a failed command, or no
 output, is the fact's default).
 """

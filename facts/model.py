@@ -13,7 +13,7 @@ from pyinfra.api import FactBase, QuoteString, StringCommand
 from typing_extensions import override
 
 # The downloader's own names for its record and its download area.
-from pyinfra_vllm.model_files import INCOMING, VERIFIED_NAME
+from pyinfra_vllm.core.model_files import INCOMING, VERIFIED_NAME
 
 
 def mtime_ns(text: str) -> int:

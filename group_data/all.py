@@ -1,11 +1,11 @@
 """Fleet-wide settings: the values every host gets unless its group or itself says else.
 
-Only what differs from the defaults in pyinfra_vllm/settings.py belongs here; each key is
+Only what differs from the defaults in pyinfra_vllm/core/settings.py belongs here; each key is
 validated there before any operation runs (docs/settings.md lists every key).
 """
 
 # The seed's engine recipe (two A100 80GB, TP=2, BF16, 128K context) is the default in
-# pyinfra_vllm/settings.py, so nothing is repeated here. The gateway's API keys are
+# pyinfra_vllm/core/settings.py, so nothing is repeated here. The gateway's API keys are
 # required (gateway_open=True serves without one); keep them out of the repository, in a
 # file on the operator's machine with one key per line, chmod 600:
 #

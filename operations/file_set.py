@@ -5,7 +5,7 @@ pyinfra's ``files.put`` reads two or three facts per file (File, Sha1File, Direc
 a remote round trip each; a stage that owns several small files (a unit, its
 environment file, two helper scripts) pays that on every run, changed or not. Here the
 whole set costs one command when nothing changed. With ``--diff`` each file whose
-content differs gets its diff printed (operations/file_diff.py: one more read per such
+content differs gets its diff printed (operations/util/file_diff.py: one more read per such
 file, none when the set is in place); a secret file's (mode 0600) values are masked, so
 the set may hold one.
 """
@@ -19,9 +19,9 @@ from pyinfra import host, state
 from pyinfra.api import OperationValueError, QuoteString, StringCommand, operation
 
 from facts.files import FileDigests, PathTypes
-from operations import file_diff
 from operations.rolling import STAGED_SUFFIX
-from operations.uploads import private_upload
+from operations.util import file_diff
+from operations.util.uploads import private_upload
 
 
 def _content(source: str | bytes) -> bytes:
@@ -49,7 +49,7 @@ def present(files: dict[str, tuple[str | bytes, str]], user: str = "root", group
 
     Every file with the wanted content, owner and mode: no command (one remote read for
     the set). A file whose content differs is uploaded to a temporary name beside it that
-    already has its owner and mode (operations/uploads.py: never readable by another user,
+    already has its owner and mode (operations/util/uploads.py: never readable by another user,
     not even under sudo), then renamed over the old one; one whose owner or mode
     alone differs gets ``chown`` or ``chmod``. Parent directories are created (0755).
     With ``--diff``, each file whose content differs is diffed before any command, values

@@ -18,16 +18,11 @@ from pyinfra.api import FileUploadCommand, QuoteString, StringCommand, operation
 
 from facts.model import ModelFiles, unverified
 from facts.units import SystemdBooted, UnitState
-from operations import jobs as job_units
-from operations.uploads import SECRET_DIR, env_file_text, secret_file, sourced
+from operations.util import jobs as job_units
+from operations.util.uploads import SECRET_DIR, env_file_text, secret_file, sourced
 
 # Where the downloader and the lock live on the host (root only).
 TOOL_DIR = "/var/lib/pyinfra-vllm"
-
-
-def model_path(model_dir: str, model_id: str) -> str:
-    """``/srv/models/Qwen/Qwen3.6-27B``: the model's directory on the volume."""
-    return f"{model_dir.rstrip('/')}/{model_id}"
 
 
 @operation()
@@ -42,7 +37,7 @@ def downloaded(lock: dict, dest: str, base_url: str, token: str | None = None,
     + dest: the model directory on the host
     + base_url: Hugging Face or a mirror with the same layout
     + token: bearer token for gated models; uploaded to a root-only tmpfs file for the
-      download (operations/uploads.py) and removed after it, never on a command line
+      download (operations/util/uploads.py) and removed after it, never on a command line
     + ca_bundle: CA bundle file on the host trusted for HTTPS
     + proxy: HTTP(S) proxy
     + jobs: files downloaded in parallel
@@ -57,7 +52,7 @@ def downloaded(lock: dict, dest: str, base_url: str, token: str | None = None,
     fails verification twice.
 
     Where systemd is the init (facts.units.SystemdBooted) the downloader runs as the
-    transient unit ``pyinfra-vllm-model-<hash of dest and commit>`` (operations/jobs.py),
+    transient unit ``pyinfra-vllm-model-<hash of dest and commit>`` (operations/util/jobs.py),
     which a lost SSH session does not stop; the operation follows it, a progress line
     per host every few seconds (bytes on disk of the total, rate, ETA), and fails with
     its last journal lines when it fails. A run that finds that unit still running

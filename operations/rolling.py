@@ -30,11 +30,8 @@ from pyinfra import host
 from pyinfra.api import OperationValueError, QuoteString, State, StringCommand, operation
 
 from facts.files import PathTypes
+from pyinfra_vllm.plans.gateway import DRAIN_DIR, DRAIN_FLAG
 
-# /run: a tmpfs, so a host rebooted while drained comes back serving. 0755: nginx's
-# workers (www-data) test the flag.
-DRAIN_DIR = "/run/pyinfra-vllm"
-DRAIN_FLAG = f"{DRAIN_DIR}/draining"
 # Beside the live file (one file system: the move is a rename); systemd loads no unit
 # from a name with this suffix.
 STAGED_SUFFIX = ".pyinfra-staged"

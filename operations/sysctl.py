@@ -19,7 +19,7 @@ from pyinfra.api import OperationValueError, QuoteString, StringCommand, operati
 
 from facts.sysctl import KernelParam, normalize
 from operations import file_set
-from pyinfra_vllm.templating import render
+from pyinfra_vllm.core.templating import render
 
 logger = logging.getLogger("pyinfra")
 

@@ -24,12 +24,22 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from sandbox.util import CACHE_DIR, REPO_ROOT, RUN_DIR, SandboxError, run
 
-if TYPE_CHECKING:
-    from sandbox.hosts import Host
+
+class Host(Protocol):
+    """What this module needs of a sandbox host (sandbox.hosts.Host), named here so that
+    the two modules do not import each other."""
+
+    name: str
+    scenario: str
+    gateway: str
+
+    @property
+    def merged(self) -> Path: ...
+
 
 GPUSIM_DIR = REPO_ROOT / "sandbox" / "gpusim"
 BUILD_DEBS = GPUSIM_DIR / "build_debs.py"

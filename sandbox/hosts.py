@@ -525,7 +525,7 @@ def _up(
 # --------------------------------------------------------------------------- inventory
 
 
-# The engine on sandbox hosts: vLLM 0.17.0's CPU build (pyinfra_vllm/stacks.py CPU_STACKS),
+# The engine on sandbox hosts: vLLM 0.17.0's CPU build (pyinfra_vllm/core/stacks.py CPU_STACKS),
 # tensor parallel 2 over the machine's CPUs, serving the mirror's tiny model
 # (sandbox/mirror/model.py: head_dim 64, which vLLM's CPU attention supports, bfloat16).
 # Each worker's KV cache is 1 GiB (1,048,576 tokens of the tiny model: 4 layers x 1 KV head

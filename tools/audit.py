@@ -9,7 +9,7 @@ Runs, from the repository root, one read-only pyinfra run:
 pyinfra prepares every stage of deploys/full.py for every host (facts are read, nothing
 is executed: ``--dry``), then deploys/audit.py reads, per host, which of those
 operations would change and which stage refused the host, and writes the JSON and
-Markdown reports (pyinfra_vllm/report.py). The options after INVENTORY go to pyinfra
+Markdown reports (pyinfra_vllm/run/report.py). The options after INVENTORY go to pyinfra
 as they are (``--data KEY=VALUE``, ``--limit HOST``, ``--ssh-user``...); ``-y`` is
 refused, since it turns pyinfra's change detection off. ``--deep`` is
 ``--data model_verify=deep``: every model file is re-hashed on its host, and a file whose
@@ -19,7 +19,7 @@ Exit status:
 
 * 0: every host audited, converged (nothing would change) and not refused;
 * 1: some host drifted or was refused; one ``drift: host ...`` line each on stderr;
-* 2: this pyinfra is not one the audit was tested with (pyinfra_vllm/versions.py), or
+* 2: this pyinfra is not one the audit was tested with (pyinfra_vllm/core/versions.py), or
   pyinfra failed (bad settings, a host it cannot connect to, an error in a deploy
   file), with its message, or the audit is incomplete: no trustworthy verdict.
 
@@ -48,7 +48,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 AUDIT_FILE = "deploys/audit.py"
 DEFAULT_DEPLOY = "deploys/full.py"
-INDEX_ENV = "PYINFRA_VLLM_AUDIT_INDEX"  # pyinfra_vllm/report.py writes the report paths there
+INDEX_ENV = "PYINFRA_VLLM_AUDIT_INDEX"  # pyinfra_vllm/run/report.py writes the report paths there
 USAGE = "usage: python -m tools.audit INVENTORY [--deploy FILE] [--deep] [PYINFRA OPTION ...]"
 # --deep: the model stage re-hashes every model file (settings.py, model_verify).
 DEEP_DATA = ["--data", "model_verify=deep"]
@@ -101,7 +101,7 @@ def plan_hosts(plan: Any) -> set[str]:
 
 def verdict(report: dict[str, Any], plan: Any) -> tuple[int, list[str]]:
     """Exit status (0 or 1, or 2 when the audit cannot be trusted) and the stderr lines."""
-    from pyinfra_vllm.report import host_problems
+    from pyinfra_vllm.run.report import host_problems
 
     lines: list[str] = []
     hosts = report.get("hosts") or {}
@@ -156,7 +156,7 @@ def _error_lines(stderr: list[str]) -> list[str]:
 
 def pyinfra_refusal() -> str | None:
     """Why this machine's pyinfra cannot be trusted with the drift, or None."""
-    from pyinfra_vllm.versions import pyinfra_problem
+    from pyinfra_vllm.core.versions import pyinfra_problem
 
     try:
         version = importlib.metadata.version("pyinfra")

@@ -7,7 +7,7 @@ Each FILE is one saved output: ``nvidia-smi -q`` (whole or ``-d``), ``-q -x``,
 ``nvidia-smi nvlink -e`` / ``-s``, a kernel log (dmesg, journalctl -k) or a ``dcgmi
 diag`` table. Its kind is detected from the text (facts/gpu_health.py detect_kind), it
 is parsed, the GPUs of all files are merged (by PCI bus id; by index where a file
-gives none) and judged (pyinfra_vllm/gpu_health.py). Prints::
+gives none) and judged (pyinfra_vllm/plans/gpu_health.py). Prints::
 
     {"gpus": {"00000000:00:06.0": {"verdict": "ok", "reasons": []}},
      "files": {"q.txt": "query_text"},
@@ -47,7 +47,7 @@ from facts.gpu_health import (
     parse_retired_pages_csv,
     same_gpu,
 )
-from pyinfra_vllm.gpu_health import gpu_verdict
+from pyinfra_vllm.plans.gpu_health import gpu_verdict
 
 _FAILED = ("Fail", "Error")
 

@@ -44,8 +44,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from pyinfra_vllm.locks import LOCK_VERSION, default_out
-from pyinfra_vllm.model_files import unsafe_model_path
+from pyinfra_vllm.core.locks import LOCK_VERSION, default_out
+from pyinfra_vllm.core.model_files import unsafe_model_path
 
 _HEX40 = re.compile(r"^[0-9a-f]{40}$")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")

@@ -28,7 +28,7 @@ import json
 import sys
 from typing import Any
 
-from pyinfra_vllm.settings import Settings, SettingsError, validate
+from pyinfra_vllm.core.settings import Settings, SettingsError, validate
 
 ENGINE_JOB = "vllm"
 NODE_JOB = "vllm-node"

@@ -5,7 +5,7 @@ transitive ones included, pinned with hashes.
     python -m tools.stack_lock 0.6.3 --device cuda      # one row
     python -m tools.stack_lock 0.17.0 --device cpu --exclude-newer 2026-12-01T00:00:00Z
 
-Needs uv (``pip install uv==0.13.9``, the version pyinfra_vllm/stacks.py installs on
+Needs uv (``pip install uv==0.13.9``, the version pyinfra_vllm/core/stacks.py installs on
 hosts) and PyPI. Runs ``uv pip compile --universal --generate-hashes --only-binary :all:``
 on the row's pins (its ``sdist_only`` packages excepted, its ``overrides`` applied) for
 every Python from the row's lowest, and writes ``locks/stacks/<dist>-<version>.txt``
@@ -24,7 +24,7 @@ import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 
-from pyinfra_vllm.stack_locks import (
+from pyinfra_vllm.core.stack_locks import (
     INPUTS_HEADER,
     StackLock,
     disagreements,
@@ -35,7 +35,7 @@ from pyinfra_vllm.stack_locks import (
     parse_versions,
     requirements_text,
 )
-from pyinfra_vllm.stacks import CPU_STACKS, STACKS
+from pyinfra_vllm.core.stacks import CPU_STACKS, STACKS
 
 
 def uv_binary() -> str:

@@ -30,12 +30,12 @@ from facts.nginx import NginxServers
 from facts.units import UnitDropIns
 from facts.vllm_service import EngineProcess, EngineServing
 from operations import persistence as persistence_ops
-from operations import vllm_service as vllm_service_ops
-from operations.model import model_path
-from operations.vllm_service import engine_address
-from pyinfra_vllm.context import context
-from pyinfra_vllm.gates import installed_registry
-from pyinfra_vllm.report import (
+from pyinfra_vllm.core.model_files import model_path
+from pyinfra_vllm.plans import vllm_service as vllm_service_plan
+from pyinfra_vllm.plans.gates import installed_registry
+from pyinfra_vllm.plans.vllm_service import engine_address
+from pyinfra_vllm.run.context import context
+from pyinfra_vllm.run.report import (
     environment_findings,
     host_plan,
     integrity,
@@ -87,9 +87,9 @@ def audit() -> None:
 
 def _integrity(ctx) -> dict:
     """Hand changes around the suite's units, nginx and engine (report.integrity), from
-    the run's one read (pyinfra_vllm/host_reads.py)."""
+    the run's one read (pyinfra_vllm/run/host_reads.py)."""
     settings = ctx.settings
-    units = [vllm_service_ops.UNIT]
+    units = [vllm_service_plan.UNIT]
     if settings.vllm_device != "cpu":
         units.append(persistence_ops.PERSISTENCED_UNIT)
     drop_ins = {unit: host.get_fact(UnitDropIns, unit=unit) for unit in units}
@@ -101,7 +101,7 @@ def _integrity(ctx) -> dict:
         nginx = host.get_fact(NginxServers)
     engine = None
     if ctx.engine_expected is not None:
-        engine = host.get_fact(EngineProcess, **vllm_service_ops.ENGINE_PROCESS_READ)
+        engine = host.get_fact(EngineProcess, **vllm_service_plan.ENGINE_PROCESS_READ)
     return integrity(
         drop_ins,
         {persistence_ops.PERSISTENCED_UNIT: [persistence_ops.PERSISTENCED_DROP_IN]},

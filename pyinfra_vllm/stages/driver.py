@@ -26,7 +26,7 @@ from pyinfra.operations import apt, server
 
 from operations import driver as driver_ops
 from operations import gate
-from pyinfra_vllm.context import context
+from pyinfra_vllm.run.context import context
 
 
 @deploy("driver")

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pyinfra import host
 from pyinfra.api import deploy
 
-from pyinfra_vllm.context import context
+from pyinfra_vllm.run.context import context
 from pyinfra_vllm.stages.driver import driver
 from pyinfra_vllm.stages.gateway import gateway
 from pyinfra_vllm.stages.metrics import metrics

@@ -34,8 +34,9 @@ from pyinfra.operations import apt
 from facts.nginx import NginxServers
 from operations import gate, units
 from operations import gateway as gateway_ops
-from operations import vllm_service as vllm_service_ops
-from pyinfra_vllm.context import context
+from pyinfra_vllm.plans import gateway as gateway_plan
+from pyinfra_vllm.plans import vllm_service as vllm_service_plan
+from pyinfra_vllm.run.context import context
 from pyinfra_vllm.stages import APT_LISTS_MAX_AGE_S
 
 logger = logging.getLogger("pyinfra")
@@ -74,9 +75,9 @@ def gateway() -> None:
         # Servers of other files on the gateway's ports; none on a host without nginx.
         ports = [settings.gateway_port] + (
             [settings.gateway_http_redirect_port] if settings.gateway_http_redirect_port else [])
-        foreign = gateway_ops.foreign_servers(host.get_fact(NginxServers), ports)
+        foreign = gateway_plan.foreign_servers(host.get_fact(NginxServers), ports)
         unsafe = [
-            f"gateway: {gateway_ops.foreign_words(entry)} takes port(s) "
+            f"gateway: {gateway_plan.foreign_words(entry)} takes port(s) "
             f"{', '.join(map(str, ports))} from the gateway and cannot be set aside whole: "
             f"{entry['unsafe']}; remove or move that server block by hand, or change "
             "gateway_port"
@@ -100,8 +101,8 @@ def gateway() -> None:
         tls_files: dict[str, tuple[str, str]] = {}
         if settings.gateway_tls_cert and settings.gateway_tls_key:
             tls_files = {
-                gateway_ops.TLS_CERT_PATH: (Path(settings.gateway_tls_cert).read_text(), "644"),
-                gateway_ops.TLS_KEY_PATH: (Path(settings.gateway_tls_key).read_text(), "600"),
+                gateway_plan.TLS_CERT_PATH: (Path(settings.gateway_tls_cert).read_text(), "644"),
+                gateway_plan.TLS_KEY_PATH: (Path(settings.gateway_tls_key).read_text(), "600"),
             }
         elif keys:
             logger.warning(
@@ -116,7 +117,7 @@ def gateway() -> None:
 
         gateway_ops.site(
             name="Gateway: nginx site and API keys (nginx -t before going live)",
-            site_content=gateway_ops.render_site(
+            site_content=gateway_plan.render_site(
                 vllm_host=settings.vllm_host,
                 vllm_port=settings.vllm_port,
                 gateway_port=settings.gateway_port,
@@ -124,7 +125,7 @@ def gateway() -> None:
                 node_exporter_port=(settings.node_exporter_port
                                     if settings.node_exporter_served else None),
                 body_mib=settings.gateway_max_body_mib
-                or gateway_ops.body_limit_mib(settings.max_model_len),
+                or gateway_plan.body_limit_mib(settings.max_model_len),
                 proxy_timeout_s=settings.gateway_proxy_timeout_s,
                 extra_directives=settings.gateway_extra_directives,
                 tls=bool(tls_files),
@@ -132,8 +133,8 @@ def gateway() -> None:
             ),
             # An engine beyond loopback demands a key itself: nginx sends it the one the
             # vllm_service stage put in its environment file.
-            keys_content=gateway_ops.render_keys_map(
-                keys, upstream_key=vllm_service_ops.engine_api_key(settings)
+            keys_content=gateway_plan.render_keys_map(
+                keys, upstream_key=vllm_service_plan.engine_api_key(settings)
             ),
             extra_files=tls_files,
             secrets=keys,

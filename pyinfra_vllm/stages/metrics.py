@@ -2,7 +2,7 @@
 
 With ``node_exporter_install`` (default) the distribution's prometheus-node-exporter is
 installed, enabled and running, its command line set by the suite's drop-in
-(operations/node_exporter.py): 127.0.0.1:``node_exporter_port`` only, the textfile
+(pyinfra_vllm/plans/metrics.py): 127.0.0.1:``node_exporter_port`` only, the textfile
 collector on ``textfile_collector_dir``, the systemd collector for the suite's units. The
 drop-in is written before the package is installed, so the package's first start already
 listens on loopback alone. A central Prometheus reads it through the gateway's
@@ -10,7 +10,7 @@ listens on loopback alone. A central Prometheus reads it through the gateway's
 
 The checks preflight ran (OS, driver, GPUs, NVLink, and the model's architecture,
 context length and capacity), the stack, and the capacity plan, as Prometheus gauges in
-``{textfile_collector_dir}/pyinfra_vllm.prom`` (pyinfra_vllm/textfile.py). node_exporter's
+``{textfile_collector_dir}/pyinfra_vllm.prom`` (pyinfra_vllm/plans/textfile.py). node_exporter's
 ``--collector.textfile.directory`` reads it. A host a
 stage refused gets no new file: alert on the file's age or on a missing series. A run
 that reboots into a driver it installed leaves the file to the next run: its verdicts
@@ -27,12 +27,12 @@ from pyinfra.facts.deb import DebPackage
 from pyinfra.operations import apt, systemd
 
 from operations import file_set, units
-from operations import node_exporter as node_exporter_ops
-from pyinfra_vllm.context import context
-from pyinfra_vllm.gates import model_gates
-from pyinfra_vllm.report import summarize
+from pyinfra_vllm.plans import metrics as metrics_plan
+from pyinfra_vllm.plans.gates import model_gates
+from pyinfra_vllm.plans.textfile import metrics_text
+from pyinfra_vllm.run.context import context
+from pyinfra_vllm.run.report import summarize
 from pyinfra_vllm.stages import APT_LISTS_MAX_AGE_S
-from pyinfra_vllm.textfile import metrics_text
 
 
 def node_exporter(port: int, textfile_dir: str) -> None:
@@ -40,14 +40,14 @@ def node_exporter(port: int, textfile_dir: str) -> None:
     # Before the package: its postinst starts the service, which must already read this.
     override = file_set.present(
         name="Metrics: node_exporter on loopback, reading the suite's textfile directory",
-        files={node_exporter_ops.DROP_IN: (
-            node_exporter_ops.render_drop_in(port, textfile_dir).encode(), "644")},
+        files={metrics_plan.DROP_IN: (
+            metrics_plan.render_drop_in(port, textfile_dir).encode(), "644")},
     )
     # Read once: a host with the package needs no apt operation at all.
-    if not host.get_fact(DebPackage, package=node_exporter_ops.PACKAGE):
+    if not host.get_fact(DebPackage, package=metrics_plan.PACKAGE):
         apt.packages(
             name="Metrics: prometheus-node-exporter installed",
-            packages=[node_exporter_ops.PACKAGE],
+            packages=[metrics_plan.PACKAGE],
             update=True,
             cache_time=APT_LISTS_MAX_AGE_S,
             no_recommends=True,
@@ -56,13 +56,13 @@ def node_exporter(port: int, textfile_dir: str) -> None:
     # A running node_exporter keeps its old command line until restarted.
     systemd.service(
         name="Metrics: restart node_exporter with its new command line",
-        service=node_exporter_ops.UNIT,
+        service=metrics_plan.UNIT,
         running=True,
         restarted=True,
         _if=override.did_change,
     )
     units.enabled_and_running(name="Metrics: node_exporter enabled and running",
-                              unit=node_exporter_ops.UNIT)
+                              unit=metrics_plan.UNIT)
 
 
 @deploy("metrics")
@@ -76,7 +76,7 @@ def metrics() -> None:
             node_exporter(ctx.settings.node_exporter_port, ctx.settings.textfile_collector_dir)
         file_set.absent(name="Metrics: no per-host scrape job (the operator's Prometheus "
                         "has the fleet's, from tools.scrape_config)",
-                        paths=[node_exporter_ops.LEGACY_SCRAPE_JOB])
+                        paths=[metrics_plan.LEGACY_SCRAPE_JOB])
 
     if ctx.proceed("metrics") and ctx.stale:
         # The verdicts would describe the host before its reboot into the new driver.
@@ -103,7 +103,7 @@ def metrics() -> None:
         file_set.present(
             name="Metrics: verdicts for node_exporter's textfile collector",
             files={
-                f"{settings.textfile_collector_dir}/{node_exporter_ops.TEXTFILE_NAME}": (
+                f"{settings.textfile_collector_dir}/{metrics_plan.TEXTFILE_NAME}": (
                     metrics_text(host.name, checks, info, capacity).encode(),
                     "644",
                 )

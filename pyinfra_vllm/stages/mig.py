@@ -19,7 +19,7 @@ from pyinfra import host
 from pyinfra.api import deploy
 
 from operations import mig as mig_ops
-from pyinfra_vllm.context import context
+from pyinfra_vllm.run.context import context
 
 
 @deploy("mig")

@@ -24,8 +24,9 @@ from pyinfra.api import deploy
 from facts.model import ModelFiles, silently_changed
 from operations import gate
 from operations import model as model_ops
-from pyinfra_vllm.context import context
-from pyinfra_vllm.locks import hf_token
+from pyinfra_vllm.core import model_files as model_plan
+from pyinfra_vllm.core.locks import hf_token
+from pyinfra_vllm.run.context import context
 
 
 @deploy("model")
@@ -37,7 +38,7 @@ def model() -> None:
         settings = ctx.settings
         token = hf_token(settings)
         lock = ctx.required_lock()
-        dest = model_ops.model_path(settings.model_dir, settings.model_id)
+        dest = model_plan.model_path(settings.model_dir, settings.model_id)
         corrupt: list[str] = []
         if settings.deep_model_check:
             content = ctx.deep_model_check(host, dest)

@@ -16,7 +16,7 @@ from pyinfra.api import deploy
 from pyinfra.operations import files
 
 from operations import model_volume as model_volume_ops
-from pyinfra_vllm.context import context
+from pyinfra_vllm.run.context import context
 
 
 @deploy("model_volume")

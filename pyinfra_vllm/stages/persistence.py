@@ -23,7 +23,7 @@ from pyinfra.operations.util import any_changed
 
 from operations import file_set, units
 from operations import persistence as persistence_ops
-from pyinfra_vllm.context import context
+from pyinfra_vllm.run.context import context
 
 
 @deploy("persistence")

@@ -4,7 +4,7 @@ Supported OS; the driver loaded, matching its installed packages, and new enough
 the stack's CUDA build; enough GPUs with enough memory; the tensor-parallel GPUs
 joined by NVLink; no GPU the engine runs on failing its health (uncorrectable memory
 errors pending a reset, a row-remapping failure, a fatal Xid in the kernel log since
-boot, the tensor-parallel NVLink down: pyinfra_vllm/gpu_health.py). Then the model, from the config.json in its lock: the stack's vLLM
+boot, the tensor-parallel NVLink down: pyinfra_vllm/plans/gpu_health.py). Then the model, from the config.json in its lock: the stack's vLLM
 loads its architecture (the host's installed registry when it has the stack, else the
 built-in table), max_model_len is within the model's limit, and it fits the GPUs next
 to the weights (the numbers are shown). A failed check stops this host (and only this
@@ -22,12 +22,12 @@ from pyinfra import host, logger
 from pyinfra.api import deploy
 
 from operations import file_set, gate
-from operations import node_exporter as node_exporter_ops
-from pyinfra_vllm.checks import blocking, check_gpu_health, check_host, gpu_health
-from pyinfra_vllm.context import context
-from pyinfra_vllm.gates import installed_registry, model_gates
-from pyinfra_vllm.settings import Settings
-from pyinfra_vllm.textfile import gpu_health_text
+from pyinfra_vllm.core.settings import Settings
+from pyinfra_vllm.plans import metrics as metrics_plan
+from pyinfra_vllm.plans.checks import blocking, check_gpu_health, check_host, gpu_health
+from pyinfra_vllm.plans.gates import installed_registry, model_gates
+from pyinfra_vllm.plans.textfile import gpu_health_text
+from pyinfra_vllm.run.context import context
 
 
 @deploy("preflight")
@@ -62,7 +62,7 @@ def preflight() -> None:
 def health_textfile(settings: Settings, health: dict) -> None:
     """The GPUs' health for node_exporter's textfile collector (nothing without GPUs)."""
     if health and "metrics" not in settings.skip_stages:
-        path = node_exporter_ops.health_textfile(settings.textfile_collector_dir)
+        path = metrics_plan.health_textfile(settings.textfile_collector_dir)
         file_set.present(
             name="Preflight: GPU health for node_exporter's textfile collector",
             files={path: (gpu_health_text(host.name, health).encode(), "644")},

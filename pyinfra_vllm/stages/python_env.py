@@ -26,8 +26,9 @@ from pyinfra.operations import apt, files
 from facts.python_env import HostPython
 from operations import gate
 from operations import python_env as python_env_ops
-from pyinfra_vllm.context import context
-from pyinfra_vllm.stacks import INSTALLERS
+from pyinfra_vllm.core.stacks import INSTALLERS
+from pyinfra_vllm.plans import python_env as python_env_plan
+from pyinfra_vllm.run.context import context
 from pyinfra_vllm.stages import APT_LISTS_MAX_AGE_S
 
 
@@ -46,13 +47,13 @@ def python_env(wait: bool = True) -> None:
         root = settings.python_env_root
         manager = settings.python_env_manager
 
-        python = python_env_ops.interpreter(manager, stack)
+        python = python_env_plan.interpreter(manager, stack)
         path = ctx.environment_path(host)
         # What building needs (Miniforge, or python3 in range with venv, and uv) matters only
         # when there is something to build: a proven environment costs no reads for it.
-        build = not python_env_ops.proven(ctx.environments(host), path, stack)
+        build = not python_env_plan.proven(ctx.environments(host), path, stack)
         current = ctx.environments(host)["current"]
-        changed = current and python_env_ops.integrity_problem(ctx.environments(host), current)
+        changed = current and python_env_plan.integrity_problem(ctx.environments(host), current)
         if changed:
             # Not an error: the repair is a new generation beside it (the old one stays
             # until pruned, for whoever wants to see what was changed).
@@ -72,7 +73,7 @@ def python_env(wait: bool = True) -> None:
                 proxy=settings.http_proxy,
             )
         elif build:
-            problem = python_env_ops.python_problem(
+            problem = python_env_plan.python_problem(
                 host.get_fact(HostPython), stack["python_range"], manager
             )
             if problem:

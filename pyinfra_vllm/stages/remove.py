@@ -32,17 +32,18 @@ from pyinfra.operations import systemd
 
 from operations import driver as driver_ops
 from operations import file_set
-from operations import gateway as gateway_ops
 from operations import model as model_ops
-from operations import node_exporter as node_exporter_ops
 from operations import persistence as persistence_ops
 from operations import remove as remove_ops
 from operations import sysctl as sysctl_ops
-from operations import vllm_service as vllm_ops
-from pyinfra_vllm.settings import load_settings
+from pyinfra_vllm.core import model_files as model_plan
+from pyinfra_vllm.core.settings import load_settings
+from pyinfra_vllm.plans import gateway as gateway_plan
+from pyinfra_vllm.plans import metrics as metrics_plan
+from pyinfra_vllm.plans import vllm_service as vllm_plan
 
 # Under /var/lib/pyinfra-vllm (operations/model.py TOOL_DIR): the downloader and the
-# model locks go; gateway_ops.DISABLED_DIR and units.DISABLED_DROP_IN_DIR, what the suite
+# model locks go; gateway_plan.DISABLED_DIR and units.DISABLED_DROP_IN_DIR, what the suite
 # set aside, stay.
 TOOL_FILES = (f"{model_ops.TOOL_DIR}/fetch_model.py", f"{model_ops.TOOL_DIR}/locks")
 
@@ -57,30 +58,30 @@ def remove() -> None:
     )
     remove_ops.unit_removed(
         name="Remove: vllm.service stopped, disabled and removed",
-        unit=f"{vllm_ops.SERVICE}.service",
-        paths=[vllm_ops.UNIT_PATH, f"{vllm_ops.UNIT_PATH}.d"],
+        unit=f"{vllm_plan.SERVICE}.service",
+        paths=[vllm_plan.UNIT_PATH, f"{vllm_plan.UNIT_PATH}.d"],
     )
     file_set.absent(
         name="Remove: the engine's environment file and helpers",
-        paths=[vllm_ops.ENV_PATH.rpartition("/")[0], vllm_ops.HELPER_DIR],
+        paths=[vllm_plan.ENV_PATH.rpartition("/")[0], vllm_plan.HELPER_DIR],
     )
 
     remove_ops.nginx_site_removed(
         name="Remove: the gateway's nginx site, API keys and TLS files (nginx -t before reload)",
-        paths=[gateway_ops.SITE_PATH, gateway_ops.KEYS_PATH, gateway_ops.TLS_DIR,
-               gateway_ops.STAGING_DIR],
+        paths=[gateway_plan.SITE_PATH, gateway_plan.KEYS_PATH, gateway_plan.TLS_DIR,
+               gateway_plan.STAGING_DIR],
     )
 
     remove_ops.unit_removed(
         name="Remove: node_exporter stopped and disabled, the suite's drop-in removed",
-        unit=node_exporter_ops.UNIT,
-        paths=[node_exporter_ops.DROP_IN],
+        unit=metrics_plan.UNIT,
+        paths=[metrics_plan.DROP_IN],
     )
     file_set.absent(
         name="Remove: the metrics textfiles and the old scrape job",
-        paths=[f"{settings.textfile_collector_dir}/{node_exporter_ops.TEXTFILE_NAME}",
-               f"{settings.textfile_collector_dir}/{node_exporter_ops.HEALTH_TEXTFILE_NAME}",
-               node_exporter_ops.LEGACY_SCRAPE_JOB],
+        paths=[f"{settings.textfile_collector_dir}/{metrics_plan.TEXTFILE_NAME}",
+               f"{settings.textfile_collector_dir}/{metrics_plan.HEALTH_TEXTFILE_NAME}",
+               metrics_plan.LEGACY_SCRAPE_JOB],
     )
 
     sysctl_file = file_set.absent(
@@ -113,14 +114,14 @@ def remove() -> None:
 
     file_set.absent(
         name="Remove: the Python environments, the engine's state and the suite's tools",
-        paths=[settings.python_env_root, vllm_ops.STATE_DIR, driver_ops.CUDA_KEY_DIR,
+        paths=[settings.python_env_root, vllm_plan.STATE_DIR, driver_ops.CUDA_KEY_DIR,
                *TOOL_FILES, "/run/pyinfra-vllm"],
     )
 
     if settings.remove_model_files:
         file_set.absent(
             name="Remove: the model's files (remove_model_files)",
-            paths=[model_ops.model_path(settings.model_dir, settings.model_id)],
+            paths=[model_plan.model_path(settings.model_dir, settings.model_id)],
         )
     if settings.remove_volume_fstab:
         remove_ops.volume_released(

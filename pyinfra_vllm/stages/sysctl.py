@@ -14,7 +14,7 @@ from pyinfra import host
 from pyinfra.api import deploy
 
 from operations import sysctl as sysctl_ops
-from pyinfra_vllm.context import context
+from pyinfra_vllm.run.context import context
 
 
 @deploy("sysctl")

@@ -31,9 +31,11 @@ from pyinfra.operations.util import any_changed
 from facts.python_env import MARKER
 from facts.storage import FilesystemSize
 from facts.topology import tp_link_verdict
-from operations import accounts, file_set, gate, model, rolling, units
+from operations import accounts, file_set, gate, rolling, units
 from operations import vllm_service as vllm_service_ops
-from pyinfra_vllm.context import context
+from pyinfra_vllm.core import model_files as model_plan
+from pyinfra_vllm.plans import vllm_service as vllm_service_plan
+from pyinfra_vllm.run.context import context
 
 
 @deploy("vllm_service")
@@ -45,12 +47,12 @@ def vllm_service() -> None:
         settings = ctx.settings
         env_path = ctx.environment_path(host)
         python = f"{env_path}/bin/python"
-        model_path = model.model_path(settings.model_dir, settings.model_id)
+        model_path = model_plan.model_path(settings.model_dir, settings.model_id)
         devices, threads_bind = None, None
         if settings.vllm_device == "cpu":
             # The CPUs preflight read; the setting, when given, wins.
             cpu = ctx.state.get("cpu") or {}
-            threads_bind = settings.vllm_cpu_threads_bind or vllm_service_ops.cpu_threads_bind(
+            threads_bind = settings.vllm_cpu_threads_bind or vllm_service_plan.cpu_threads_bind(
                 cpu.get("cpus") or [], cpu.get("numa_nodes"), settings.tensor_parallel_size)
         else:
             # The GPUs preflight judged: the NVLink-joined set when there is one.
@@ -60,14 +62,14 @@ def vllm_service() -> None:
         accepted = set(marker["runtime"]["flags"]) if marker else None
 
         problems = []
-        flags = vllm_service_ops.server_flags(settings, model_path, accepted)
-        unknown = vllm_service_ops.unknown_flags(flags, accepted) if accepted else []
+        flags = vllm_service_plan.server_flags(settings, model_path, accepted)
+        unknown = vllm_service_plan.unknown_flags(flags, accepted) if accepted else []
         if unknown:
             problems.append(
                 f"vllm_service: the installed vLLM {settings.vllm_version} server does not accept "
                 f"{', '.join(unknown)}: change the setting that adds it, or vllm_version"
             )
-        shm = vllm_service_ops.shm_problem(host.get_fact(FilesystemSize, path="/dev/shm"),
+        shm = vllm_service_plan.shm_problem(host.get_fact(FilesystemSize, path="/dev/shm"),
                                        settings.vllm_min_shm_mib)
         if shm:
             problems.append(f"vllm_service: {shm}; raise it (fstab: tmpfs /dev/shm size=...) "
@@ -85,25 +87,25 @@ def vllm_service() -> None:
         else:
             accounts.system_account(
                 name="vLLM service: system account vllm (no login)",
-                account=vllm_service_ops.SERVICE_USER,
-                home=vllm_service_ops.STATE_DIR,
+                account=vllm_service_plan.SERVICE_USER,
+                home=vllm_service_plan.STATE_DIR,
             )
             if settings.vllm_device == "cpu":
                 # No GPU guard on CPU: the unit has no ExecStartPre for it.
                 file_set.present(
                     name="vLLM service: readiness wait",
                     files={
-                        vllm_service_ops.READY_PATH: ("files/wait_ready.py", "755"),
-                        vllm_service_ops.IDLE_PATH: ("files/engine_idle.py", "755"),
+                        vllm_service_plan.READY_PATH: ("files/wait_ready.py", "755"),
+                        vllm_service_plan.IDLE_PATH: ("files/engine_idle.py", "755"),
                     },
                 )
             else:
                 file_set.present(
                     name="vLLM service: GPU guard and readiness wait",
                     files={
-                        vllm_service_ops.GUARD_PATH: ("files/gpu_guard.py", "755"),
-                        vllm_service_ops.READY_PATH: ("files/wait_ready.py", "755"),
-                        vllm_service_ops.IDLE_PATH: ("files/engine_idle.py", "755"),
+                        vllm_service_plan.GUARD_PATH: ("files/gpu_guard.py", "755"),
+                        vllm_service_plan.READY_PATH: ("files/wait_ready.py", "755"),
+                        vllm_service_plan.IDLE_PATH: ("files/engine_idle.py", "755"),
                     },
                 )
             if marker is None:
@@ -121,29 +123,29 @@ def vllm_service() -> None:
             # never on its command line, which ps shows to every user).
             foreign = units.drop_ins_only(
                 name="vLLM service: no foreign drop-in for its unit",
-                unit=vllm_service_ops.UNIT,
+                unit=vllm_service_plan.UNIT,
             )
             # Staged beside the live files, moved into place inside the rolling restart's
             # slot: a host the rollout never reaches (another failed readiness) keeps its
             # unit, and its engine the configuration it runs with.
             unit_files = {
-                vllm_service_ops.UNIT_PATH: vllm_service_ops.render_unit(
+                vllm_service_plan.UNIT_PATH: vllm_service_plan.render_unit(
                     settings, python=python, model_path=model_path, devices=devices,
                     accepted=accepted, threads_bind=threads_bind,
                 ).encode(),
-                vllm_service_ops.ENV_PATH: vllm_service_ops.render_env(
-                    api_key=vllm_service_ops.engine_api_key(settings),
+                vllm_service_plan.ENV_PATH: vllm_service_plan.render_env(
+                    api_key=vllm_service_plan.engine_api_key(settings),
                 ).encode(),
             }
             unit = file_set.present(
                 name="vLLM service: systemd unit and its environment file",
                 files={
-                    vllm_service_ops.UNIT_PATH: (unit_files[vllm_service_ops.UNIT_PATH], "644"),
-                    vllm_service_ops.ENV_PATH: (unit_files[vllm_service_ops.ENV_PATH], "600"),
+                    vllm_service_plan.UNIT_PATH: (unit_files[vllm_service_plan.UNIT_PATH], "644"),
+                    vllm_service_plan.ENV_PATH: (unit_files[vllm_service_plan.ENV_PATH], "600"),
                 },
                 stage=True,
             )
-            expected = vllm_service_ops.engine_expected(
+            expected = vllm_service_plan.engine_expected(
                 settings, python=python, model_path=model_path, devices=devices,
                 accepted=accepted, threads_bind=threads_bind,
             )
@@ -169,7 +171,7 @@ def vllm_service() -> None:
                 batch=settings.rolling_batch,
                 grace_s=settings.drain_grace_s,
                 python=python,
-                metrics_url=f"http://{vllm_service_ops.engine_address(settings.vllm_host, settings.vllm_port)}/metrics",
+                metrics_url=f"http://{vllm_service_plan.engine_address(settings.vllm_host, settings.vllm_port)}/metrics",
                 _if=any_changed(unit, foreign, stale, *repaired),
             )
             vllm_service_ops.running(name="vLLM service: enabled and running"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from pyinfra_vllm.settings import STAGES
+from pyinfra_vllm.core.settings import STAGES
 
 SYSCTL_DROP_IN = Path("/etc/sysctl.d/60-vllm.conf")
 CONFIG = Path(__file__).resolve().parents[1] / "fixtures/hf/qwen3.6-27b/config.json"

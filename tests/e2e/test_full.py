@@ -81,7 +81,7 @@ def test_second_run_changes_nothing(fleet):
 
 
 def test_a_converged_host_is_read_in_at_most_five_remote_commands(fleet):
-    # pyinfra_vllm/host_reads.py: the whole run's reads in one command; -vvv prints each
+    # pyinfra_vllm/run/host_reads.py: the whole run's reads in one command; -vvv prints each
     # remote command once, behind ">>> ".
     proc = fleet.pyinfra("-vvv", *CUDA_063, "deploys/full.py")
     lines = (proc.stdout + proc.stderr).splitlines()

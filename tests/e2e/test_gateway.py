@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from operations.gateway import SITE_PATH, body_limit_mib
+from pyinfra_vllm.plans.gateway import SITE_PATH, body_limit_mib
 from tests.e2e.conftest import booted
 
 pytestmark = pytest.mark.e2e

@@ -10,7 +10,7 @@ the metrics files, the drop-ins and the model's directory; nginx stays installed
 working. A second removal changes nothing.
 
 Then deploys/full.py builds the environment again and downloads the model, a transient
-systemd unit (operations/jobs.py), with the mirror's `slow` fault on the model's largest
+systemd unit (operations/util/jobs.py), with the mirror's `slow` fault on the model's largest
 file (about 30 s for it): the operator's run is killed (SIGKILL to its process group: the
 laptop lid closes) while that unit is active; the download goes on, and the next run
 attaches to it instead of starting a second one (the mirror served that file once), and
@@ -18,7 +18,7 @@ it succeeds with the files verified. A last run changes nothing. Killed the same
 once more, the run's jobs still running are stopped by deploys/remove.py before it
 removes what they write: nothing of the suite runs or is left after it.
 
-The environment build runs through the same kill-and-attach code of operations/jobs.py
+The environment build runs through the same kill-and-attach code of operations/util/jobs.py
 (start, watch, attach when the unit is still running); the download is the one tested
 because the mirror can slow it down, where the build's time is the package index's.
 
@@ -38,7 +38,7 @@ from typing import Any
 
 import pytest
 
-from operations.jobs import unit_name
+from operations.util.jobs import unit_name
 from sandbox import model_mirror
 from tests.e2e.conftest import PYINFRA, REPO_ROOT, SERVED_SEED, booted, mirror_control
 

@@ -32,8 +32,8 @@ from itertools import pairwise
 
 import pytest
 
-from pyinfra_vllm.stack_locks import read_lock
-from pyinfra_vllm.stacks import CPU_STACKS
+from pyinfra_vllm.core.stack_locks import read_lock
+from pyinfra_vllm.core.stacks import CPU_STACKS
 from tests.e2e.conftest import booted
 
 pytestmark = pytest.mark.e2e

@@ -26,7 +26,7 @@ import json
 import pytest
 
 from facts.cpu_host import parse_cpu_list
-from operations.vllm_service import cpu_threads_bind
+from pyinfra_vllm.plans.vllm_service import cpu_threads_bind
 from tests.e2e.conftest import SERVED_SEED, SERVING_KEY, booted
 
 pytestmark = pytest.mark.e2e

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from facts.topology import parse_topology
-from pyinfra_vllm.report import model_plans, summarize
-from pyinfra_vllm.settings import validate
+from pyinfra_vllm.core.settings import validate
+from pyinfra_vllm.run.report import model_plans, summarize
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 NVIDIA = FIXTURES / "nvidia"

@@ -14,7 +14,8 @@ from pyinfra.api.state import StateStage
 from pyinfra.context import ctx_host, ctx_state
 
 from operations import gate
-from pyinfra_vllm.report import (
+from pyinfra_vllm.core.settings import validate
+from pyinfra_vllm.run.report import (
     host_plan,
     model_integrity,
     model_plans,
@@ -22,7 +23,6 @@ from pyinfra_vllm.report import (
     split_op_name,
     summary_table,
 )
-from pyinfra_vllm.settings import validate
 from tools.audit import UsageError, parse_args, plan_hosts, pyinfra_command, verdict
 
 CONFIG = Path(__file__).resolve().parents[1] / "fixtures/hf/qwen3.6-27b/config.json"

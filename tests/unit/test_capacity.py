@@ -1,11 +1,11 @@
-"""pyinfra_vllm.capacity against the Qwen3.6-27B-like fixture and the mirror's tiny Qwen2."""
+"""pyinfra_vllm.plans.capacity against the Qwen3.6-27B-like fixture and the mirror's tiny Qwen2."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from pyinfra_vllm.capacity import GIB, estimate_parameters, layer_types, plan
+from pyinfra_vllm.plans.capacity import GIB, estimate_parameters, layer_types, plan
 from sandbox.mirror import model
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures/hf/qwen3.6-27b/config.json"

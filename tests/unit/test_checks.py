@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from pyinfra_vllm.checks import blocking, check_host, version_tuple
-from pyinfra_vllm.settings import validate
+from pyinfra_vllm.core.settings import validate
+from pyinfra_vllm.plans.checks import blocking, check_host, version_tuple
 
 UBUNTU_2204 = {"name": "Ubuntu", "major": 22, "minor": 4, "release_meta": {"PRETTY_NAME": "Ubuntu 22.04.4 LTS"}}
 

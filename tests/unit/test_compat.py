@@ -1,13 +1,13 @@
-"""pyinfra_vllm.compat: the architecture gate (the driver minimum is pyinfra_vllm.checks's)."""
+"""pyinfra_vllm.plans.compat: the architecture gate (the driver minimum is pyinfra_vllm.plans.checks's)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from pyinfra_vllm.compat import check_architecture, first_supporting
-from pyinfra_vllm.stacks import STACKS
-from pyinfra_vllm.versions import version_tuple
+from pyinfra_vllm.core.stacks import STACKS
+from pyinfra_vllm.core.versions import version_tuple
+from pyinfra_vllm.plans.compat import check_architecture, first_supporting
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures/hf/qwen3.6-27b/config.json"
 

@@ -11,14 +11,14 @@ from unittest import mock
 import pytest
 
 from files import vllm_probe
-from operations.python_env import environment_base, proven, stack_label
-from operations.vllm_service import cpu_threads_bind, render_unit, server_flags
-from pyinfra_vllm.checks import blocking, check_host, cpu_reserve_bytes
-from pyinfra_vllm.gates import model_gates
-from pyinfra_vllm.settings import SettingsError
-from pyinfra_vllm.settings import validate as validate_settings
-from pyinfra_vllm.stack_locks import distribution, read_lock, requirements_text
-from pyinfra_vllm.stacks import CPU_STACKS, STACKS, stack_for
+from pyinfra_vllm.core.settings import SettingsError
+from pyinfra_vllm.core.settings import validate as validate_settings
+from pyinfra_vllm.core.stack_locks import distribution, read_lock, requirements_text
+from pyinfra_vllm.core.stacks import CPU_STACKS, STACKS, stack_for
+from pyinfra_vllm.plans.checks import blocking, check_host, cpu_reserve_bytes
+from pyinfra_vllm.plans.gates import model_gates
+from pyinfra_vllm.plans.python_env import environment_base, proven, stack_label
+from pyinfra_vllm.plans.vllm_service import cpu_threads_bind, render_unit, server_flags
 from sandbox.hosts import SERVING_DATA
 from sandbox.mirror.model import model_config
 
@@ -77,7 +77,7 @@ def test_settings_stack_follows_the_device():
 def test_a_version_without_a_cpu_row_is_refused():
     with pytest.raises(SettingsError) as error:
         validate({"vllm_device": "cpu"})  # vllm_version stays 0.6.3
-    assert "vllm_version 0.6.3 has no cpu stack (pyinfra_vllm/stacks.py); cpu stacks: 0.17.0" \
+    assert "vllm_version 0.6.3 has no cpu stack (pyinfra_vllm/core/stacks.py); cpu stacks: 0.17.0" \
         in str(error.value)
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pyinfra_vllm.settings import STAGES, Settings, reference_markdown
+from pyinfra_vllm.core.settings import STAGES, Settings, reference_markdown
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
@@ -39,7 +39,7 @@ def settings_table() -> str:
 
 def test_settings_table_matches_the_model():
     assert settings_table().strip() == reference_markdown().strip(), (
-        "docs/settings.md's table is stale: run `python -m pyinfra_vllm.settings` and paste "
+        "docs/settings.md's table is stale: run `python -m pyinfra_vllm.core.settings` and paste "
         "its output between the settings markers"
     )
 
@@ -174,7 +174,7 @@ def test_the_security_catalogue_is_the_tests_own():
 
 
 def test_the_gpu_health_page_lists_every_xid_code_the_suite_knows():
-    from pyinfra_vllm.gpu_health import XID_CODES
+    from pyinfra_vllm.plans.gpu_health import XID_CODES
 
     rows = {int(m.group(1)): m.group(2) for m in re.finditer(
         r"^\| (\d+) \| [^|]+ \| (failing|degraded|info) \|", text("gpu-health.md"), flags=re.M)}

@@ -14,7 +14,7 @@ from operations.driver import (
     render_blacklist,
     unheld_packages,
 )
-from pyinfra_vllm.settings import SettingsError, validate
+from pyinfra_vllm.core.settings import SettingsError, validate
 
 
 def test_blacklist_is_an_apt_conf_list_of_prefix_regexes():

@@ -1,4 +1,4 @@
-"""``--diff`` for the suite's own file operations (operations/file_diff.py): a file whose
+"""``--diff`` for the suite's own file operations (operations/util/file_diff.py): a file whose
 digest differs is read and diffed in pyinfra's format, a matching set reads nothing, and
 a secret file's values (old and new) appear nowhere, not even in what ``pyinfra -vvv``
 prints: the facts' commands and outputs.
@@ -21,8 +21,10 @@ from pyinfra.context import ctx_host, ctx_state
 from pyinfra_testing.util import FakeState, create_host
 
 from facts.files import SecretFileLines
-from operations import file_diff, file_set, gateway
-from operations.vllm_service import render_env
+from operations import file_set, gateway
+from operations.util import file_diff
+from pyinfra_vllm.plans import gateway as gateway_plan
+from pyinfra_vllm.plans.vllm_service import render_env
 
 OLD_KEY = "sk-old-Zq8vN3rT5yU7iO9pA1sD3fG5hJ7kL9mx"
 NEW_KEY = "sk-new-Wc2eR4tY6uI8oP0aS2dF4gH6jK8lZ0vb"
@@ -199,18 +201,18 @@ def test_no_secret_at_vvv_for_the_env_file(tmp_path, caplog):
 def test_no_secret_at_vvv_for_the_api_keys_file_and_tls_key(tmp_path, caplog):
     site_path, keys_path, tls_key = (tmp_path / "vllm.conf", tmp_path / "keys.conf",
                                      tmp_path / "key.pem")
-    site_text = gateway.render_site(vllm_host="127.0.0.1", vllm_port=8000, gateway_port=8001,
+    site_text = gateway_plan.render_site(vllm_host="127.0.0.1", vllm_port=8000, gateway_port=8001,
                                     metrics_allow=["127.0.0.1/32"], body_mib=2,
                                     proxy_timeout_s=3600, keys_path=str(keys_path))
     site_path.write_text(site_text.replace("3600", "600"))
-    keys_path.write_text(gateway.render_keys_map([OLD_KEY], upstream_key=OLD_KEY))
+    keys_path.write_text(gateway_plan.render_keys_map([OLD_KEY], upstream_key=OLD_KEY))
     pem_old = "-----BEGIN PRIVATE KEY-----\nMIIEvQIBADANBgkqhkiG9w0BAQEFAASCBKcwggSjAgEAAoIBAQC7old\n"
     pem_new = "-----BEGIN PRIVATE KEY-----\nMIIEvgIBADANBgkqhkiG9w0BAQEFAASCBKgwggSkAgEAAoIBAQDnew0\n"
     tls_key.write_text(pem_old)
     caplog.set_level(logging.DEBUG)
     _commands, host = _verbose_run(
         gateway.site, site_content=site_text,
-        keys_content=gateway.render_keys_map([NEW_KEY], upstream_key=NEW_KEY),
+        keys_content=gateway_plan.render_keys_map([NEW_KEY], upstream_key=NEW_KEY),
         site_path=str(site_path), keys_path=str(keys_path),
         staging_dir=str(tmp_path / "staging"),
         extra_files={str(tls_key): (pem_new, "600")}, secrets=[NEW_KEY])
@@ -221,7 +223,7 @@ def test_no_secret_at_vvv_for_the_api_keys_file_and_tls_key(tmp_path, caplog):
     assert "+     proxy_read_timeout 3600s;" in plain_text
     assert f"Will modify {keys_path} (secret: values masked)" in plain_text
     assert "<secret, changed>" in plain_text or "<secret, new>" in plain_text
-    for secret in (OLD_KEY, NEW_KEY, gateway.key_regex(OLD_KEY), gateway.key_regex(NEW_KEY),
+    for secret in (OLD_KEY, NEW_KEY, gateway_plan.key_regex(OLD_KEY), gateway_plan.key_regex(NEW_KEY),
                    "MIIEvQIBADANBgkqhkiG9w0BAQEFAASCBKcwggSjAgEAAoIBAQC7old",
                    "MIIEvgIBADANBgkqhkiG9w0BAQEFAASCBKgwggSkAgEAAoIBAQDnew0"):
         assert secret not in text

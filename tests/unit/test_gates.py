@@ -5,9 +5,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pyinfra_vllm.gates import check_context_length, gpu_memory_mib, installed_registry, model_gates
-from pyinfra_vllm.locks import safetensors_bytes
-from pyinfra_vllm.settings import validate
+from pyinfra_vllm.core.locks import safetensors_bytes
+from pyinfra_vllm.core.settings import validate
+from pyinfra_vllm.plans.gates import (
+    check_context_length,
+    gpu_memory_mib,
+    installed_registry,
+    model_gates,
+)
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 

@@ -10,17 +10,17 @@ from pathlib import Path
 import pytest
 from pyinfra.api import OperationValueError
 
-from operations.gateway import (
+from operations.gateway import swap_script
+from pyinfra_vllm.core.settings import Settings, validate
+from pyinfra_vllm.plans.gateway import (
     body_limit_mib,
     key_regex,
     metrics_networks,
     redactions,
     render_keys_map,
     render_site,
-    swap_script,
 )
-from operations.vllm_service import engine_address
-from pyinfra_vllm.settings import Settings, validate
+from pyinfra_vllm.plans.vllm_service import engine_address
 
 
 def site(**overrides) -> str:

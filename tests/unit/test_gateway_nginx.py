@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from operations.gateway import render_keys_map, render_site
+from pyinfra_vllm.plans.gateway import render_keys_map, render_site
 
 NGINX = shutil.which("nginx") or next(
     (p for p in ("/usr/sbin/nginx", "/sbin/nginx") if Path(p).exists()), None

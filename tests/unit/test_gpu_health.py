@@ -13,7 +13,7 @@ import pytest
 
 from facts import gpu_health as g
 from facts.topology import parse_nvlink_status
-from pyinfra_vllm.gpu_health import XID_CODES, gpu_verdict, host_gpu_health
+from pyinfra_vllm.plans.gpu_health import XID_CODES, gpu_verdict, host_gpu_health
 
 REPO = Path(__file__).resolve().parents[2]
 _ROOTS = [REPO / "tests" / "fixtures" / "nvidia"]

@@ -1,4 +1,4 @@
-"""The run's one read (pyinfra_vllm/host_reads.py) against this machine, through pyinfra's
+"""The run's one read (pyinfra_vllm/run/host_reads.py) against this machine, through pyinfra's
 own @local connector: each fact read in the one command equals the same fact read on its
 own, and the host is read again once something else ran on it."""
 
@@ -19,9 +19,9 @@ from facts.files import FileDigests, PathTypes
 from facts.host_state import SECTION, STATUS, side_by_side, split_sections
 from facts.storage import Fstab
 from facts.sysctl import KernelParam
-from pyinfra_vllm import host_reads
-from pyinfra_vllm.host_reads import Read
-from pyinfra_vllm.settings import validate
+from pyinfra_vllm.core.settings import validate
+from pyinfra_vllm.run import host_reads
+from pyinfra_vllm.run.host_reads import Read
 
 
 @pytest.fixture()

@@ -1,7 +1,7 @@
 """Hand changes around the suite: foreign drop-ins, foreign nginx servers on the gateway's
 port, an engine running with another configuration than its unit (facts/units.py
 UnitDropIns, facts/nginx.py NginxServers, facts/vllm_service.py EngineProcess, and the
-comparisons of operations/ and pyinfra_vllm/report.py).
+comparisons of operations/ and pyinfra_vllm/run/report.py).
 
 nginx outputs are real ``nginx -T`` dumps (tests/fixtures/nginx/, record.py there);
 the /proc reader runs for real against a process this test starts.
@@ -20,8 +20,9 @@ import pytest
 
 from facts.nginx import NginxServers
 from facts.vllm_service import EngineProcess, parse_process, process_snippet
-from operations.gateway import foreign_servers, listen_port, server_ports
-from operations.vllm_service import (
+from pyinfra_vllm.core.settings import validate
+from pyinfra_vllm.plans.gateway import foreign_servers, listen_port, server_ports
+from pyinfra_vllm.plans.vllm_service import (
     ENGINE_ENV_KEYS,
     SECRET_ENV_KEYS,
     engine_differences,
@@ -29,8 +30,7 @@ from operations.vllm_service import (
     environment_pairs,
     render_unit,
 )
-from pyinfra_vllm.report import integrity, integrity_problems, render_markdown
-from pyinfra_vllm.settings import validate
+from pyinfra_vllm.run.report import integrity, integrity_problems, render_markdown
 
 TESTS = Path(__file__).parents[1]
 RAW = TESTS / "fixtures" / "nginx"

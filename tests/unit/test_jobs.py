@@ -1,4 +1,4 @@
-"""Long jobs as transient units (operations/jobs.py): the progress lines, the polling
+"""Long jobs as transient units (operations/util/jobs.py): the progress lines, the polling
 loop against a sequence of unit states, the watch's output parsing, and the job script
 run for real by /bin/sh in a temporary directory (systemd's part, ExecStopPost's
 variables, given by hand as systemd.exec(5) names them)."""
@@ -10,7 +10,7 @@ import subprocess
 import pytest
 from pyinfra.api import StringCommand
 
-from operations import jobs
+from operations.util import jobs
 
 SIZES = {"config.json": 1_000, "model-1.safetensors": 30_000_000_000,
          "model-2.safetensors": 25_600_000_000}

@@ -13,9 +13,10 @@ from pyinfra_testing.util import FakeState, create_host
 
 from facts.model import mtime_ns, unverified
 from operations import model as model_ops
-from pyinfra_vllm.locks import LockFileError, load_lock, lock_path, safetensors_bytes
-from pyinfra_vllm.model_files import FETCH_LOCK, INCOMING, VERIFIED_NAME, unsafe_model_path
-from pyinfra_vllm.settings import Settings, validate
+from pyinfra_vllm.core import model_files as model_plan
+from pyinfra_vllm.core.locks import LockFileError, load_lock, lock_path, safetensors_bytes
+from pyinfra_vllm.core.model_files import FETCH_LOCK, INCOMING, VERIFIED_NAME, unsafe_model_path
+from pyinfra_vllm.core.settings import Settings, validate
 
 _SPEC = importlib.util.spec_from_file_location(
     "fetch_model", Path(__file__).resolve().parents[2] / "files" / "fetch_model.py")
@@ -137,7 +138,7 @@ def test_the_download_job_keeps_the_token_and_proxy_credentials_in_its_env_file_
                                      "units.UnitState": {f"unit={unit}": None}})
     with ctx_state.use(state), ctx_host.use(host), \
             pytest.MonkeyPatch.context() as patch:
-        patch.setattr("operations.jobs.unit_name", lambda *_: unit)
+        patch.setattr("operations.util.jobs.unit_name", lambda *_: unit)
         commands = list(model_ops.downloaded._inner(
             lock=lock, dest="/srv/m/Q", base_url="https://huggingface.co", token=token,
             proxy=f"http://ops:{password}@proxy:3128",
@@ -164,8 +165,8 @@ def test_the_download_job_keeps_the_token_and_proxy_credentials_in_its_env_file_
 
 
 def test_model_path():
-    assert model_ops.model_path("/srv/models/", MODEL_ID) == "/srv/models/Qwen/Qwen3.6-27B"
-    assert model_ops.model_path("/srv/models", "gpt2") == "/srv/models/gpt2"
+    assert model_plan.model_path("/srv/models/", MODEL_ID) == "/srv/models/Qwen/Qwen3.6-27B"
+    assert model_plan.model_path("/srv/models", "gpt2") == "/srv/models/gpt2"
 
 
 # --- the model lock ----------------------------------------------------------------------
@@ -258,7 +259,7 @@ def test_safetensors_bytes():
 
 # --- the Hugging Face token ------------------------------------------------------------
 def test_hf_token_from_setting_then_file_then_environment(tmp_path, monkeypatch):
-    from pyinfra_vllm.locks import LockFileError, hf_token
+    from pyinfra_vllm.core.locks import LockFileError, hf_token
 
     monkeypatch.setenv("HF_TOKEN", "hf_from_env")
     assert hf_token(validate({"gateway_open": True})) == "hf_from_env"

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from operations import gateway as gateway_ops
-from operations.node_exporter import render_drop_in
-from pyinfra_vllm.settings import SettingsError, validate
+from pyinfra_vllm.core.settings import SettingsError, validate
+from pyinfra_vllm.plans import gateway as gateway_plan
+from pyinfra_vllm.plans.metrics import render_drop_in
 from tools import scrape_config
 
 ROOT = Path(__file__).parents[2]
@@ -26,7 +26,7 @@ OPEN = {"gateway_open": True}
 
 
 def _site(**extra):
-    return gateway_ops.render_site(vllm_host="127.0.0.1", vllm_port=8000, gateway_port=8001,
+    return gateway_plan.render_site(vllm_host="127.0.0.1", vllm_port=8000, gateway_port=8001,
                                    metrics_allow=["127.0.0.1/32", "10.9.0.5"], body_mib=2,
                                    proxy_timeout_s=3600, **extra)
 

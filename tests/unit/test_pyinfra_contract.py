@@ -1,9 +1,9 @@
 """What the suite reads of pyinfra beyond its operations and facts, checked by behaviour.
 
-The audit's drift (pyinfra_vllm/report.py ``host_plan``) reads pyinfra's prepared state,
-and ``--diff`` (operations/file_diff.py) reuses pyinfra's diff switch and printer. pyinfra
+The audit's drift (pyinfra_vllm/run/report.py ``host_plan``) reads pyinfra's prepared state,
+and ``--diff`` (operations/util/file_diff.py) reuses pyinfra's diff switch and printer. pyinfra
 documents these but may change them in a minor release: pyproject.toml pins the tested
-range (pyinfra_vllm/versions.py ``PYINFRA_TESTED``). A newer pyinfra that breaks one fails
+range (pyinfra_vllm/core/versions.py ``PYINFRA_TESTED``). A newer pyinfra that breaks one fails
 here, naming the attribute and the version, instead of the audit saying "converged".
 """
 
@@ -24,15 +24,15 @@ from pyinfra.facts.files import FileContents
 from pyinfra.operations.util.files import generate_color_diff
 from pyinfra_cli.prints import build_plan_json
 
-from pyinfra_vllm.versions import PYINFRA_TESTED, pyinfra_problem
+from pyinfra_vllm.core.versions import PYINFRA_TESTED, pyinfra_problem
 
 VERSION = pyinfra.version.__version__
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def broken(attribute: str, what: str) -> str:
-    return (f"pyinfra {VERSION}: {attribute} {what}; pyinfra_vllm/report.py and "
-            "operations/file_diff.py rely on it (see PYINFRA_TESTED in pyinfra_vllm/versions.py)")
+    return (f"pyinfra {VERSION}: {attribute} {what}; pyinfra_vllm/run/report.py and "
+            "operations/util/file_diff.py rely on it (see PYINFRA_TESTED in pyinfra_vllm/core/versions.py)")
 
 
 @operation()
@@ -135,7 +135,7 @@ def test_the_diff_switch_and_printer():
 
 def test_a_function_command_runs_remote_commands_with_its_operations_arguments():
     # The rolling restart (operations/vllm_service.py ``_roll``) and the watch of a long
-    # job (operations/jobs.py) run their commands from a FunctionCommand with the
+    # job (operations/util/jobs.py) run their commands from a FunctionCommand with the
     # operation's connector arguments (_sudo, _env ...): pyinfra passes those to
     # StringCommands only, so ``connector_arguments`` reads them from
     # host.current_op_global_arguments while the operation runs. Run for real on @local
@@ -145,7 +145,7 @@ def test_a_function_command_runs_remote_commands_with_its_operations_arguments()
     from pyinfra.api.operation import add_op
     from pyinfra.api.operations import run_ops
 
-    from operations.jobs import connector_arguments
+    from operations.util.jobs import connector_arguments
 
     seen: dict = {}
 
@@ -171,12 +171,12 @@ def test_a_function_command_runs_remote_commands_with_its_operations_arguments()
 
 
 def test_the_one_read_stands_on_what_pyinfra_reads_and_runs_through():
-    # pyinfra_vllm/host_reads.py answers host.get_fact and watches run_shell_command and
+    # pyinfra_vllm/run/host_reads.py answers host.get_fact and watches run_shell_command and
     # put_file on the Host object, and writes pyinfra's missing-binary line itself.
     from pyinfra.api import facts as pyinfra_facts
     from pyinfra.api.host import Host
 
-    from pyinfra_vllm.host_reads import MISSING_COMMAND
+    from pyinfra_vllm.run.host_reads import MISSING_COMMAND
 
     for name in ("get_fact", "run_shell_command", "put_file"):
         assert callable(getattr(Host, name, None)), broken(f"Host.{name}", "is gone")

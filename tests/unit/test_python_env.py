@@ -9,8 +9,11 @@ import pytest
 
 from files import vllm_probe
 from files.vllm_probe import server_flags
-from operations.python_env import (
-    download_env,
+from operations.python_env import download_env
+from operations.util.uploads import env_file_text
+from pyinfra_vllm.core.stack_locks import read_lock, requirements_text
+from pyinfra_vllm.core.stacks import STACKS
+from pyinfra_vllm.plans.python_env import (
     environment_base,
     environment_path,
     generations,
@@ -19,9 +22,6 @@ from operations.python_env import (
     prunable,
     python_problem,
 )
-from operations.uploads import env_file_text
-from pyinfra_vllm.stack_locks import read_lock, requirements_text
-from pyinfra_vllm.stacks import STACKS
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from pyinfra_vllm import report as report_module
-from pyinfra_vllm import report_store
-from pyinfra_vllm.report import render_markdown, summary_rows
-from pyinfra_vllm.report_changes import changes, markdown_changes
-from pyinfra_vllm.report_html import LINK_KINDS, UNKNOWN, link_kind, matrix_svg, render_html
-from pyinfra_vllm.settings import SettingsError, validate
+from pyinfra_vllm.core.settings import SettingsError, validate
+from pyinfra_vllm.run import report as report_module
+from pyinfra_vllm.run import report_store
+from pyinfra_vllm.run.report import render_markdown, summary_rows
+from pyinfra_vllm.run.report_changes import changes, markdown_changes
+from pyinfra_vllm.run.report_html import LINK_KINDS, UNKNOWN, link_kind, matrix_svg, render_html
 from tests.unit.fleet_reports import GATEWAY, REBOOT, SYSCTL, TORCH, fleet, previous_of, topology
 
 SVG = "{http://www.w3.org/2000/svg}"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from pyinfra_vllm.settings import STACKS, STAGES, Settings, SettingsError, allowed, validate
+from pyinfra_vllm.core.settings import STACKS, STAGES, Settings, SettingsError, allowed, validate
 
 # A key of the allowed shape (tests only): 40 characters.
 KEY = "sk-test-0123456789abcdefghijklmnopqrstuv"

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from pyinfra_vllm.settings import Settings, SettingsError, validate
+from pyinfra_vllm.core.settings import Settings, SettingsError, validate
 
 # Well-formed keys (tests only): 40 characters each.
 KEY = "sk-catalogue-0123456789abcdefghijklmnopq"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from pyinfra_vllm.stack_locks import (
+from pyinfra_vllm.core.stack_locks import (
     StackLockError,
     disagreements,
     inputs_sha256,
@@ -13,7 +13,7 @@ from pyinfra_vllm.stack_locks import (
     parse_versions,
     read_lock,
 )
-from pyinfra_vllm.stacks import CPU_STACKS, STACKS
+from pyinfra_vllm.core.stacks import CPU_STACKS, STACKS
 
 ROWS = [pytest.param(row, id=f"{device}-{version}")
         for device, table in (("cuda", STACKS), ("cpu", CPU_STACKS))

@@ -1,11 +1,11 @@
-"""pyinfra_vllm.stacks: every row has the keys other code reads, and the table agrees with it."""
+"""pyinfra_vllm.core.stacks: every row has the keys other code reads, and the table agrees with it."""
 
 from __future__ import annotations
 
 import re
 
-from pyinfra_vllm.stacks import FIRST_SUPPORTED, STACKS
-from pyinfra_vllm.versions import version_tuple
+from pyinfra_vllm.core.stacks import FIRST_SUPPORTED, STACKS
+from pyinfra_vllm.core.versions import version_tuple
 
 KEYS = {"vllm", "python", "torch", "cuda", "min_driver", "pins", "architectures"}
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from facts.sysctl import KernelParam, normalize, proc_sys_path
 from operations.sysctl import TEMPLATE, drop_in_path, plan_sysctl
-from pyinfra_vllm.templating import render
+from pyinfra_vllm.core.templating import render
 
 
 def test_sysctl_plan_per_key():

@@ -1,13 +1,13 @@
-"""pyinfra_vllm.textfile: the node_exporter textfile, byte for byte."""
+"""pyinfra_vllm.plans.textfile: the node_exporter textfile, byte for byte."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from pyinfra_vllm.gates import model_gates
-from pyinfra_vllm.settings import validate
-from pyinfra_vllm.textfile import gpu_health_text, metrics_text
+from pyinfra_vllm.core.settings import validate
+from pyinfra_vllm.plans.gates import model_gates
+from pyinfra_vllm.plans.textfile import gpu_health_text, metrics_text
 
 QWEN = Path(__file__).resolve().parents[1] / "fixtures/hf/qwen3.6-27b/config.json"
 

@@ -1,10 +1,10 @@
-"""operations/uploads.py: the commands that keep an upload private, under sudo too."""
+"""operations/util/uploads.py: the commands that keep an upload private, under sudo too."""
 
 from __future__ import annotations
 
 from pyinfra.api import FileUploadCommand, StringCommand
 
-from operations.uploads import (
+from operations.util.uploads import (
     SECRET_DIR,
     UPLOAD_ROOT,
     env_file_text,

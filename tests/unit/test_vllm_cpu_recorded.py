@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from operations import vllm_service
-from pyinfra_vllm.settings import validate as validate_settings
+from pyinfra_vllm.core.settings import validate as validate_settings
+from pyinfra_vllm.plans import vllm_service as vllm_service_plan
 from sandbox.hosts import SERVING_DATA
 
 
@@ -27,11 +27,11 @@ def test_the_recorded_unit_is_the_one_the_code_renders():
     run = load("run.json")
     settings = validate({**SERVING_DATA, "model_id": "sandbox/tiny-qwen2",
                          "python_env_manager": "uv", "vllm_port": 18080})
-    bind = vllm_service.cpu_threads_bind(run["cpu"]["cpus"], run["cpu"]["numa_nodes"], 2)
+    bind = vllm_service_plan.cpu_threads_bind(run["cpu"]["cpus"], run["cpu"]["numa_nodes"], 2)
     assert bind == "0|1"
     # The flags the recorded environment's server accepts, as the argv shows them.
     accepted = {arg for arg in run["argv"] if arg.startswith("--")}
-    unit = vllm_service.render_unit(settings, python="/var/tmp/vllm-cpu-env/bin/python",
+    unit = vllm_service_plan.render_unit(settings, python="/var/tmp/vllm-cpu-env/bin/python",
                                     model_path="/var/tmp/tiny", accepted=accepted,
                                     threads_bind=bind)
     # Added after the recording: the idle workers' polling (the only difference).
@@ -111,7 +111,7 @@ def test_metrics_count_every_request_and_the_cpu_kv_cache():
 
 
 def test_each_engine_process_fits_the_reserve_preflight_counts():
-    from pyinfra_vllm.checks import CPU_PROCESS_BYTES
+    from pyinfra_vllm.plans.checks import CPU_PROCESS_BYTES
 
     rows = [line.split(None, 3) for line in (HERE / "processes.txt").read_text().splitlines()
             if not line.startswith("#")]
@@ -136,8 +136,8 @@ def test_a_fresh_environment_gets_the_unit_the_next_run_renders():
     for extra in ({}, {"enable_chunked_prefill": False, "max_num_batched_tokens": 131072},
                   {"enable_prefix_caching": True}):
         settings = validate({**SERVING_DATA, "model_id": "sandbox/tiny-qwen2", **extra})
-        before = vllm_service.render_unit(settings, python="/p", model_path="/m",
+        before = vllm_service_plan.render_unit(settings, python="/p", model_path="/m",
                                           threads_bind="0|1")
-        after = vllm_service.render_unit(settings, python="/p", model_path="/m",
+        after = vllm_service_plan.render_unit(settings, python="/p", model_path="/m",
                                          accepted=accepted, threads_bind="0|1")
         assert before == after, extra

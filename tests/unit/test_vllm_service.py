@@ -12,7 +12,8 @@ import pytest
 from pyinfra.api import OperationValueError
 
 from files.vllm_probe import server_flags as help_server_flags
-from operations.vllm_service import (
+from pyinfra_vllm.core.settings import Settings, validate
+from pyinfra_vllm.plans.vllm_service import (
     engine_api_key,
     listens_beyond_loopback,
     render_env,
@@ -22,7 +23,6 @@ from operations.vllm_service import (
     systemd_quote,
     unknown_flags,
 )
-from pyinfra_vllm.settings import Settings, validate
 
 PYTHON = "/opt/vllm/envs/vllm-0.6.3/bin/python"
 MODEL = "/srv/models/Qwen/Qwen3.6-27B"

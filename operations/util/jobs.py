@@ -42,7 +42,7 @@ from pyinfra.api import FileUploadCommand, FunctionCommand, QuoteString, StringC
 from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS
 
 from facts.units import UNIT_STATE_PROPERTIES, parse_unit_state
-from operations.uploads import SECRET_DIR, private_upload, secret_file
+from operations.util.uploads import SECRET_DIR, private_upload, secret_file
 
 JOB_ROOT = f"{SECRET_DIR}/jobs"
 # How long one poll waits on the host for the unit to end (it answers as soon as it
@@ -85,7 +85,7 @@ def job_script(unit: str, description: str, steps: list[tuple[str, StringCommand
     lines = [
         "#!/bin/sh",
         f"# {unit}: {description}",
-        "# Started by systemd-run (operations/jobs.py); 'finished' is its ExecStopPost.",
+        "# Started by systemd-run (operations/util/jobs.py); 'finished' is its ExecStopPost.",
         f"dir={base}",
         'if [ "${1:-}" = finished ]; then',
         '    rm -f "$dir/env"',
@@ -119,7 +119,7 @@ def start(unit: str, description: str, steps: list[tuple[str, StringCommand]],
     + unit: ``unit_name(...)``
     + description: the unit's Description (no secret: ``systemctl status`` shows it)
     + steps: (words for the progress line, command), run in order
-    + env: the env file's text (``operations.uploads.env_file_text``): it holds the
+    + env: the env file's text (``operations.util.uploads.env_file_text``): it holds the
       secrets, uploaded root-only and removed by the job as it starts
     + payload: (local file, name in the job's directory) the steps read
     """

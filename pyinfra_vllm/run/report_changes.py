@@ -1,7 +1,7 @@
 """What changed since the previous audit: the report's ``changes`` field and its
 Markdown section.
 
-Pure functions over two reports as their JSON files hold them (pyinfra_vllm/report.py);
+Pure functions over two reports as their JSON files hold them (pyinfra_vllm/run/report.py);
 the previous one may come from an older version of the suite, so every field is read
 with a default and a field it lacks is not compared (never reported as a change).
 

@@ -3,7 +3,7 @@
 ``vllm_version`` selects a row. Each number carries its source, so a reader can check
 it against the release it describes. The python_env stage installs a row exactly; the
 preflight compares the host's driver with ``min_driver``; the compatibility gate
-(pyinfra_vllm/compat.py) reads ``architectures`` and ``FIRST_SUPPORTED``.
+(pyinfra_vllm/plans/compat.py) reads ``architectures`` and ``FIRST_SUPPORTED``.
 
 How the numbers were read (2026, from PyPI, without downloading whole wheels):
 ``Requires-Dist`` from each wheel's METADATA (PEP 658 ``.whl.metadata`` files, or

@@ -11,7 +11,7 @@ empty ``ExecStart=`` clears the package's, the next one is the suite's.
 
 from __future__ import annotations
 
-from pyinfra_vllm.templating import render
+from pyinfra_vllm.core.templating import render
 
 PACKAGE = "prometheus-node-exporter"
 UNIT = "prometheus-node-exporter.service"
@@ -25,7 +25,7 @@ SYSTEMD_UNITS = "(vllm|nginx|nvidia-persistenced|prometheus-node-exporter)[.]ser
 # The file the metrics stage writes in textfile_collector_dir.
 TEXTFILE_NAME = "pyinfra_vllm.prom"
 # The GPUs' health, written by preflight (before it may refuse the host, so that the
-# alerts name a failing GPU): pyinfra_vllm/textfile.py gpu_health_text.
+# alerts name a failing GPU): pyinfra_vllm/plans/textfile.py gpu_health_text.
 HEALTH_TEXTFILE_NAME = "pyinfra_vllm_gpu_health.prom"
 
 

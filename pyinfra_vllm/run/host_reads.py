@@ -48,14 +48,14 @@ from facts.sysctl import KernelParam
 from facts.units import UnitActivation, UnitDropIns
 from facts.vllm_service import EngineProcess, EngineServing
 from operations import driver as driver_ops
-from operations import gateway as gateway_ops
-from operations import model as model_ops
-from operations import node_exporter as node_exporter_ops
 from operations import persistence as persistence_ops
 from operations import rolling
 from operations import sysctl as sysctl_ops
-from operations import vllm_service as vllm_service_ops
-from pyinfra_vllm.settings import Settings
+from pyinfra_vllm.core import model_files as model_plan
+from pyinfra_vllm.core.settings import Settings
+from pyinfra_vllm.plans import gateway as gateway_plan
+from pyinfra_vllm.plans import metrics as metrics_plan
+from pyinfra_vllm.plans import vllm_service as vllm_service_plan
 
 # pyinfra's line for "this fact's binary is not installed" (pyinfra.api.facts, the guard
 # it wraps a fact with ``requires_command`` in): the fact's default, as pyinfra gives it
@@ -179,7 +179,7 @@ def preflight_reads(settings: Settings) -> list[Read]:
     reads = [Read(LinuxDistribution), Read(KernelVersion), Read(GpuHostState),
              Read(VllmEnvironments, {"root": settings.python_env_root})]
     if "metrics" not in settings.skip_stages:
-        reads.append(Read(FileDigests, {"paths": [node_exporter_ops.health_textfile(settings.textfile_collector_dir)]}))
+        reads.append(Read(FileDigests, {"paths": [metrics_plan.health_textfile(settings.textfile_collector_dir)]}))
     if settings.vllm_device == "cpu":
         reads.append(Read(CpuHostState))
     return reads
@@ -227,12 +227,12 @@ def python_env_reads(settings: Settings) -> list[Read]:
 
 
 def model_reads(settings: Settings) -> list[Read]:
-    return [Read(ModelFiles, {"path": model_ops.model_path(settings.model_dir,
+    return [Read(ModelFiles, {"path": model_plan.model_path(settings.model_dir,
                                                            settings.model_id)})]
 
 
 def vllm_service_reads(settings: Settings) -> list[Read]:
-    ops = vllm_service_ops
+    ops = vllm_service_plan
     helpers = [ops.READY_PATH, ops.IDLE_PATH]
     if settings.vllm_device != "cpu":
         helpers.append(ops.GUARD_PATH)
@@ -249,11 +249,11 @@ def vllm_service_reads(settings: Settings) -> list[Read]:
 
 
 def gateway_reads(settings: Settings) -> list[Read]:
-    live = [gateway_ops.SITE_PATH, gateway_ops.KEYS_PATH]
-    secret = [gateway_ops.KEYS_PATH]
+    live = [gateway_plan.SITE_PATH, gateway_plan.KEYS_PATH]
+    secret = [gateway_plan.KEYS_PATH]
     if settings.gateway_tls_cert and settings.gateway_tls_key:
-        live += [gateway_ops.TLS_CERT_PATH, gateway_ops.TLS_KEY_PATH]
-        secret.append(gateway_ops.TLS_KEY_PATH)
+        live += [gateway_plan.TLS_CERT_PATH, gateway_plan.TLS_KEY_PATH]
+        secret.append(gateway_plan.TLS_KEY_PATH)
     return [
         Read(DebPackage, {"package": "nginx"}),
         Read(NginxServers),
@@ -264,19 +264,19 @@ def gateway_reads(settings: Settings) -> list[Read]:
 
 
 def metrics_reads(settings: Settings) -> list[Read]:
-    textfile = f"{settings.textfile_collector_dir}/{node_exporter_ops.TEXTFILE_NAME}"
-    reads = [Read(PathTypes, {"paths": [node_exporter_ops.LEGACY_SCRAPE_JOB]}),
+    textfile = f"{settings.textfile_collector_dir}/{metrics_plan.TEXTFILE_NAME}"
+    reads = [Read(PathTypes, {"paths": [metrics_plan.LEGACY_SCRAPE_JOB]}),
              Read(FileDigests, {"paths": [textfile]})]
     if settings.node_exporter_install:
-        reads += [Read(FileDigests, {"paths": [node_exporter_ops.DROP_IN]}),
-                  Read(DebPackage, {"package": node_exporter_ops.PACKAGE}),
-                  Read(UnitActivation, {"unit": node_exporter_ops.UNIT})]
+        reads += [Read(FileDigests, {"paths": [metrics_plan.DROP_IN]}),
+                  Read(DebPackage, {"package": metrics_plan.PACKAGE}),
+                  Read(UnitActivation, {"unit": metrics_plan.UNIT})]
     return reads
 
 
 def audit_reads(settings: Settings) -> list[Read]:
     """deploys/audit.py on its own: what the audit stage reads besides the preflight's."""
-    ops = vllm_service_ops
+    ops = vllm_service_plan
     reads = [*vllm_service_reads(settings), *persistence_reads(settings)]
     if "gateway" not in settings.skip_stages:
         reads.append(Read(NginxServers))

@@ -1,6 +1,6 @@
 """Verdicts on a host's collected state: what preflight refuses and what the audit shows.
 
-Pure functions over the dict ``pyinfra_vllm.context.collect`` returns and the validated
+Pure functions over the dict ``pyinfra_vllm.run.context.collect`` returns and the validated
 settings; no host access here, so every branch is unit-tested. Each check is
 ``{"name", "ok", "severity", "detail", "fix"}``: ``ok`` is True, False, or None when
 the check cannot be judged yet (no driver), ``severity`` is "error" (preflight stops
@@ -13,9 +13,9 @@ from typing import Any
 
 from facts.driver import module_mismatch, userspace_driver
 from facts.topology import tp_link_verdict
-from pyinfra_vllm.gpu_health import host_gpu_health
-from pyinfra_vllm.settings import Settings
-from pyinfra_vllm.versions import version_tuple
+from pyinfra_vllm.core.settings import Settings
+from pyinfra_vllm.core.versions import version_tuple
+from pyinfra_vllm.plans.gpu_health import host_gpu_health
 
 # Operating systems the suite provisions: Ubuntu 22.04 is the target, 24.04 and
 # Debian 12 are supported (and the sandbox hosts are Debian 12).
@@ -198,7 +198,7 @@ def engine_gpus(state: dict[str, Any], settings: Settings) -> list[int]:
 
 def gpu_health(state: dict[str, Any], settings: Settings,
                previous: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Each GPU's health verdict (pyinfra_vllm.gpu_health.host_gpu_health), by bus id;
+    """Each GPU's health verdict (pyinfra_vllm.plans.gpu_health.host_gpu_health), by bus id;
     ``previous``: an earlier result, for the counters that rose since."""
     return host_gpu_health(state, engine_gpus(state, settings), previous)
 

@@ -1,7 +1,7 @@
 """The whole lock of each stack: every package of its environment, transitive ones
 included, pinned with the sha256 of every file PyPI has for it.
 
-A stack row (pyinfra_vllm/stacks.py) pins what vLLM is known to need; everything else
+A stack row (pyinfra_vllm/core/stacks.py) pins what vLLM is known to need; everything else
 would resolve on the day of the build, so the same row installed a year later is another
 environment (transformers 5.x cannot be imported by vLLM 0.6.3: one known case). The lock
 closes that: ``locks/stacks/<dist>-<version>.txt`` is ``uv pip compile --universal
@@ -25,7 +25,7 @@ from pathlib import Path
 
 from pyinfra.api.exceptions import DeployError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 LOCK_DIR = ROOT / "locks" / "stacks"
 INPUTS_HEADER = "# inputs-sha256: "
 # A requirement line of the lock: ``name==version`` at the line's start, markers after.
@@ -134,7 +134,7 @@ def read_lock(stack: dict) -> StackLock:
     if header != inputs_sha256(stack):
         raise StackLockError(
             f"stack lock {path} was compiled from other inputs than the vLLM "
-            f"{stack['vllm']} row of pyinfra_vllm/stacks.py (inputs-sha256 {header}, the "
+            f"{stack['vllm']} row of pyinfra_vllm/core/stacks.py (inputs-sha256 {header}, the "
             f"row's is {inputs_sha256(stack)}): run `{refresh_command(stack)}` and commit it"
         )
     return lock

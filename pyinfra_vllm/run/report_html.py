@@ -7,7 +7,7 @@ else, so it opens the same offline. Every value from the report is escaped
 (``html.escape``), in the page and in the SVG alike: host names, package names,
 findings and refusal reasons come from hosts and settings.
 
-Rendered from the report as its JSON file holds it (pyinfra_vllm/report.py) and the
+Rendered from the report as its JSON file holds it (pyinfra_vllm/run/report.py) and the
 rows of the terminal table (``report.summary_rows``), so the fleet table has the
 terminal's columns and words.
 """
@@ -18,7 +18,7 @@ import html
 import re
 from typing import Any
 
-from pyinfra_vllm.report_changes import change_words, previous_words
+from pyinfra_vllm.run.report_changes import change_words, previous_words
 
 # One colour per link type of `nvidia-smi topo -m`, with its legend's meaning, best
 # first (NVIDIA's legend, printed under the matrix). SOC is the pre-2017 name of SYS.

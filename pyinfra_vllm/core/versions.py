@@ -15,7 +15,7 @@ def version_tuple(version: str | None) -> tuple[int, ...]:
 
 
 # The pyinfra releases the audit was tested with (pyproject.toml pins the same range):
-# its drift reads pyinfra's prepared state (pyinfra_vllm/report.py), whose layout pyinfra
+# its drift reads pyinfra's prepared state (pyinfra_vllm/run/report.py), whose layout pyinfra
 # documents but does not promise to keep; tests/unit/test_pyinfra_contract.py checks it.
 PYINFRA_TESTED = ((3, 10), (3, 11))  # from, up to but not including
 

@@ -14,7 +14,7 @@ changes" table and ``--dry --json`` plan are built from (pyinfra 3.10
 ``api/operation.py``; ``pyinfra_cli/prints.py`` ``build_plan_json``). The prepared state
 itself (``state.ops``, ``state.op_meta``, ``host.op_hash_order``) is pyinfra's documented
 API but no promise: the supported pyinfra versions are pinned
-(pyinfra_vllm/versions.py ``PYINFRA_TESTED``) and tests/unit/test_pyinfra_contract.py
+(pyinfra_vllm/core/versions.py ``PYINFRA_TESTED``) and tests/unit/test_pyinfra_contract.py
 checks what this module reads.
 """
 
@@ -31,16 +31,16 @@ from typing import Any
 import pyinfra.version
 
 from facts.topology import tp_link_verdict
-from operations.gateway import foreign_servers, foreign_words
 from operations.units import foreign_drop_ins
-from operations.vllm_service import difference_words, engine_differences
-from pyinfra_vllm import report_store
-from pyinfra_vllm.checks import blocking, check_host, gpu_health
-from pyinfra_vllm.gates import gpu_memory_mib, model_gates
-from pyinfra_vllm.report_changes import changes, markdown_changes
-from pyinfra_vllm.report_html import HEALTH_COLUMNS, render_html
-from pyinfra_vllm.settings import Settings
-from pyinfra_vllm.versions import pyinfra_problem
+from pyinfra_vllm.core.settings import Settings
+from pyinfra_vllm.core.versions import pyinfra_problem
+from pyinfra_vllm.plans.checks import blocking, check_host, gpu_health
+from pyinfra_vllm.plans.gates import gpu_memory_mib, model_gates
+from pyinfra_vllm.plans.gateway import foreign_servers, foreign_words
+from pyinfra_vllm.plans.vllm_service import difference_words, engine_differences
+from pyinfra_vllm.run import report_store
+from pyinfra_vllm.run.report_changes import changes, markdown_changes
+from pyinfra_vllm.run.report_html import HEALTH_COLUMNS, render_html
 
 _RUN: dict[str, Any] = {"hosts": {}, "paths": None, "registered": False, "previous": None,
                         "keep": None, "removed": []}
@@ -158,7 +158,7 @@ def host_plan(state: Any, host: Any, refused: list[str], refusals: list[Any] | N
     ``{"operation", "stage"}`` ([] is converged). ``conditional``: operations that
     change only when their ``_if`` holds (pyinfra's "Conditional Change" column; in this
     suite a reload or restart after another operation of the same stage changed), not
-    counted as drift. ``refused``: why a stage stopped the host (pyinfra_vllm/context.py
+    counted as drift. ``refused``: why a stage stopped the host (pyinfra_vllm/run/context.py
     HostContext.refused); the refusing operations themselves (``refusals``: what
     ``gate.refuse`` returned, HostContext.refusals) are not drift. All three are None, with
     ``drift_note`` saying why, when no stage was planned before the audit in this run
@@ -223,7 +223,7 @@ def model_plans(
     registry: list[str] | None = None,
 ) -> dict:
     """The model's checks and memory plan, exactly as preflight judges them
-    (pyinfra_vllm/gates.py), or why there are none.
+    (pyinfra_vllm/plans/gates.py), or why there are none.
 
     Returns ``{"compatibility": [checks], "capacity": plan, "why": None}``, or
     ``{"compatibility": None, "capacity": None, "why": ...}`` without a model lock.

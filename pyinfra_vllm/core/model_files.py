@@ -28,3 +28,8 @@ def unsafe_model_path(path: str) -> str | None:
     if first in (INCOMING, FETCH_LOCK) or first.startswith(VERIFIED_NAME):
         return f"{first} is a name the downloader keeps for itself"
     return None
+
+
+def model_path(model_dir: str, model_id: str) -> str:
+    """``/srv/models/Qwen/Qwen3.6-27B``: the model's directory on the volume."""
+    return f"{model_dir.rstrip('/')}/{model_id}"

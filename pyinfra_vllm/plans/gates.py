@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from pyinfra_vllm.capacity import MIB, attention_shape, dtype_bytes, plan, text_config
-from pyinfra_vllm.checks import check, cpu_reserve_bytes
-from pyinfra_vllm.compat import check_architecture
-from pyinfra_vllm.locks import safetensors_bytes
-from pyinfra_vllm.settings import Settings
+from pyinfra_vllm.core.locks import safetensors_bytes
+from pyinfra_vllm.core.settings import Settings
+from pyinfra_vllm.plans.capacity import MIB, attention_shape, dtype_bytes, plan, text_config
+from pyinfra_vllm.plans.checks import check, cpu_reserve_bytes
+from pyinfra_vllm.plans.compat import check_architecture
 
 
 def gpu_memory_mib(state: dict[str, Any], settings: Settings) -> int:

@@ -16,7 +16,7 @@ from typing import Any
 
 from pyinfra.api.exceptions import DeployError
 
-from pyinfra_vllm.settings import Settings
+from pyinfra_vllm.core.settings import Settings
 
 # The lock format python -m tools.model_lock writes; a lock of another version is refused.
 LOCK_VERSION = 1

@@ -2,7 +2,7 @@
 retention.
 
 A report set is ``audit-<UTC stamp>.json``, ``.md`` and ``.html`` in ``audit_report_dir``
-(pyinfra_vllm/report.py writes them). This module only reads and removes files named
+(pyinfra_vllm/run/report.py writes them). This module only reads and removes files named
 that way, and writes ``latest.json``, ``latest.md`` and ``latest.html`` beside them;
 every other file in the directory is left alone.
 

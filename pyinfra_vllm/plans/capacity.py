@@ -1,7 +1,7 @@
 """Capacity planner: does ``max_model_len`` fit on the GPUs, computed from config.json.
 
 Pure arithmetic over the model's ``config.json`` (a dict) and the engine settings; no
-host access. ``plan`` returns the numbers and a check dict (``pyinfra_vllm.checks`` shape)
+host access. ``plan`` returns the numbers and a check dict (``pyinfra_vllm.plans.checks`` shape)
 that refuses when not even one ``max_model_len`` sequence fits next to the weights.
 
 Formulas (per GPU, tensor parallel size ``tp``):

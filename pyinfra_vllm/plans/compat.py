@@ -1,10 +1,10 @@
 """Compatibility gate: can the chosen vLLM stack load this model?
 
 Pure functions over the model's ``config.json`` (a dict), a row of
-``pyinfra_vllm.stacks.STACKS``, the model registry of the vLLM installed on the host (when
+``pyinfra_vllm.core.stacks.STACKS``, the model registry of the vLLM installed on the host (when
 the host has one; ``None`` before the runtime stage ran) and the driver version. They
 return check dicts ``{"name", "ok", "severity", "detail", "fix"}`` like
-pyinfra_vllm/checks.py, so preflight can refuse before anything on the host changes.
+pyinfra_vllm/plans/checks.py, so preflight can refuse before anything on the host changes.
 
 Why a gate: the seed post runs Qwen3.6-27B (``Qwen3_5ForConditionalGeneration``) on
 vLLM 0.6.3, whose registry has no such class; vLLM then fails at start-up after the
@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from pyinfra_vllm.checks import check
-from pyinfra_vllm.stacks import FIRST_SUPPORTED, STACKS
-from pyinfra_vllm.versions import version_tuple
+from pyinfra_vllm.core.stacks import FIRST_SUPPORTED, STACKS
+from pyinfra_vllm.core.versions import version_tuple
+from pyinfra_vllm.plans.checks import check
 
 
 def architectures(config: dict[str, Any]) -> list[str]:

@@ -27,11 +27,11 @@ from facts.cpu_host import CpuHostState
 from facts.gpu_host import GpuHostState
 from facts.model import ModelContent
 from facts.python_env import VllmEnvironments
-from operations import python_env
-from pyinfra_vllm import host_reads
-from pyinfra_vllm.locks import load_lock
-from pyinfra_vllm.settings import Settings, load_settings
-from pyinfra_vllm.stack_locks import read_lock
+from pyinfra_vllm.core.locks import load_lock
+from pyinfra_vllm.core.settings import Settings, load_settings
+from pyinfra_vllm.core.stack_locks import read_lock
+from pyinfra_vllm.plans import python_env as python_env_plan
+from pyinfra_vllm.run import host_reads
 
 # Keyed by pyinfra's Host object: a second run in the same process (pyinfra's API, a
 # test) gets new Host objects and so a new context.
@@ -106,11 +106,11 @@ class HostContext:
         """Where this host's environment for the settings' stack and manager is, or is
         to be built (operations/python_env.py environment_path)."""
         settings = self.settings
-        return python_env.environment_path(
+        return python_env_plan.environment_path(
             settings.python_env_root,
             settings.stack,
             settings.python_env_manager,
-            python_env.interpreter(settings.python_env_manager, settings.stack),
+            python_env_plan.interpreter(settings.python_env_manager, settings.stack),
             self.environments(host),
         )
 
@@ -148,7 +148,7 @@ def context(host: Any, lock_required: bool = True,
     """The run's context for ``host``, made on first use. The model lock is required
     unless ``lock_required`` is False or the model stage is skipped. On first use, the
     host's state for the preflight and ``stages`` is read in one remote command
-    (pyinfra_vllm/host_reads.py)."""
+    (pyinfra_vllm/run/host_reads.py)."""
     found = _CONTEXTS.get(host)
     if found is None:
         settings = load_settings(host)

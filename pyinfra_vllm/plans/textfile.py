@@ -1,6 +1,6 @@
 """The host's verdicts for node_exporter's textfile collector, in Prometheus text format.
 
-The same checks preflight and the audit judge (pyinfra_vllm/checks.py, pyinfra_vllm/gates.py),
+The same checks preflight and the audit judge (pyinfra_vllm/plans/checks.py, pyinfra_vllm/plans/gates.py),
 and the capacity plan, as gauges; written by the metrics stage to
 ``{textfile_collector_dir}/pyinfra_vllm.prom``, where node_exporter's textfile collector
 picks them up. Only values the deploy itself does not change go in (no MIG or
@@ -63,7 +63,7 @@ _VOLATILE_COUNTERS = {"pcie_gen_current"}
 
 def gpu_health_text(host: str, health: dict[str, Any]) -> str:
     """The GPU-health .prom file: each GPU's verdict, one series per reason that holds,
-    and its error counters (pyinfra_vllm.gpu_health.host_gpu_health's result)."""
+    and its error counters (pyinfra_vllm.plans.gpu_health.host_gpu_health's result)."""
     lines = [
         "# Written by pyinfra-vllm (deploys/preflight.py); replaced on every run.",
         "# HELP pyinfra_vllm_gpu_health GPU health verdict: 0 ok, 1 degraded, 2 failing.",

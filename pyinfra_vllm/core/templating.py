@@ -9,7 +9,7 @@ from typing import Any
 
 from jinja2 import Environment, StrictUndefined
 
-TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
+TEMPLATES = Path(__file__).resolve().parents[2] / "templates"
 
 
 @cache

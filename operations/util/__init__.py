@@ -1,0 +1,1 @@
+"""Helpers the operations share (as pyinfra.operations.util): no operation here."""

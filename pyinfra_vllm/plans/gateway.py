@@ -1,0 +1,262 @@
+"""What the gateway's nginx configuration should be: the site and the key map rendered
+from settings, and the foreign servers on its ports (pure functions; operations/gateway.py
+writes them)."""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import math
+import re
+from typing import Any
+
+from pyinfra.api import (
+    OperationValueError,
+)
+
+from pyinfra_vllm.core.settings import API_KEY_ALPHABET, API_KEY_CHARS
+from pyinfra_vllm.core.templating import render
+from pyinfra_vllm.plans.vllm_service import engine_address
+
+# /run: a tmpfs, so a host rebooted while drained comes back serving. 0755: nginx's
+# workers (www-data) test the flag.
+DRAIN_DIR = "/run/pyinfra-vllm"
+DRAIN_FLAG = f"{DRAIN_DIR}/draining"
+
+SITE_TEMPLATE = "nginx-vllm.conf.j2"
+KEYS_TEMPLATE = "nginx-vllm-api-keys.conf.j2"
+
+# Debian's /etc/nginx/nginx.conf includes conf.d/*.conf inside http {}: a file there is
+# enabled by being there (no sites-enabled symlink to keep in step).
+SITE_PATH = "/etc/nginx/conf.d/vllm.conf"
+# Not under conf.d: it must be included once, by the site, and never by the glob.
+KEYS_PATH = "/etc/nginx/vllm-api-keys.conf"
+# Inside /etc/nginx so the swap is a rename on one file system; 0700 so candidate key
+# files are unreadable to anyone but root whatever mode the upload creates them with.
+STAGING_DIR = "/etc/nginx/.pyinfra-vllm-staging"
+# The TLS certificate chain (0644) and its private key (0600, root: nginx's master reads
+# it before it drops privileges), installed through the same checked swap as the site.
+TLS_DIR = "/etc/nginx/vllm-tls"
+TLS_CERT_PATH = f"{TLS_DIR}/cert.pem"
+TLS_KEY_PATH = f"{TLS_DIR}/key.pem"
+# In the staging directory: the strings nginx -t's output must never show (the keys).
+REDACT_NAME = "redact.txt"
+
+# Worst case bytes per token in a request body: JSON-escaped CJK text at 2 characters per
+# token, each character escaped as \uXXXX (6 bytes). See pyinfra_vllm/core/settings.py.
+WORST_BYTES_PER_TOKEN = 12
+# Room for the request's JSON envelope (messages, roles, sampling parameters).
+ENVELOPE_BYTES = 64 * 1024
+MIB = 1024 * 1024
+
+# Characters allowed in an API key: the map line is `"~^Bearer <key>\z" 1;` and nginx
+# would read a quote, backslash, semicolon, brace, dollar or space in it as syntax.
+# Of those, the ones PCRE reads as operators outside a character class.
+_KEY_REGEX_META = re.compile(r"([.+])")
+
+
+def body_limit_mib(max_model_len: int) -> int:
+    """client_max_body_size, in whole MiB, for a prompt of ``max_model_len`` tokens."""
+    return math.ceil((max_model_len * WORST_BYTES_PER_TOKEN + ENVELOPE_BYTES) / MIB)
+
+
+def sha1(text: str) -> str:
+    return hashlib.sha1(text.encode()).hexdigest()
+
+
+def key_regex(key: str) -> str:
+    """The PCRE that matches exactly ``Authorization: Bearer <key>``.
+
+    A plain string entry of an nginx map is compared case-insensitively (it is hashed like
+    a host name), and one longer than map_hash_bucket_size makes ``nginx -t`` fail; a
+    regular expression after ``~`` is case-sensitive and is not hashed. Anchored at both
+    ends: ``\\z`` is the subject's very end (``$`` would also match before a final
+    newline). ``.`` and ``+`` are escaped, the only PCRE operators in the key alphabet.
+    """
+    return "^Bearer " + _escape(key) + r"\z"
+
+
+def _escape(key: str) -> str:
+    return _KEY_REGEX_META.sub(r"\\\1", key)
+
+
+def check_keys(keys: list[str]) -> None:
+    """Refuse a key nginx would read as syntax, and a repeated key; by position only."""
+    seen: dict[str, int] = {}
+    for index, key in enumerate(keys):
+        if not API_KEY_CHARS.fullmatch(key):
+            raise OperationValueError(
+                f"api_keys[{index}] has characters other than {API_KEY_ALPHABET}"
+            )
+        if key in seen:
+            raise OperationValueError(f"api_keys[{index}] repeats api_keys[{seen[key]}]")
+        seen[key] = index
+
+
+def render_keys_map(keys: list[str], upstream_key: str | None = None) -> str:
+    """The secret file: the map from the Authorization header to ``$vllm_key_ok``, and the
+    Authorization header nginx sends the engine (``$vllm_upstream_authorization``).
+
+    + keys: the API keys clients may send; none: every request is let through
+    + upstream_key: the key the engine itself demands (VLLM_API_KEY, when it listens beyond
+      loopback), sent as ``Bearer <key>``; None sends the engine no Authorization at all
+
+    A bad key is named by its position only: its value is never printed.
+    """
+    check_keys(keys)
+    if upstream_key is not None and not API_KEY_CHARS.fullmatch(upstream_key):
+        raise OperationValueError(
+            f"the engine's key has characters other than {API_KEY_ALPHABET}"
+        )
+    return render(
+        KEYS_TEMPLATE,
+        patterns=[key_regex(key) for key in keys],
+        upstream_key=upstream_key,
+    )
+
+
+def redactions(secrets: list[str]) -> list[str]:
+    """The strings nginx output is filtered of: each secret as written and as a regex."""
+    found: list[str] = []
+    for secret in secrets:
+        for form in (secret, _escape(secret)):
+            if form and form not in found:
+                found.append(form)
+    return found
+
+
+def metrics_networks(cidrs: list[str]) -> list[str]:
+    """``metrics_allow`` normalized for nginx allow lines (host bits cleared)."""
+    networks = []
+    for cidr in cidrs:
+        try:
+            networks.append(str(ipaddress.ip_network(cidr, strict=False)))
+        except ValueError as exc:
+            raise OperationValueError(f"metrics_allow: {cidr!r} is not a CIDR ({exc})") from None
+    return networks
+
+
+def render_site(
+    *,
+    vllm_host: str,
+    vllm_port: int,
+    gateway_port: int,
+    metrics_allow: list[str],
+    body_mib: int,
+    proxy_timeout_s: int,
+    extra_directives: list[str] | tuple[str, ...] = (),
+    keys_path: str = KEYS_PATH,
+    tls: bool = False,
+    http_redirect_port: int | None = None,
+    tls_cert_path: str = TLS_CERT_PATH,
+    tls_key_path: str = TLS_KEY_PATH,
+    node_exporter_port: int | None = None,
+    drain_flag: str = DRAIN_FLAG,
+) -> str:
+    """The site file (``conf.d/vllm.conf``): upstream, server, locations.
+
+    + tls: the server speaks TLS on gateway_port with the files at tls_cert_path and
+      tls_key_path; False keeps plain HTTP
+    + http_redirect_port: with tls, a second, plain HTTP server on this port that answers
+      every request with a 301 to https on gateway_port and serves nothing else
+    + node_exporter_port: node_exporter's port on 127.0.0.1, served as /node-metrics to
+      the metrics_allow networks; None serves no /node-metrics
+    + drain_flag: while this file exists, /health and /v1 answer 503 (a rolling restart
+      drains the host: operations/rolling.py)
+    """
+    if http_redirect_port is not None and not tls:
+        raise OperationValueError("http_redirect_port needs tls (a redirect to https)")
+    if http_redirect_port == gateway_port:
+        raise OperationValueError("http_redirect_port must differ from gateway_port")
+    return render(
+        SITE_TEMPLATE,
+        upstream=engine_address(vllm_host, vllm_port),
+        gateway_port=gateway_port,
+        metrics_allow=metrics_networks(metrics_allow),
+        body_mib=body_mib,
+        proxy_timeout_s=proxy_timeout_s,
+        extra_directives=list(extra_directives),
+        keys_path=keys_path,
+        tls=tls,
+        http_redirect_port=http_redirect_port,
+        tls_cert_path=tls_cert_path,
+        tls_key_path=tls_key_path,
+        node_exporter_port=node_exporter_port,
+        drain_flag=drain_flag,
+    )
+
+
+# --- foreign configuration -------------------------------------------------------------
+# Where foreign nginx files are moved to: outside every include path, kept, never deleted.
+DISABLED_DIR = "/var/lib/pyinfra-vllm/nginx-disabled"
+
+
+def listen_port(args: str) -> int | None:
+    """The TCP port of one ``listen`` directive's arguments (nginx docs, ngx_http_core_module
+    "listen"): ``8001``, ``127.0.0.1:8001``, ``[::]:8001 ssl``, ``localhost`` (80); None
+    for a UNIX socket."""
+    address = args.split()[0] if args.split() else ""
+    if address.startswith("unix:"):
+        return None
+    if address.startswith("["):
+        _, _, rest = address.partition("]")
+        port = rest[1:] if rest.startswith(":") else "80"
+    elif ":" in address:
+        port = address.rpartition(":")[2]
+    elif address.isdigit():
+        port = address
+    else:
+        port = "80"
+    return int(port) if port.isdigit() else None
+
+
+def server_ports(server: dict[str, Any]) -> list[int]:
+    """The ports one server block (facts.nginx.NginxServers) listens on; no listen
+    directive is port 80 (nginx's default)."""
+    if not server["listen"]:
+        return [80]
+    return sorted({port for port in map(listen_port, server["listen"]) if port is not None})
+
+
+def foreign_servers(found: dict[str, Any] | None, ports: list[int],
+                    own_paths: tuple[str, ...] = (SITE_PATH,)) -> list[dict[str, Any]]:
+    """The files other than the suite's own (``own_paths``) that hold a server block
+    listening on one of ``ports`` (the gateway's), from facts.nginx.NginxServers.
+
+    Each: ``{"path", "symlink", "servers": [{"line", "listen", "server_name"}], "unsafe"}``;
+    ``unsafe`` says why the file cannot be set aside whole (None when it can): it is
+    nginx's main file, or it also holds servers on other ports.
+    """
+    found_files = (found or {}).get("files") or []
+    taking: list[dict[str, Any]] = []
+    for file in found_files:
+        if file["path"] in own_paths:
+            continue
+        clashing = [s for s in file["servers"] if set(server_ports(s)) & set(ports)]
+        if not clashing:
+            continue
+        others = [s for s in file["servers"] if s not in clashing]
+        unsafe = None
+        if file.get("main"):
+            unsafe = "it is nginx's main configuration file"
+        elif others:
+            unsafe = ("it also holds server(s) on other ports (line "
+                      + ", ".join(str(s["line"]) for s in others) + ")")
+        taking.append({
+            "path": file["path"],
+            "symlink": file["symlink"],
+            "servers": [{"line": s["line"], "listen": s["listen"],
+                         "server_name": s["server_name"]} for s in clashing],
+            "unsafe": unsafe,
+        })
+    return taking
+
+
+def foreign_words(entry: dict[str, Any]) -> str:
+    """One foreign file in a sentence: where and what it listens on."""
+    servers = "; ".join(
+        f"line {s['line']}: listen {', '.join(s['listen']) or '(none: port 80)'}"
+        + (f" server_name {' '.join(s['server_name'])}" if s["server_name"] else "")
+        for s in entry["servers"]
+    )
+    return f"{entry['path']}{' (symlink)' if entry['symlink'] else ''}: {servers}"

@@ -1,0 +1,523 @@
+"""What the engine's unit should be: its server flags, its command line quoted for systemd,
+its environment file, and the running engine compared with them (pure functions of
+settings; operations/vllm_service.py writes and starts it)."""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import re
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from pyinfra.api import OperationValueError
+
+from facts.cpu_host import cpu_ranges
+from pyinfra_vllm.core.settings import Settings
+from pyinfra_vllm.core.templating import render
+
+UNIT_TEMPLATE = "vllm.service.j2"
+ENV_TEMPLATE = "vllm.env.j2"
+
+SERVICE = "vllm"
+UNIT_PATH = "/etc/systemd/system/vllm.service"
+ENV_PATH = "/etc/vllm/vllm.env"
+SERVICE_USER = "vllm"
+# The service user's home, and the only path the unit may write (ProtectSystem=strict):
+# vLLM's cache (VLLM_CACHE_ROOT, its P2P probe cache among it), HF_HOME, Triton's cache.
+STATE_DIR = "/var/lib/vllm"
+# Where the deploy uploads files/gpu_guard.py and files/wait_ready.py (readable by vllm).
+HELPER_DIR = "/usr/local/lib/pyinfra-vllm"
+GUARD_PATH = f"{HELPER_DIR}/gpu_guard.py"
+READY_PATH = f"{HELPER_DIR}/wait_ready.py"
+IDLE_PATH = f"{HELPER_DIR}/engine_idle.py"
+SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+
+# SIGTERM, then SIGKILL to the whole cgroup after this long (the unit's comment says why).
+STOP_TIMEOUT_S = 120
+# A crash is retried RestartSec=10 later; more starts than this within the interval leave
+# the unit failed (a held GPU or a config that cannot load would loop forever). Hand
+# starts count too, and a unit at its limit refuses every start ("Start request repeated
+# too quickly") until the interval ends: the stage's own start and restart reset the
+# count first (``limit_reset_then``), so a run after the cause was fixed starts the
+# engine, or fails with the cause's own line.
+START_LIMIT_BURST = 5
+START_LIMIT_INTERVAL_S = 1800
+# RestartSteps= and RestartMaxDelaySec= arrived in systemd 254; 249 (Ubuntu 22.04) and 252
+# (Debian 12) log "Unknown key name" for them.
+RESTART_STEPS_SINCE = 254
+
+# Characters systemd would read as something else inside a quoted word: \ and " are
+# escaped; % starts a specifier (%%); $ starts a variable in Exec*= lines ($$).
+_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
+_PATH_UNSAFE_RE = re.compile(r"[\s\"'\\]")
+
+
+def systemd_quote(word: str, *, exec_line: bool = True) -> str:
+    """One argument as a double-quoted systemd word.
+
+    + word: the argument, as the program should receive it
+    + exec_line: True for ``Exec*=`` lines, where ``$`` must be written ``$$``; False for
+      ``Environment=``, which expands specifiers (``%``) but no variables
+
+    Control characters (a newline would end the directive) are refused.
+    """
+    if _CONTROL_RE.search(word):
+        raise OperationValueError(f"{word!r} has a control character: not a systemd word")
+    text = word.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%")
+    if exec_line:
+        text = text.replace("$", "$$")
+    return f'"{text}"'
+
+
+def exec_command(argv: Sequence[str], *, continued: bool = False) -> str:
+    """A command line for ``Exec*=``: every argument quoted.
+
+    With ``continued``, each option and its value go on their own line, joined by systemd's
+    line continuation (a trailing backslash).
+    """
+    words = [systemd_quote(arg) for arg in argv]
+    if not continued:
+        return " ".join(words)
+    groups: list[list[str]] = [[]]
+    for arg, word in zip(argv, words, strict=True):
+        if arg.startswith("--") and groups[-1]:
+            groups.append([])
+        groups[-1].append(word)
+    return " \\\n    ".join(" ".join(group) for group in groups)
+
+
+# --- server flags --------------------------------------------------------------------
+def _bool_flag(name: str, value: bool, accepted: set[str] | None, explicit_false: bool) -> list[str]:
+    """``--name`` when on; when off, ``--no-name`` where the installed server has it
+    (argparse BooleanOptionalAction in newer vLLM), ``--name=false`` where the flag takes a
+    value (``explicit_false``: vLLM 0.6.3's StoreBoolean), else nothing (the default).
+    """
+    if value:
+        return [f"--{name}"]
+    if accepted is not None and f"--no-{name}" in accepted:
+        return [f"--no-{name}"]
+    if explicit_false:
+        return [f"--{name}=false"]
+    return []
+
+
+def server_flags(settings: Settings, model_path: str, accepted: set[str] | None = None) -> list[str]:
+    """The arguments of ``python -m vllm.entrypoints.openai.api_server`` for ``settings``.
+
+    + settings: a validated ``pyinfra_vllm.core.settings.Settings``
+    + model_path: directory of the downloaded model on the host (``--model``)
+    + accepted: the installed server's options (the flags files/vllm_probe.py
+      records), to pick a spelling where vLLM releases differ; None: the stack row's
+
+    Chunked prefill is always explicit: 0.6.3 turns it on by itself above 32K tokens, so
+    "off" must be said (``--enable-chunked-prefill=false``). Request logging is off where
+    the flag exists (``--disable-log-requests``, 0.6.3): it writes every prompt to the
+    journal; 0.17.0 has no such flag: its request logging is off unless asked.
+    On vllm_device "cpu" there is no ``--gpu-memory-utilization``: the CPU build sizes its
+    KV cache from VLLM_CPU_KVCACHE_SPACE (the unit's environment), never from it. The CPU
+    build needs no device flag: vLLM picks its CPU platform from the vllm-cpu
+    distribution (0.17 has no ``--device``).
+    """
+    memory = [] if settings.vllm_device == "cpu" else [
+        "--gpu-memory-utilization", str(settings.gpu_memory_utilization)]
+    flags = [
+        "--model", model_path,
+        "--served-model-name", settings.model_name,
+        "--host", settings.vllm_host,
+        "--port", str(settings.vllm_port),
+        "--tensor-parallel-size", str(settings.tensor_parallel_size),
+        "--dtype", settings.dtype,
+        "--max-model-len", str(settings.max_model_len),
+        *memory,
+        "--block-size", str(settings.block_size),
+        "--max-num-seqs", str(settings.max_num_seqs),
+        "--max-num-batched-tokens", str(settings.max_num_batched_tokens),
+    ]
+    # Before the installed server is known (built in this run), the stack row's spellings:
+    # the unit then is the one the next run, which knows the server, renders.
+    spellings = accepted if accepted is not None else set(
+        settings.stack.get("negative_flags", ())) or None
+    flags += _bool_flag("enable-chunked-prefill", settings.enable_chunked_prefill, spellings,
+                        explicit_false=True)
+    flags += _bool_flag("enforce-eager", settings.enforce_eager, spellings, explicit_false=False)
+    flags += _bool_flag("enable-prefix-caching", settings.enable_prefix_caching, spellings,
+                        explicit_false=False)
+    flags += ["--seed", str(settings.seed)]
+    if settings.disable_custom_all_reduce:
+        flags.append("--disable-custom-all-reduce")
+    # Where the installed server is not known yet (built in this run), the stack says.
+    log_off = settings.stack.get("log_requests_off_flag")
+    if accepted is not None:
+        log_off = "--disable-log-requests" if "--disable-log-requests" in accepted else None
+    if log_off is not None:
+        flags.append(log_off)
+    return flags
+
+
+def unknown_flags(flags: Iterable[str], accepted: set[str]) -> list[str]:
+    """Options in ``flags`` that ``accepted`` (the installed server's) does not list.
+
+    ``--name=value`` is checked as ``--name``; values are not options. ``--no-X`` is an
+    option of its own: accepted only if the server lists it.
+    """
+    unknown: list[str] = []
+    for flag in flags:
+        if not flag.startswith("--"):
+            continue
+        name = flag.split("=", 1)[0]
+        if name not in accepted and name not in unknown:
+            unknown.append(name)
+    return unknown
+
+
+# --- unit and environment file -------------------------------------------------------
+def engine_address(host: str, port: int) -> str:
+    """``host:port`` where a client on the host reaches the engine listening on ``host``:
+    an IPv6 address in brackets, a wildcard bind (every address) reached on loopback."""
+    if host in ("", "0.0.0.0"):
+        host = "127.0.0.1"
+    elif host == "::":
+        host = "::1"
+    try:
+        if ipaddress.ip_address(host).version == 6:
+            host = f"[{host}]"
+    except ValueError:
+        pass  # a host name
+    return f"{host}:{port}"
+
+
+def health_url(host: str, port: int) -> str:
+    """The URL the readiness wait polls."""
+    return f"http://{engine_address(host, port)}/health"
+
+
+def cpu_threads_bind(cpus: Sequence[int], numa_nodes: int | None, tp: int) -> str | None:
+    """VLLM_CPU_OMP_THREADS_BIND for ``tp`` CPU workers on a host with online ``cpus``.
+
+    "auto" when the host has a NUMA node per worker (vLLM then binds each worker to one
+    node, one CPU per physical core); else the CPUs split into ``tp`` equal runs in id
+    order, one per worker, separated by "|" ("0|1", "0-7|8-15"); CPUs left over by the
+    split stay unbound (the API server and the engine core use them). None when there
+    are fewer CPUs than workers (preflight refuses that host).
+    """
+    if tp < 1 or len(cpus) < tp:
+        return None
+    if (numa_nodes or 1) >= tp:
+        return "auto"
+    ordered = sorted(cpus)
+    size = len(ordered) // tp
+    return "|".join(cpu_ranges(ordered[rank * size:(rank + 1) * size]) for rank in range(tp))
+
+
+def environment_pairs(settings: Settings, devices: Sequence[int],
+                      threads_bind: str | None = None) -> list[tuple[str, str]]:
+    """The unit's environment (not secrets) as (name, value), in order. On vllm_device
+    "cpu": no CUDA or NCCL variable, the CPU build's thread binding and KV cache size."""
+    pairs = [
+        ("HOME", STATE_DIR),
+        ("VLLM_CACHE_ROOT", f"{STATE_DIR}/cache/vllm"),
+        ("HF_HOME", f"{STATE_DIR}/cache/huggingface"),
+        # The weights are local (downloaded and verified by the deploy): never the Hub.
+        ("HF_HUB_OFFLINE", "1"),
+        ("TRANSFORMERS_OFFLINE", "1"),
+        ("VLLM_NO_USAGE_STATS", "1"),
+        ("DO_NOT_TRACK", "1"),
+        ("PYTHONUNBUFFERED", "1"),
+    ]
+    if settings.vllm_device == "cpu":
+        pairs += [
+            ("VLLM_CPU_OMP_THREADS_BIND", threads_bind or "auto"),
+            ("VLLM_CPU_KVCACHE_SPACE", str(settings.vllm_cpu_kvcache_space_gib)),
+            # --enforce-eager (required on CPU) stops vLLM's own compilation, but not the
+            # torch.compile of single helpers: with tensor parallel, the vocabulary
+            # embedding's mask (vocab_parallel_embedding.get_masked_input_and_mask) goes
+            # through torch inductor, which needs a C++ compiler on the host ("No working
+            # C++ compiler found": tests/fixtures/vllm-cpu/README.md). Off, they run eager.
+            ("TORCH_COMPILE_DISABLE", "1"),
+            # Each tensor-parallel worker polls the engine's shared-memory queue in a busy
+            # loop, a whole CPU each even when idle; the CPUs are the ones it computes on
+            # and the host's own. Idle for 3 s, it polls every 0.1 s instead (vLLM 0.17.0
+            # distributed/device_communicators/shm_broadcast.py SpinSleepTimer).
+            ("VLLM_SLEEP_WHEN_IDLE", "1"),
+        ]
+        return pairs
+    pairs += [
+        # CUDA numbers GPUs fastest-first by default; NVML and nvidia-smi by PCI bus id.
+        ("CUDA_DEVICE_ORDER", "PCI_BUS_ID"),
+        ("CUDA_VISIBLE_DEVICES", ",".join(str(d) for d in devices)),
+    ]
+    if settings.nccl_p2p_level is not None:
+        pairs.append(("NCCL_P2P_LEVEL", settings.nccl_p2p_level))
+    return pairs
+
+
+def unit_environment(settings: Settings, devices: Sequence[int],
+                     threads_bind: str | None = None) -> list[str]:
+    """The unit's ``Environment=`` assignments (``environment_pairs``), quoted for systemd."""
+    return [systemd_quote(f"{name}={value}", exec_line=False)
+            for name, value in environment_pairs(settings, devices, threads_bind)]
+
+
+def _plain(text: str, *, path: bool = True) -> str:
+    """A bare value for a unit directive that expands specifiers (Description=, paths)."""
+    if _CONTROL_RE.search(text) or (path and _PATH_UNSAFE_RE.search(text)):
+        what = "spaces, quotes, backslashes or control characters" if path else "control characters"
+        raise OperationValueError(f"{text!r}: no {what} here")
+    return text.replace("%", "%%")
+
+
+def render_unit(
+    settings: Settings,
+    *,
+    python: str,
+    model_path: str,
+    devices: Sequence[int] | None = None,
+    accepted: set[str] | None = None,
+    guard_path: str = GUARD_PATH,
+    ready_path: str = READY_PATH,
+    env_path: str = ENV_PATH,
+    systemd_version: int = 249,
+    threads_bind: str | None = None,
+) -> str:
+    """The unit file ``vllm.service``.
+
+    + settings: a validated ``pyinfra_vllm.core.settings.Settings``
+    + python: the stack environment's interpreter, e.g. ``/opt/vllm/<env>/bin/python``
+    + model_path: directory of the downloaded model (``--model``; ``RequiresMountsFor=``)
+    + devices: NVML/CUDA indexes of the GPUs to use; default the first tensor_parallel_size
+    + accepted: the installed server's options (the flags files/vllm_probe.py
+      records), see ``server_flags``
+    + guard_path, ready_path: where the deploy put files/gpu_guard.py and files/wait_ready.py
+    + env_path: the secret EnvironmentFile
+    + systemd_version: the host's systemd; RestartSteps= only from 254 on
+    + threads_bind: vllm_device "cpu": VLLM_CPU_OMP_THREADS_BIND (``cpu_threads_bind``
+      of the host's CPUs, or the vllm_cpu_threads_bind setting); devices is then unused
+
+    On vllm_device "cpu" the unit has no GPU guard, no nvidia-modprobe and no NVIDIA
+    device or unit (the template says why).
+    """
+    tp = settings.tensor_parallel_size
+    cpu = settings.vllm_device == "cpu"
+    if cpu and threads_bind is None:
+        raise OperationValueError(
+            f"no CPU binding for {tp} CPU worker(s): set vllm_cpu_threads_bind")
+    devices = list(range(tp)) if devices is None or cpu else list(devices)
+    if len(devices) != tp:
+        raise OperationValueError(
+            f"{len(devices)} GPU(s) {devices} for tensor_parallel_size {tp}"
+        )
+    guard = [python, guard_path, "--expect-gpus", str(tp),
+             "--devices", ",".join(str(d) for d in devices)]
+    if not settings.allow_pcie_tensor_parallel and tp > 1:
+        guard.append("--require-nvlink")
+    ready = [python, ready_path, "--url", health_url(settings.vllm_host, settings.vllm_port),
+             "--model", settings.model_name,
+             "--warmups", str(settings.vllm_warmup_requests),
+             "--request-timeout", str(settings.vllm_warmup_timeout_s)]
+    start = [python, "-m", SERVER_MODULE, *server_flags(settings, model_path, accepted)]
+    return render(
+        UNIT_TEMPLATE,
+        model_name=_plain(settings.model_name, path=False),
+        tp=tp,
+        model_path=_plain(model_path),
+        user=SERVICE_USER,
+        state_dir=STATE_DIR,
+        state_dir_name=STATE_DIR.removeprefix("/var/lib/"),
+        env_path=env_path,
+        environment=unit_environment(settings, devices, threads_bind),
+        cpu=cpu,
+        guard_command=exec_command(guard),
+        exec_start=exec_command(start, continued=True),
+        ready_command=exec_command(ready),
+        start_timeout_s=settings.vllm_start_timeout_s,
+        stop_timeout_s=STOP_TIMEOUT_S,
+        start_limit_burst=START_LIMIT_BURST,
+        start_limit_interval_s=START_LIMIT_INTERVAL_S,
+        restart_steps=systemd_version >= RESTART_STEPS_SINCE,
+    )
+
+
+# --- the running engine against its unit -----------------------------------------------
+# Every variable environment_pairs can render, for either device: the ones the engine's
+# process is compared on (a drop-in adding NCCL_P2P_LEVEL is seen too). The secrets of
+# the environment file are compared by their sha256 only.
+ENGINE_ENV_KEYS = (
+    "HOME", "VLLM_CACHE_ROOT", "HF_HOME", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE",
+    "VLLM_NO_USAGE_STATS", "DO_NOT_TRACK", "PYTHONUNBUFFERED",
+    "VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_KVCACHE_SPACE", "TORCH_COMPILE_DISABLE",
+    "VLLM_SLEEP_WHEN_IDLE", "CUDA_DEVICE_ORDER", "CUDA_VISIBLE_DEVICES", "NCCL_P2P_LEVEL",
+)
+SECRET_ENV_KEYS = ("HF_TOKEN", "VLLM_API_KEY")
+MASK = "(secret)"
+
+
+def engine_expected(
+    settings: Settings,
+    *,
+    python: str,
+    model_path: str,
+    devices: Sequence[int] | None = None,
+    accepted: set[str] | None = None,
+    threads_bind: str | None = None,
+) -> dict[str, Any]:
+    """What the engine's main process runs with when it was started from the unit and
+    environment file this run renders (same arguments as ``render_unit``):
+    ``{"argv", "env", "secret_sha256"}``.
+
+    ``ExecStart`` runs the interpreter itself (Type=exec, no shell or wrapper), so the
+    main process's argv is exactly its words; the secrets are the environment file's
+    (``render_env``: VLLM_API_KEY only, and only beyond loopback), as sha256 digests.
+    """
+    cpu = settings.vllm_device == "cpu"
+    tp = settings.tensor_parallel_size
+    devices = list(range(tp)) if devices is None or cpu else list(devices)
+    api_key = engine_api_key(settings)
+    return {
+        "argv": [python, "-m", SERVER_MODULE, *server_flags(settings, model_path, accepted)],
+        "env": dict(environment_pairs(settings, devices, threads_bind)),
+        "secret_sha256": {} if api_key is None else {
+            "VLLM_API_KEY": hashlib.sha256(api_key.encode()).hexdigest()},
+    }
+
+
+def _options(argv: Sequence[str]) -> tuple[list[str], dict[str, list[str]]]:
+    """(the words before the first option, {option: its values}); ``--x=y`` is ``--x``
+    with the value ``y``."""
+    head: list[str] = []
+    options: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for word in argv:
+        if word.startswith("--"):
+            name, sep, value = word.partition("=")
+            current = options.setdefault(name, [])
+            if sep:
+                current.append(value)
+        elif current is None:
+            head.append(word)
+        else:
+            current.append(word)
+    return head, options
+
+
+def _secret_flag(name: str) -> bool:
+    return "key" in name or "token" in name
+
+
+def engine_differences(found: dict[str, Any] | None,
+                       expected: dict[str, Any]) -> dict[str, list[dict[str, Any]]] | None:
+    """Where the running engine (facts.vllm_service.EngineProcess) differs from
+    ``expected`` (``engine_expected``); None when no engine runs.
+
+    ``{"argv": [{"flag", "running", "unit"}], "env": [{"key", "running", "unit"}]}``,
+    both ``[]`` when they agree. ``"(command)"`` is the interpreter and module; a value
+    is None where one side lacks the flag or key. Secret keys, and flags named like a
+    key or token, show ``(secret)`` for a value, never the value. Option order does
+    not count (argparse reads them in any order).
+    """
+    if found is None:
+        return None
+    head, options = _options(found.get("argv") or [])
+    want_head, want_options = _options(expected["argv"])
+    argv: list[dict[str, Any]] = []
+    if head != want_head:
+        argv.append({"flag": "(command)", "running": " ".join(head),
+                     "unit": " ".join(want_head)})
+    for name in sorted(set(options) | set(want_options)):
+        have, want = options.get(name), want_options.get(name)
+        if have == want:
+            continue
+        shown = [None if v is None else (MASK if _secret_flag(name) else " ".join(v))
+                 for v in (have, want)]
+        argv.append({"flag": name, "running": shown[0], "unit": shown[1]})
+    env: list[dict[str, Any]] = []
+    running_env = found.get("env") or {}
+    for key in ENGINE_ENV_KEYS:
+        have, want = running_env.get(key), expected["env"].get(key)
+        if have != want:
+            env.append({"key": key, "running": have, "unit": want})
+    running_secrets = found.get("secret_sha256") or {}
+    for key in SECRET_ENV_KEYS:
+        have, want = running_secrets.get(key), expected["secret_sha256"].get(key)
+        if have != want:
+            env.append({"key": key, "running": None if have is None else MASK,
+                        "unit": None if want is None else MASK})
+    return {"argv": argv, "env": env}
+
+
+def difference_words(differences: dict[str, list[dict[str, Any]]]) -> str:
+    """The differing flags and keys, named: ``--max-model-len (4096, unit 8192)``."""
+    return ", ".join(
+        [f"{d['flag']} ({d['running']}, unit {d['unit']})" for d in differences["argv"]]
+        + [f"{d['key']} ({d['running']}, unit {d['unit']})" for d in differences["env"]]
+    )
+
+
+def listens_beyond_loopback(address: str) -> bool:
+    """Is the engine's listen address reachable from other machines? Only a loopback
+    address (127.0.0.0/8, ::1) or "localhost" is not; a wildcard, any other address or a
+    host name is."""
+    if address == "localhost":
+        return False
+    try:
+        return not ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return True  # a host name: it may resolve to anything
+
+
+def engine_api_key(settings: Settings) -> str | None:
+    """The key the engine itself demands (VLLM_API_KEY), or None.
+
+    On loopback the gateway is the only way in and checks the keys itself. An engine that
+    listens beyond loopback can be reached around the gateway, so it demands the first of
+    api_keys on /v1 (vLLM checks only /v1; /health and /metrics stay open on its port), and
+    the gateway sends it that key (operations/gateway.py, the key file). None without keys
+    (settings refuse an engine beyond loopback without api_keys).
+    """
+    if not listens_beyond_loopback(settings.vllm_host) or not settings.api_keys:
+        return None
+    return settings.api_keys[0].get_secret_value()
+
+
+def render_env(hf_token: str | None = None, api_key: str | None = None) -> str:
+    """The EnvironmentFile (``/etc/vllm/vllm.env``, mode 0600): secrets only.
+
+    + hf_token: HF_TOKEN (the weights are local and HF_HUB_OFFLINE=1, so only needed by
+      a server that reaches the Hub itself); None leaves it out
+    + api_key: VLLM_API_KEY, the key the engine itself demands on /v1 (``engine_api_key``):
+      None while it listens on loopback (nginx checks the keys and strips Authorization)
+
+    A value is written in single quotes (no expansion); one that holds a quote, a
+    backslash or a control character is refused, naming the variable, never the value.
+    """
+    secrets = []
+    for name, value in (("HF_TOKEN", hf_token), ("VLLM_API_KEY", api_key)):
+        if value is None:
+            continue
+        if not value or "'" in value or "\\" in value or _CONTROL_RE.search(value):
+            raise OperationValueError(
+                f"{name} is empty or has a quote, backslash or control character"
+            )
+        secrets.append((name, value))
+    return render(ENV_TEMPLATE, secrets=secrets)
+
+
+def shm_problem(shm_bytes: int | None, min_mib: int) -> str | None:
+    """Why the host's /dev/shm is too small for the TP workers, or None when it is fine."""
+    if shm_bytes is None:
+        return "/dev/shm is not mounted (NCCL and vLLM's TP workers exchange data through it)"
+    if shm_bytes < min_mib * 1024 * 1024:
+        return (
+            f"/dev/shm is {shm_bytes // (1024 * 1024)} MiB, below vllm_min_shm_mib "
+            f"({min_mib} MiB): NCCL and vLLM's TP workers exchange data through it"
+        )
+    return None
+
+
+
+# --- operations ----------------------------------------------------------------------
+UNIT = "vllm.service"
+# The one read of the running engine (facts.vllm_service.EngineProcess), the same for this
+# module, the audit and the run's one read (pyinfra_vllm/run/host_reads.py).
+ENGINE_PROCESS_READ = {"unit": UNIT, "keys": list(ENGINE_ENV_KEYS),
+                       "secret_keys": list(SECRET_ENV_KEYS)}
