@@ -4,22 +4,19 @@ pyinfra aborts the whole run when deploy code raises, which is right for bad set
 (an operator error, the same on every host) and wrong for one host's state (a missing
 NVLink bridge on one server must not hold up the fleet). ``refuse`` turns a host's
 problems into one failing operation: the host is marked failed, its later operations
-are skipped, the other hosts go on, and the reasons are printed in red.
+are skipped, the other hosts go on. The stages refuse through
+``HostContext.refuse`` (pyinfra_vllm/run/context.py), which logs the reasons in red
+while the run is planned and records the refusal for the audit.
 """
 
 from __future__ import annotations
 
-import logging
-
 from pyinfra.api import FunctionCommand, operation
 
-logger = logging.getLogger("pyinfra")
-
-
 def _refuse(state, host, reasons: list[str]) -> bool:
-    for reason in reasons:
-        host.log_styled(reason, fg="red", log_func=logger.error)
-    # False fails the operation, and with it this host, and nothing else.
+    # The reasons were logged while the run was planned (HostContext.refuse), so that a
+    # dry run and the audit show them too. False fails the operation, and with it this
+    # host, and nothing else.
     return False
 
 

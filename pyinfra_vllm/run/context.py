@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from weakref import WeakKeyDictionary
 
+from pyinfra import host as pyinfra_host
 from pyinfra import logger
 from pyinfra.api.exceptions import DeployError
 from pyinfra.facts.server import KernelVersion, LinuxDistribution
@@ -27,6 +28,7 @@ from facts.cpu_host import CpuHostState
 from facts.gpu_host import GpuHostState
 from facts.model import ModelContent
 from facts.python_env import VllmEnvironments
+from operations import gate
 from pyinfra_vllm.core.locks import load_lock
 from pyinfra_vllm.core.settings import Settings, load_settings
 from pyinfra_vllm.core.stack_locks import read_lock
@@ -127,6 +129,15 @@ class HostContext:
         """Should ``stage`` add its operations for this host?"""
         self.stages_asked.append(stage)
         return not self.refused and stage not in self.settings.skip_stages
+
+    def refuse(self, operation: str, reasons: list[str]) -> None:
+        """Refuse this host: ``reasons`` logged once, kept so that later stages add
+        nothing for it, and ``operation`` (``operations.gate.refuse``, which fails the
+        host when it runs) recorded for the audit, which does not count it as drift."""
+        self.refused.extend(reasons)
+        for reason in reasons:
+            pyinfra_host.log_styled(reason, fg="red", log_func=logger.error)
+        self.refusals.append(gate.refuse(name=operation, reasons=list(reasons)))
 
     def gpu_stage(self, host: Any, stage: str) -> bool:
         """Should the GPU-only ``stage`` (driver, mig, persistence) add its operations? Not

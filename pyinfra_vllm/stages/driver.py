@@ -20,77 +20,69 @@ On vllm_device "cpu" (vLLM's CPU build, no GPU) the stage is skipped, the reason
 
 from __future__ import annotations
 
-from pyinfra import host
-from pyinfra.api import deploy
 from pyinfra.operations import apt, server
 
 from operations import driver as driver_ops
-from operations import gate
-from pyinfra_vllm.run.context import context
+from pyinfra_vllm.run.context import HostContext
+from pyinfra_vllm.run.stage import stage
 
 
-@deploy("driver")
-def driver() -> None:
+@stage("driver", gpu_only=True)
+def driver(ctx: HostContext) -> None:
     """Driver: install the pinned branch on a host without one, and keep it from drifting."""
-    ctx = context(host, stages=("driver",))
+    settings = ctx.settings
+    branch = settings.nvidia_driver_branch
+    module_loaded = ctx.state.get("kernel_module") is not None
+    installed = bool(ctx.state.get("driver_packages"))
+    reboot_reason = (
+        f"driver {branch} installed; reboot required to load its kernel module; re-run "
+        "after rebooting or set allow_reboot=true"
+    )
 
-    if ctx.gpu_stage(host, "driver"):
-        settings = ctx.settings
-        branch = settings.nvidia_driver_branch
-        module_loaded = ctx.state.get("kernel_module") is not None
-        installed = bool(ctx.state.get("driver_packages"))
-        reboot_reason = (
-            f"driver {branch} installed; reboot required to load its kernel module; re-run "
-            "after rebooting or set allow_reboot=true"
+    install = None
+    if not module_loaded and not installed:
+        if settings.nvidia_apt_repo is not None:
+            apt.repo(
+                name="Driver: apt source for the NVIDIA packages",
+                src=driver_ops.apt_source_line(settings.nvidia_apt_repo),
+                filename="pyinfra-vllm-nvidia",
+            )
+        install = apt.packages(
+            name=f"Driver: install nvidia-headless-{branch}",
+            packages=driver_ops.driver_packages(branch),
+            update=True,
+            no_recommends=True,
         )
 
-        install = None
-        if not module_loaded and not installed:
-            if settings.nvidia_apt_repo is not None:
-                apt.repo(
-                    name="Driver: apt source for the NVIDIA packages",
-                    src=driver_ops.apt_source_line(settings.nvidia_apt_repo),
-                    filename="pyinfra-vllm-nvidia",
-                )
-            install = apt.packages(
-                name=f"Driver: install nvidia-headless-{branch}",
-                packages=driver_ops.driver_packages(branch),
-                update=True,
-                no_recommends=True,
+    if settings.install_cuda_toolkit:
+        distro = ctx.state.get("os") or {}
+        driver_ops.cuda_toolkit(
+            name=f"Driver: CUDA toolkit {settings.stack['cuda']}",
+            cuda_version=settings.stack["cuda"],
+            repo_distro=driver_ops.cuda_repo_distro(
+                distro.get("name"), distro.get("major"), distro.get("minor")
+            ),
+        )
+
+    driver_ops.upgrade_blacklist(name="Driver: keep unattended-upgrades off the driver")
+    driver_ops.packages_held(name="Driver: hold the NVIDIA and CUDA packages")
+
+    if not module_loaded and (install is not None or installed):
+        if settings.allow_reboot:
+            # A fresh install reboots only if apt really installed something; packages
+            # installed by an earlier run (module still not loaded) reboot at once.
+            ctx.stale = True
+            server.reboot(
+                name="Driver: reboot to load the new kernel module",
+                reboot_timeout=900,
+                _if=[install.did_change] if install is not None else [],
             )
-
-        if settings.install_cuda_toolkit:
-            distro = ctx.state.get("os") or {}
-            driver_ops.cuda_toolkit(
-                name=f"Driver: CUDA toolkit {settings.stack['cuda']}",
-                cuda_version=settings.stack["cuda"],
-                repo_distro=driver_ops.cuda_repo_distro(
-                    distro.get("name"), distro.get("major"), distro.get("minor")
-                ),
-            )
-
-        driver_ops.upgrade_blacklist(name="Driver: keep unattended-upgrades off the driver")
-        driver_ops.packages_held(name="Driver: hold the NVIDIA and CUDA packages")
-
-        if not module_loaded and (install is not None or installed):
-            if settings.allow_reboot:
-                # A fresh install reboots only if apt really installed something; packages
-                # installed by an earlier run (module still not loaded) reboot at once.
-                ctx.stale = True
-                server.reboot(
-                    name="Driver: reboot to load the new kernel module",
-                    reboot_timeout=900,
-                    _if=[install.did_change] if install is not None else [],
+        else:
+            if install is None:
+                reboot_reason = (
+                    "driver packages are installed but no NVIDIA kernel module is loaded; "
+                    "reboot required; re-run after rebooting or set allow_reboot=true"
                 )
-            else:
-                if install is None:
-                    reboot_reason = (
-                        "driver packages are installed but no NVIDIA kernel module is loaded; "
-                        "reboot required; re-run after rebooting or set allow_reboot=true"
-                    )
-                # Later stages add nothing for this host; the reason is printed when the
-                # refusal runs, after the install.
-                ctx.refused = [reboot_reason]
-                ctx.refusals.append(
-                    gate.refuse(name="Driver: reboot required", reasons=ctx.refused))
+            # Later stages add nothing for this host; the refusal runs after the install.
+            ctx.refuse("Driver: reboot required", [reboot_reason])
 

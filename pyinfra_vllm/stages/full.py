@@ -11,6 +11,7 @@ from __future__ import annotations
 from pyinfra import host
 from pyinfra.api import deploy
 
+from pyinfra_vllm.core.settings import STAGES
 from pyinfra_vllm.run.context import context
 from pyinfra_vllm.stages.driver import driver
 from pyinfra_vllm.stages.gateway import gateway
@@ -23,9 +24,6 @@ from pyinfra_vllm.stages.preflight import preflight
 from pyinfra_vllm.stages.python_env import python_env, python_env_built
 from pyinfra_vllm.stages.sysctl import sysctl
 from pyinfra_vllm.stages.vllm_service import vllm_service
-
-STAGES = ("preflight", "driver", "mig", "persistence", "sysctl", "model_volume",
-          "python_env", "model", "vllm_service", "gateway", "metrics")
 
 
 @deploy("full")

@@ -27,118 +27,123 @@ from pathlib import Path
 
 import click
 from pyinfra import host
-from pyinfra.api import deploy
 from pyinfra.facts.deb import DebPackage
 from pyinfra.operations import apt
 
 from facts.nginx import NginxServers
-from operations import gate, units
 from operations import gateway as gateway_ops
+from operations import units
+from pyinfra_vllm.core.settings import Settings
 from pyinfra_vllm.plans import gateway as gateway_plan
 from pyinfra_vllm.plans import vllm_service as vllm_service_plan
-from pyinfra_vllm.run.context import context
+from pyinfra_vllm.run.context import HostContext
+from pyinfra_vllm.run.stage import stage
 from pyinfra_vllm.stages import APT_LISTS_MAX_AGE_S
 
 logger = logging.getLogger("pyinfra")
 
 
-@deploy("gateway")
-def gateway() -> None:
+@stage("gateway")
+def gateway(ctx: HostContext) -> None:
     """Gateway: nginx in front of the engine, with API keys, streaming and a safe reload."""
-    ctx = context(host, stages=("gateway",))
-
-    if ctx.proceed("gateway"):
-        settings = ctx.settings
-        keys = [key.get_secret_value() for key in settings.api_keys]
-        if not keys:
-            logger.warning(
-                "%s%s",
-                host.print_prefix,
-                click.style(
-                    "warning: api_keys is empty: the gateway's API key check is OFF, "
-                    f"anyone who reaches port {settings.gateway_port} can use /v1/",
-                    fg="yellow",
-                ),
-            )
-
-        # Read once: a host with nginx needs no apt operation at all (no apt-get update, no
-        # package list read), one without gets it installed after a refresh.
-        if not host.get_fact(DebPackage, package="nginx"):
-            apt.packages(
-                name="Gateway: nginx installed",
-                packages=["nginx"],
-                update=True,
-                cache_time=APT_LISTS_MAX_AGE_S,
-                no_recommends=True,
-            )
-
-        # Servers of other files on the gateway's ports; none on a host without nginx.
-        ports = [settings.gateway_port] + (
-            [settings.gateway_http_redirect_port] if settings.gateway_http_redirect_port else [])
-        foreign = gateway_plan.foreign_servers(host.get_fact(NginxServers), ports)
-        unsafe = [
-            f"gateway: {gateway_plan.foreign_words(entry)} takes port(s) "
-            f"{', '.join(map(str, ports))} from the gateway and cannot be set aside whole: "
-            f"{entry['unsafe']}; remove or move that server block by hand, or change "
-            "gateway_port"
-            for entry in foreign if entry["unsafe"]
-        ]
-        if unsafe:
-            ctx.refused.extend(unsafe)
-            for reason in unsafe:
-                host.log_styled(reason, fg="red", log_func=logger.error)
-            gate.refuse(name="Gateway: host refused", reasons=unsafe)
-            return
-        gateway_ops.foreign_disabled(
-            name="Gateway: no other nginx server on the gateway's port (nginx -t before "
-            "reload)",
-            files=[{"path": entry["path"], "symlink": entry["symlink"]} for entry in foreign],
+    settings = ctx.settings
+    keys = [key.get_secret_value() for key in settings.api_keys]
+    if not keys:
+        logger.warning(
+            "%s%s",
+            host.print_prefix,
+            click.style(
+                "warning: api_keys is empty: the gateway's API key check is OFF, "
+                f"anyone who reaches port {settings.gateway_port} can use /v1/",
+                fg="yellow",
+            ),
         )
 
-        # TLS: the certificate and its key go live with the site, in the same checked swap
-        # (settings checked both exist, and that the key is its owner's alone). Read here,
-        # uploaded from memory; the key is never printed.
-        tls_files: dict[str, tuple[str, str]] = {}
-        if settings.gateway_tls_cert and settings.gateway_tls_key:
-            tls_files = {
-                gateway_plan.TLS_CERT_PATH: (Path(settings.gateway_tls_cert).read_text(), "644"),
-                gateway_plan.TLS_KEY_PATH: (Path(settings.gateway_tls_key).read_text(), "600"),
-            }
-        elif keys:
-            logger.warning(
-                "%s%s",
-                host.print_prefix,
-                click.style(
-                    "warning: gateway_tls_cert/gateway_tls_key not set: clients send their API "
-                    f"keys to port {settings.gateway_port} in clear text",
-                    fg="yellow",
-                ),
-            )
-
-        gateway_ops.site(
-            name="Gateway: nginx site and API keys (nginx -t before going live)",
-            site_content=gateway_plan.render_site(
-                vllm_host=settings.vllm_host,
-                vllm_port=settings.vllm_port,
-                gateway_port=settings.gateway_port,
-                metrics_allow=settings.metrics_networks,
-                node_exporter_port=(settings.node_exporter_port
-                                    if settings.node_exporter_served else None),
-                body_mib=settings.gateway_max_body_mib
-                or gateway_plan.body_limit_mib(settings.max_model_len),
-                proxy_timeout_s=settings.gateway_proxy_timeout_s,
-                extra_directives=settings.gateway_extra_directives,
-                tls=bool(tls_files),
-                http_redirect_port=settings.gateway_http_redirect_port,
-            ),
-            # An engine beyond loopback demands a key itself: nginx sends it the one the
-            # vllm_service stage put in its environment file.
-            keys_content=gateway_plan.render_keys_map(
-                keys, upstream_key=vllm_service_plan.engine_api_key(settings)
-            ),
-            extra_files=tls_files,
-            secrets=keys,
+    # Read once: a host with nginx needs no apt operation at all (no apt-get update, no
+    # package list read), one without gets it installed after a refresh.
+    if not host.get_fact(DebPackage, package="nginx"):
+        apt.packages(
+            name="Gateway: nginx installed",
+            packages=["nginx"],
+            update=True,
+            cache_time=APT_LISTS_MAX_AGE_S,
+            no_recommends=True,
         )
 
-        units.enabled_and_running(name="Gateway: nginx enabled and running", unit="nginx.service")
+    if not _foreign_set_aside(ctx):
+        return
+    tls_files = _tls_files(settings, warn_clear=bool(keys))
+    gateway_ops.site(
+        name="Gateway: nginx site and API keys (nginx -t before going live)",
+        site_content=gateway_plan.render_site(
+            vllm_host=settings.vllm_host,
+            vllm_port=settings.vllm_port,
+            gateway_port=settings.gateway_port,
+            metrics_allow=settings.metrics_networks,
+            node_exporter_port=(settings.node_exporter_port
+                                if settings.node_exporter_served else None),
+            body_mib=settings.gateway_max_body_mib
+            or gateway_plan.body_limit_mib(settings.max_model_len),
+            proxy_timeout_s=settings.gateway_proxy_timeout_s,
+            extra_directives=settings.gateway_extra_directives,
+            tls=bool(tls_files),
+            http_redirect_port=settings.gateway_http_redirect_port,
+        ),
+        # An engine beyond loopback demands a key itself: nginx sends it the one the
+        # vllm_service stage put in its environment file.
+        keys_content=gateway_plan.render_keys_map(
+            keys, upstream_key=vllm_service_plan.engine_api_key(settings)
+        ),
+        extra_files=tls_files,
+        secrets=keys,
+    )
 
+    units.enabled_and_running(name="Gateway: nginx enabled and running", unit="nginx.service")
+
+
+def _foreign_set_aside(ctx: HostContext) -> bool:
+    """Servers of other files on the gateway's ports (none on a host without nginx) set
+    aside; False, the host refused, where one cannot be set aside whole."""
+    settings = ctx.settings
+    ports = [settings.gateway_port] + (
+        [settings.gateway_http_redirect_port] if settings.gateway_http_redirect_port else [])
+    foreign = gateway_plan.foreign_servers(host.get_fact(NginxServers), ports)
+    unsafe = [
+        f"gateway: {gateway_plan.foreign_words(entry)} takes port(s) "
+        f"{', '.join(map(str, ports))} from the gateway and cannot be set aside whole: "
+        f"{entry['unsafe']}; remove or move that server block by hand, or change "
+        "gateway_port"
+        for entry in foreign if entry["unsafe"]
+    ]
+    if unsafe:
+        ctx.refuse("Gateway: host refused", unsafe)
+        return False
+    gateway_ops.foreign_disabled(
+        name="Gateway: no other nginx server on the gateway's port (nginx -t before "
+        "reload)",
+        files=[{"path": entry["path"], "symlink": entry["symlink"]} for entry in foreign],
+    )
+    return True
+
+
+def _tls_files(settings: Settings, warn_clear: bool) -> dict[str, tuple[str, str]]:
+    """The certificate and its key, to go live with the site in the same checked swap
+    (settings checked both exist, and that the key is its owner's alone): read here,
+    uploaded from memory; the key is never printed. None set: a warning where clients
+    send keys (``warn_clear``) in clear text."""
+    if settings.gateway_tls_cert and settings.gateway_tls_key:
+        return {
+            gateway_plan.TLS_CERT_PATH: (Path(settings.gateway_tls_cert).read_text(), "644"),
+            gateway_plan.TLS_KEY_PATH: (Path(settings.gateway_tls_key).read_text(), "600"),
+        }
+    if warn_clear:
+        logger.warning(
+            "%s%s",
+            host.print_prefix,
+            click.style(
+                "warning: gateway_tls_cert/gateway_tls_key not set: clients send their API "
+                f"keys to port {settings.gateway_port} in clear text",
+                fg="yellow",
+            ),
+        )
+    return {}

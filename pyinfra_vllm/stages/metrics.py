@@ -22,7 +22,6 @@ were read before the reboot.
 from __future__ import annotations
 
 from pyinfra import host, logger
-from pyinfra.api import deploy
 from pyinfra.facts.deb import DebPackage
 from pyinfra.operations import apt, systemd
 
@@ -30,8 +29,9 @@ from operations import file_set, units
 from pyinfra_vllm.plans import metrics as metrics_plan
 from pyinfra_vllm.plans.gates import model_gates
 from pyinfra_vllm.plans.textfile import metrics_text
-from pyinfra_vllm.run.context import context
+from pyinfra_vllm.run.context import HostContext
 from pyinfra_vllm.run.report import summarize
+from pyinfra_vllm.run.stage import stage
 from pyinfra_vllm.stages import APT_LISTS_MAX_AGE_S
 
 
@@ -65,47 +65,49 @@ def node_exporter(port: int, textfile_dir: str) -> None:
                               unit=metrics_plan.UNIT)
 
 
-@deploy("metrics")
-def metrics() -> None:
+@stage("metrics")
+def metrics(ctx: HostContext) -> None:
     """Metrics: node_exporter on loopback, and this host's verdicts for its textfile
     collector."""
-    ctx = context(host, stages=("metrics",))
-
-    if ctx.proceed("metrics"):
-        if ctx.settings.node_exporter_install:
-            node_exporter(ctx.settings.node_exporter_port, ctx.settings.textfile_collector_dir)
-        file_set.absent(name="Metrics: no per-host scrape job (the operator's Prometheus "
-                        "has the fleet's, from tools.scrape_config)",
-                        paths=[metrics_plan.LEGACY_SCRAPE_JOB])
-
-    if ctx.proceed("metrics") and ctx.stale:
+    if ctx.settings.node_exporter_install:
+        node_exporter(ctx.settings.node_exporter_port, ctx.settings.textfile_collector_dir)
+    file_set.absent(name="Metrics: no per-host scrape job (the operator's Prometheus "
+                    "has the fleet's, from tools.scrape_config)",
+                    paths=[metrics_plan.LEGACY_SCRAPE_JOB])
+    if ctx.stale:
         # The verdicts would describe the host before its reboot into the new driver.
         host.log_styled("metrics: not written in a run that reboots into a new driver; the "
                         "next run writes them", fg="yellow", log_func=logger.warning)
-    elif ctx.proceed("metrics"):
-        settings = ctx.settings
-        # The audit's own reading of the host: the same checks and versions it reports.
-        summary = summarize(host.name, ctx.state, settings)
-        checks = summary["checks"]
-        capacity = None
-        if ctx.lock is not None:
-            gates = model_gates(settings, ctx.lock, ctx.state)
-            checks += gates["checks"]
-            capacity = gates["capacity"]
-        driver = summary["summary"]["driver_version"]
-        info = {
-            "vllm": settings.vllm_version,
-            "cuda_build": settings.stack["cuda"] or "none",
-            "driver": driver or "none",
-            "model": settings.model_id,
-            "tensor_parallel_size": settings.tensor_parallel_size,
-        }
-        file_set.present(
-            name="Metrics: verdicts for node_exporter's textfile collector",
-            files={
-                f"{settings.textfile_collector_dir}/{metrics_plan.TEXTFILE_NAME}": (
-                    metrics_text(host.name, checks, info, capacity).encode(),
-                    "644",
-                )
-            },
-        )
+        return
+    _verdicts(ctx)
+
+
+def _verdicts(ctx: HostContext) -> None:
+    """This host's checks, versions and capacity plan, for node_exporter's textfile
+    collector."""
+    settings = ctx.settings
+    # The audit's own reading of the host: the same checks and versions it reports.
+    summary = summarize(host.name, ctx.state, settings)
+    checks = summary["checks"]
+    capacity = None
+    if ctx.lock is not None:
+        gates = model_gates(settings, ctx.lock, ctx.state)
+        checks += gates["checks"]
+        capacity = gates["capacity"]
+    driver = summary["summary"]["driver_version"]
+    info = {
+        "vllm": settings.vllm_version,
+        "cuda_build": settings.stack["cuda"] or "none",
+        "driver": driver or "none",
+        "model": settings.model_id,
+        "tensor_parallel_size": settings.tensor_parallel_size,
+    }
+    file_set.present(
+        name="Metrics: verdicts for node_exporter's textfile collector",
+        files={
+            f"{settings.textfile_collector_dir}/{metrics_plan.TEXTFILE_NAME}": (
+                metrics_text(host.name, checks, info, capacity).encode(),
+                "644",
+            )
+        },
+    )

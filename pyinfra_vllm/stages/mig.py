@@ -15,23 +15,18 @@ On vllm_device "cpu" (vLLM's CPU build, no GPU) the stage is skipped, the reason
 
 from __future__ import annotations
 
-from pyinfra import host
-from pyinfra.api import deploy
-
 from operations import mig as mig_ops
-from pyinfra_vllm.run.context import context
+from pyinfra_vllm.run.context import HostContext
+from pyinfra_vllm.run.stage import stage
 
 
-@deploy("mig")
-def mig() -> None:
+@stage("mig", gpu_only=True)
+def mig(ctx: HostContext) -> None:
     """MIG: off on every GPU, so vLLM's tensor parallelism gets whole GPUs."""
-    ctx = context(host, stages=("mig",))
-
-    if ctx.gpu_stage(host, "mig"):
-        # mig_mode allows only "disabled" (vLLM tensor parallelism needs whole GPUs).
-        mig_ops.mig_disabled(
-            name="MIG: disabled on every GPU",
-            service=mig_ops.VLLM_UNIT,
-            allow_reboot=ctx.settings.allow_reboot,
-            gpus=ctx.state.get("gpus"),
-        )
+    # mig_mode allows only "disabled" (vLLM tensor parallelism needs whole GPUs).
+    mig_ops.mig_disabled(
+        name="MIG: disabled on every GPU",
+        service=mig_ops.VLLM_UNIT,
+        allow_reboot=ctx.settings.allow_reboot,
+        gpus=ctx.state.get("gpus"),
+    )

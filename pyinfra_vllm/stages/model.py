@@ -18,58 +18,50 @@ stage restarts a running engine, which may have loaded the bad bytes.
 
 from __future__ import annotations
 
-from pyinfra import host, logger
-from pyinfra.api import deploy
+from pyinfra import host
 
 from facts.model import ModelFiles, silently_changed
-from operations import gate
 from operations import model as model_ops
 from pyinfra_vllm.core import model_files as model_plan
 from pyinfra_vllm.core.locks import hf_token
-from pyinfra_vllm.run.context import context
+from pyinfra_vllm.run.context import HostContext
+from pyinfra_vllm.run.stage import stage
 
 
-@deploy("model")
-def model() -> None:
+@stage("model")
+def model(ctx: HostContext) -> None:
     """Model: the locked files in the model volume, each verified against the lock."""
-    ctx = context(host, stages=("model",))
-
-    if ctx.proceed("model"):
-        settings = ctx.settings
-        token = hf_token(settings)
-        lock = ctx.required_lock()
-        dest = model_plan.model_path(settings.model_dir, settings.model_id)
-        corrupt: list[str] = []
-        if settings.deep_model_check:
-            content = ctx.deep_model_check(host, dest)
-            if content is not None and content["error"]:
-                reason = (f"model: the deep check of {dest} did not run: {content['error']}; "
-                          "fix the host, or set model_verify stat")
-                ctx.refused.append(reason)
-                host.log_styled(reason, fg="red", log_func=logger.error)
-                gate.refuse(name="Model: host refused", reasons=[reason])
-                return
-            corrupt = silently_changed(content, host.get_fact(ModelFiles, path=dest), lock)
-        if corrupt and not settings.model_repair:
-            reason = model_ops.corrupt_reason(settings.model_id, dest, corrupt)
-            ctx.refused.append(reason)
-            host.log_styled(reason, fg="red", log_func=logger.error)
-            gate.refuse(name="Model: host refused", reasons=[reason])
+    settings = ctx.settings
+    token = hf_token(settings)
+    lock = ctx.required_lock()
+    dest = model_plan.model_path(settings.model_dir, settings.model_id)
+    corrupt: list[str] = []
+    if settings.deep_model_check:
+        content = ctx.deep_model_check(host, dest)
+        if content is not None and content["error"]:
+            reason = (f"model: the deep check of {dest} did not run: {content['error']}; "
+                      "fix the host, or set model_verify stat")
+            ctx.refuse("Model: host refused", [reason])
             return
-        name = f"Model: {settings.model_id}@{lock['commit'][:12]} downloaded and verified"
-        if corrupt:
-            name = (f"Model: {settings.model_id}@{lock['commit'][:12]}: "
-                    f"{len(corrupt)} corrupt file(s) fetched again and verified")
-        downloaded = model_ops.downloaded(
-            name=name,
-            lock=lock,
-            dest=dest,
-            base_url=settings.model_base_url,
-            token=token,
-            ca_bundle=settings.pip_ca_bundle,
-            proxy=settings.http_proxy,
-            connections=settings.model_download_connections,
-            refetch=corrupt,
-        )
-        if corrupt:
-            ctx.model_repair = downloaded
+        corrupt = silently_changed(content, host.get_fact(ModelFiles, path=dest), lock)
+    if corrupt and not settings.model_repair:
+        reason = model_ops.corrupt_reason(settings.model_id, dest, corrupt)
+        ctx.refuse("Model: host refused", [reason])
+        return
+    name = f"Model: {settings.model_id}@{lock['commit'][:12]} downloaded and verified"
+    if corrupt:
+        name = (f"Model: {settings.model_id}@{lock['commit'][:12]}: "
+                f"{len(corrupt)} corrupt file(s) fetched again and verified")
+    downloaded = model_ops.downloaded(
+        name=name,
+        lock=lock,
+        dest=dest,
+        base_url=settings.model_base_url,
+        token=token,
+        ca_bundle=settings.pip_ca_bundle,
+        proxy=settings.http_proxy,
+        connections=settings.model_download_connections,
+        refetch=corrupt,
+    )
+    if corrupt:
+        ctx.model_repair = downloaded

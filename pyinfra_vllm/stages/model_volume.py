@@ -11,28 +11,24 @@ just a directory on the root file system.
 
 from __future__ import annotations
 
-from pyinfra import host
-from pyinfra.api import deploy
 from pyinfra.operations import files
 
 from operations import model_volume as model_volume_ops
-from pyinfra_vllm.run.context import context
+from pyinfra_vllm.run.context import HostContext
+from pyinfra_vllm.run.stage import stage
 
 
-@deploy("model_volume")
-def model_volume() -> None:
+@stage("model_volume")
+def model_volume(ctx: HostContext) -> None:
     """Model volume: XFS for the weights, mounted with noatime at model_dir, in fstab by UUID."""
-    ctx = context(host, stages=("model_volume",))
-
-    if ctx.proceed("model_volume"):
-        settings = ctx.settings
-        if settings.model_volume_device is None:
-            files.directory(name="Model volume: model directory", path=settings.model_dir)
-        else:
-            model_volume_ops.mounted(
-                name="Model volume: XFS mounted at the model directory",
-                device=settings.model_volume_device,
-                path=settings.model_dir,
-                options=list(settings.model_volume_mount_options),
-                mkfs=settings.model_volume_mkfs,
-            )
+    settings = ctx.settings
+    if settings.model_volume_device is None:
+        files.directory(name="Model volume: model directory", path=settings.model_dir)
+    else:
+        model_volume_ops.mounted(
+            name="Model volume: XFS mounted at the model directory",
+            device=settings.model_volume_device,
+            path=settings.model_dir,
+            options=list(settings.model_volume_mount_options),
+            mkfs=settings.model_volume_mkfs,
+        )

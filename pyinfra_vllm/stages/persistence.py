@@ -16,65 +16,61 @@ On vllm_device "cpu" (vLLM's CPU build, no GPU) the stage is skipped, the reason
 
 from __future__ import annotations
 
-from pyinfra import host
-from pyinfra.api import deploy
 from pyinfra.operations import systemd
 from pyinfra.operations.util import any_changed
 
 from operations import file_set, units
 from operations import persistence as persistence_ops
-from pyinfra_vllm.run.context import context
+from pyinfra_vllm.run.context import HostContext
+from pyinfra_vllm.run.stage import stage
 
 
-@deploy("persistence")
-def persistence() -> None:
+@stage("persistence", gpu_only=True)
+def persistence(ctx: HostContext) -> None:
     """Persistence: the nvidia-persistenced daemon keeps every GPU initialised."""
-    ctx = context(host, stages=("persistence",))
-
-    if ctx.gpu_stage(host, "persistence"):
-        unit = persistence_ops.PERSISTENCED_UNIT
-        # Before the suite's own drop-in: what the daemon runs with is the suite's alone.
-        foreign = units.drop_ins_only(
-            name="Persistence: no foreign drop-in for nvidia-persistenced",
+    unit = persistence_ops.PERSISTENCED_UNIT
+    # Before the suite's own drop-in: what the daemon runs with is the suite's alone.
+    foreign = units.drop_ins_only(
+        name="Persistence: no foreign drop-in for nvidia-persistenced",
+        unit=unit,
+        own=[persistence_ops.PERSISTENCED_DROP_IN],
+    )
+    if ctx.settings.persistence_mode:
+        override = file_set.present(
+            name="Persistence: nvidia-persistenced with persistence mode on",
+            files={
+                persistence_ops.PERSISTENCED_DROP_IN: (
+                    "templates/nvidia-persistenced-override.conf",
+                    "644",
+                )
+            },
+        )
+        systemd.daemon_reload(
+            name="Persistence: reload systemd units", _if=override.did_change
+        )
+        # A foreign drop-in set aside changes the command line too (drop_ins_only has
+        # already reloaded systemd).
+        # A new command line takes effect on a restart (which also starts a stopped
+        # daemon); placed first, a fresh host's daemon is started once, not twice.
+        systemd.service(
+            name="Persistence: restart nvidia-persistenced with its new command line",
+            service=unit,
+            running=True,
+            restarted=True,
+            _if=any_changed(override, foreign),
+        )
+        units.enabled_and_running(
+            name="Persistence: nvidia-persistenced enabled and running",
             unit=unit,
-            own=[persistence_ops.PERSISTENCED_DROP_IN],
         )
-        if ctx.settings.persistence_mode:
-            override = file_set.present(
-                name="Persistence: nvidia-persistenced with persistence mode on",
-                files={
-                    persistence_ops.PERSISTENCED_DROP_IN: (
-                        "templates/nvidia-persistenced-override.conf",
-                        "644",
-                    )
-                },
-            )
-            systemd.daemon_reload(
-                name="Persistence: reload systemd units", _if=override.did_change
-            )
-            # A foreign drop-in set aside changes the command line too (drop_ins_only has
-            # already reloaded systemd).
-            # A new command line takes effect on a restart (which also starts a stopped
-            # daemon); placed first, a fresh host's daemon is started once, not twice.
-            systemd.service(
-                name="Persistence: restart nvidia-persistenced with its new command line",
-                service=unit,
-                running=True,
-                restarted=True,
-                _if=any_changed(override, foreign),
-            )
-            units.enabled_and_running(
-                name="Persistence: nvidia-persistenced enabled and running",
-                unit=unit,
-            )
-        else:
-            systemd.service(
-                name="Persistence: nvidia-persistenced stopped and disabled",
-                service=unit,
-                running=False,
-                enabled=False,
-            )
-        persistence_ops.persistence_mode(
-            name=f"Persistence: mode {'on' if ctx.settings.persistence_mode else 'off'} on every GPU",
-            enabled=ctx.settings.persistence_mode,
+    else:
+        systemd.service(
+            name="Persistence: nvidia-persistenced stopped and disabled",
+            service=unit,
+            running=False,
+            enabled=False,
         )
+    persistence_ops.persistence_mode(
+        name=f"Persistence: mode {'on' if ctx.settings.persistence_mode else 'off'} on every GPU",
+        enabled=ctx.settings.persistence_mode,
+    )

@@ -19,44 +19,39 @@ alert rules which GPU and why.
 from __future__ import annotations
 
 from pyinfra import host, logger
-from pyinfra.api import deploy
 
-from operations import file_set, gate
+from operations import file_set
 from pyinfra_vllm.core.settings import Settings
 from pyinfra_vllm.plans import metrics as metrics_plan
 from pyinfra_vllm.plans.checks import blocking, check_gpu_health, check_host, gpu_health
 from pyinfra_vllm.plans.gates import installed_registry, model_gates
 from pyinfra_vllm.plans.textfile import gpu_health_text
-from pyinfra_vllm.run.context import context
+from pyinfra_vllm.run.context import HostContext
+from pyinfra_vllm.run.stage import stage
 
 
-@deploy("preflight")
-def preflight() -> None:
+@stage("preflight")
+def preflight(ctx: HostContext) -> None:
     """Preflight: check the host can serve the stack before anything changes."""
-    ctx = context(host, stages=("preflight",))
-
-    if ctx.proceed("preflight"):
-        settings = ctx.settings
-        health = gpu_health(ctx.state, settings)
-        checks = check_host(ctx.state, settings, health)
-        if settings.vllm_device == "cpu":
-            # The CPU engine uses no GPU: their health is reported, never a stop.
-            checks += [dict(c, severity="warning") for c in check_gpu_health(
-                ctx.state, settings, health)]
-        health_textfile(settings, health)
-        if ctx.lock is not None:
-            registry = installed_registry(ctx.environments(host), ctx.environment_path(host))
-            checks += model_gates(settings, ctx.lock, ctx.state, registry)["checks"]
-        for check in checks:
-            if check["ok"] is False and check["severity"] == "warning":
-                host.log_styled(f"warning: {check['detail']}: {check['fix']}", fg="yellow",
-                                log_func=logger.warning)
-        failed = blocking(checks)
-        if failed:
-            ctx.refused = [f"preflight {c['name']}: {c['detail']}; {c['fix']}" for c in failed]
-            for reason in ctx.refused:
-                host.log_styled(reason, fg="red", log_func=logger.error)
-            ctx.refusals.append(gate.refuse(name="Preflight: host refused", reasons=ctx.refused))
+    settings = ctx.settings
+    health = gpu_health(ctx.state, settings)
+    checks = check_host(ctx.state, settings, health)
+    if settings.vllm_device == "cpu":
+        # The CPU engine uses no GPU: their health is reported, never a stop.
+        checks += [dict(c, severity="warning") for c in check_gpu_health(
+            ctx.state, settings, health)]
+    health_textfile(settings, health)
+    if ctx.lock is not None:
+        registry = installed_registry(ctx.environments(host), ctx.environment_path(host))
+        checks += model_gates(settings, ctx.lock, ctx.state, registry)["checks"]
+    for check in checks:
+        if check["ok"] is False and check["severity"] == "warning":
+            host.log_styled(f"warning: {check['detail']}: {check['fix']}", fg="yellow",
+                            log_func=logger.warning)
+    failed = blocking(checks)
+    if failed:
+        ctx.refuse("Preflight: host refused",
+                   [f"preflight {c['name']}: {c['detail']}; {c['fix']}" for c in failed])
 
 
 def health_textfile(settings: Settings, health: dict) -> None:

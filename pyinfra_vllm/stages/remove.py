@@ -37,7 +37,7 @@ from operations import persistence as persistence_ops
 from operations import remove as remove_ops
 from operations import sysctl as sysctl_ops
 from pyinfra_vllm.core import model_files as model_plan
-from pyinfra_vllm.core.settings import load_settings
+from pyinfra_vllm.core.settings import Settings, load_settings
 from pyinfra_vllm.plans import gateway as gateway_plan
 from pyinfra_vllm.plans import metrics as metrics_plan
 from pyinfra_vllm.plans import vllm_service as vllm_plan
@@ -53,6 +53,13 @@ def remove() -> None:
     """Remove what the suite installed; keep packages, data and what it set aside."""
     settings = load_settings(host)
 
+    _services(settings)
+    _system(settings)
+    _data(settings)
+
+
+def _services(settings: Settings) -> None:
+    """The suite's jobs, the engine, the gateway's site and node_exporter's drop-in."""
     remove_ops.jobs_stopped(
         name="Remove: the suite's running jobs stopped (a model download, an environment's build)",
     )
@@ -84,6 +91,9 @@ def remove() -> None:
                metrics_plan.LEGACY_SCRAPE_JOB],
     )
 
+
+def _system(settings: Settings) -> None:
+    """The kernel parameters, the persistence daemon's drop-in, the driver's holds."""
     sysctl_file = file_set.absent(
         name="Remove: the sysctl drop-in",
         paths=[sysctl_ops.drop_in_path(settings.sysctl_file_priority)],
@@ -112,6 +122,10 @@ def remove() -> None:
                driver_ops.CUDA_SOURCE, driver_ops.CUDA_KEYRING],
     )
 
+
+def _data(settings: Settings) -> None:
+    """The environments and the suite's tools; the model's files and volume only when
+    the settings say so."""
     file_set.absent(
         name="Remove: the Python environments, the engine's state and the suite's tools",
         paths=[settings.python_env_root, vllm_plan.STATE_DIR, driver_ops.CUDA_KEY_DIR,

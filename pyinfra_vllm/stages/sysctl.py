@@ -10,21 +10,16 @@ persisted and reported as NOT applied, with its name, and counts as no change.
 
 from __future__ import annotations
 
-from pyinfra import host
-from pyinfra.api import deploy
-
 from operations import sysctl as sysctl_ops
-from pyinfra_vllm.run.context import context
+from pyinfra_vllm.run.context import HostContext
+from pyinfra_vllm.run.stage import stage
 
 
-@deploy("sysctl")
-def sysctl() -> None:
+@stage("sysctl")
+def sysctl(ctx: HostContext) -> None:
     """Sysctl: kernel parameters for a long-context server, persisted and applied."""
-    ctx = context(host, stages=("sysctl",))
-
-    if ctx.proceed("sysctl"):
-        sysctl_ops.drop_in(
-            name="Sysctl: kernel parameters persisted and applied",
-            params=dict(ctx.settings.sysctl),
-            path=sysctl_ops.drop_in_path(ctx.settings.sysctl_file_priority),
-        )
+    sysctl_ops.drop_in(
+        name="Sysctl: kernel parameters persisted and applied",
+        params=dict(ctx.settings.sysctl),
+        path=sysctl_ops.drop_in_path(ctx.settings.sysctl_file_priority),
+    )

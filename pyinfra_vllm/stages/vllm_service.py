@@ -23,158 +23,173 @@ read, or vllm_cpu_threads_bind) and no GPU guard runs.
 from __future__ import annotations
 
 import hashlib
+from typing import Any
 
-from pyinfra import host, logger, state
-from pyinfra.api import deploy
+from pyinfra import host, state
 from pyinfra.operations.util import any_changed
 
 from facts.python_env import MARKER
 from facts.storage import FilesystemSize
 from facts.topology import tp_link_verdict
-from operations import accounts, file_set, gate, rolling, units
+from operations import accounts, file_set, rolling, units
 from operations import vllm_service as vllm_service_ops
 from pyinfra_vllm.core import model_files as model_plan
+from pyinfra_vllm.core.settings import Settings
 from pyinfra_vllm.plans import vllm_service as vllm_service_plan
-from pyinfra_vllm.run.context import context
+from pyinfra_vllm.run.context import HostContext
+from pyinfra_vllm.run.stage import stage
 
 
-@deploy("vllm_service")
-def vllm_service() -> None:
+@stage("vllm_service")
+def vllm_service(ctx: HostContext) -> None:
     """vLLM service: the OpenAI server under systemd, tensor parallel on the NVLink-joined GPUs."""
-    ctx = context(host, stages=("vllm_service",))
+    settings = ctx.settings
+    env_path = ctx.environment_path(host)
+    python = f"{env_path}/bin/python"
+    model_path = model_plan.model_path(settings.model_dir, settings.model_id)
+    devices, threads_bind = _engine_placement(ctx)
+    marker = (ctx.environments(host)["envs"].get(env_path) or {}).get("marker")
+    accepted = set(marker["runtime"]["flags"]) if marker else None
+    flags = vllm_service_plan.server_flags(settings, model_path, accepted)
 
-    if ctx.proceed("vllm_service"):
-        settings = ctx.settings
-        env_path = ctx.environment_path(host)
-        python = f"{env_path}/bin/python"
-        model_path = model_plan.model_path(settings.model_dir, settings.model_id)
-        devices, threads_bind = None, None
-        if settings.vllm_device == "cpu":
-            # The CPUs preflight read; the setting, when given, wins.
-            cpu = ctx.state.get("cpu") or {}
-            threads_bind = settings.vllm_cpu_threads_bind or vllm_service_plan.cpu_threads_bind(
-                cpu.get("cpus") or [], cpu.get("numa_nodes"), settings.tensor_parallel_size)
-        else:
-            # The GPUs preflight judged: the NVLink-joined set when there is one.
-            verdict = tp_link_verdict(ctx.state.get("topology"), settings.tensor_parallel_size)
-            devices = verdict["indices"] or None
-        marker = (ctx.environments(host)["envs"].get(env_path) or {}).get("marker")
-        accepted = set(marker["runtime"]["flags"]) if marker else None
+    problems = _problems(ctx, flags, accepted, threads_bind)
+    if problems:
+        ctx.refuse("vLLM service: host refused", problems)
+        return
+    accounts.system_account(
+        name="vLLM service: system account vllm (no login)",
+        account=vllm_service_plan.SERVICE_USER,
+        home=vllm_service_plan.STATE_DIR,
+    )
+    _helpers(settings.vllm_device)
+    if marker is None:
+        # Built in this run: its --help was unknown when the run was planned.
+        vllm_service_ops.flags_accepted(
+            name="vLLM service: flags accepted by the new environment's server",
+            python=python,
+            marker=f"{env_path}/{MARKER}",
+            flags=flags,
+        )
+    foreign = units.drop_ins_only(
+        name="vLLM service: no foreign drop-in for its unit",
+        unit=vllm_service_plan.UNIT,
+    )
+    engine: dict[str, Any] = {"python": python, "model_path": model_path, "devices": devices,
+              "accepted": accepted, "threads_bind": threads_bind}
+    unit_files = _unit_files(settings, engine)
+    unit = file_set.present(
+        name="vLLM service: systemd unit and its environment file",
+        files={
+            vllm_service_plan.UNIT_PATH: (unit_files[vllm_service_plan.UNIT_PATH], "644"),
+            vllm_service_plan.ENV_PATH: (unit_files[vllm_service_plan.ENV_PATH], "600"),
+        },
+        stage=True,
+    )
+    ctx.engine_expected = vllm_service_plan.engine_expected(settings, **engine)
+    stale = vllm_service_ops.engine_current(
+        name="vLLM service: the running engine has its unit's command line and "
+        "environment",
+        expected=ctx.engine_expected,
+    )
+    _restarted(ctx, python, unit_files, [unit, foreign, stale])
+    vllm_service_ops.running(name="vLLM service: enabled and running"
+                             if settings.vllm_start else "vLLM service: enabled",
+                             start=settings.vllm_start)
+    rolling.not_draining(name="vLLM service: the gateway serves (no drain left)")
 
-        problems = []
-        flags = vllm_service_plan.server_flags(settings, model_path, accepted)
-        unknown = vllm_service_plan.unknown_flags(flags, accepted) if accepted else []
-        if unknown:
-            problems.append(
-                f"vllm_service: the installed vLLM {settings.vllm_version} server does not accept "
-                f"{', '.join(unknown)}: change the setting that adds it, or vllm_version"
-            )
-        shm = vllm_service_plan.shm_problem(host.get_fact(FilesystemSize, path="/dev/shm"),
-                                       settings.vllm_min_shm_mib)
-        if shm:
-            problems.append(f"vllm_service: {shm}; raise it (fstab: tmpfs /dev/shm size=...) "
-                            "or lower vllm_min_shm_mib")
-        if settings.vllm_device == "cpu" and threads_bind is None:
-            problems.append(
-                f"vllm_service: fewer online CPUs than the {settings.tensor_parallel_size} CPU "
-                "workers (tensor_parallel_size): lower it or set vllm_cpu_threads_bind"
-            )
-        if problems:
-            ctx.refused.extend(problems)
-            for reason in problems:
-                host.log_styled(reason, fg="red", log_func=logger.error)
-            ctx.refusals.append(gate.refuse(name="vLLM service: host refused", reasons=problems))
-        else:
-            accounts.system_account(
-                name="vLLM service: system account vllm (no login)",
-                account=vllm_service_plan.SERVICE_USER,
-                home=vllm_service_plan.STATE_DIR,
-            )
-            if settings.vllm_device == "cpu":
-                # No GPU guard on CPU: the unit has no ExecStartPre for it.
-                file_set.present(
-                    name="vLLM service: readiness wait",
-                    files={
-                        vllm_service_plan.READY_PATH: ("files/wait_ready.py", "755"),
-                        vllm_service_plan.IDLE_PATH: ("files/engine_idle.py", "755"),
-                    },
-                )
-            else:
-                file_set.present(
-                    name="vLLM service: GPU guard and readiness wait",
-                    files={
-                        vllm_service_plan.GUARD_PATH: ("files/gpu_guard.py", "755"),
-                        vllm_service_plan.READY_PATH: ("files/wait_ready.py", "755"),
-                        vllm_service_plan.IDLE_PATH: ("files/engine_idle.py", "755"),
-                    },
-                )
-            if marker is None:
-                # Built in this run: its --help was unknown when the run was planned.
-                vllm_service_ops.flags_accepted(
-                    name="vLLM service: flags accepted by the new environment's server",
-                    python=python,
-                    marker=f"{env_path}/{MARKER}",
-                    flags=flags,
-                )
-            # The environment file holds no secret by default: the weights are local
-            # (HF_HUB_OFFLINE=1) and the gateway checks the API keys, so the engine on
-            # loopback needs neither HF_TOKEN nor VLLM_API_KEY. An engine that listens beyond
-            # loopback demands the first API key itself (VLLM_API_KEY: in this 0600 file,
-            # never on its command line, which ps shows to every user).
-            foreign = units.drop_ins_only(
-                name="vLLM service: no foreign drop-in for its unit",
-                unit=vllm_service_plan.UNIT,
-            )
-            # Staged beside the live files, moved into place inside the rolling restart's
-            # slot: a host the rollout never reaches (another failed readiness) keeps its
-            # unit, and its engine the configuration it runs with.
-            unit_files = {
-                vllm_service_plan.UNIT_PATH: vllm_service_plan.render_unit(
-                    settings, python=python, model_path=model_path, devices=devices,
-                    accepted=accepted, threads_bind=threads_bind,
-                ).encode(),
-                vllm_service_plan.ENV_PATH: vllm_service_plan.render_env(
-                    api_key=vllm_service_plan.engine_api_key(settings),
-                ).encode(),
-            }
-            unit = file_set.present(
-                name="vLLM service: systemd unit and its environment file",
-                files={
-                    vllm_service_plan.UNIT_PATH: (unit_files[vllm_service_plan.UNIT_PATH], "644"),
-                    vllm_service_plan.ENV_PATH: (unit_files[vllm_service_plan.ENV_PATH], "600"),
-                },
-                stage=True,
-            )
-            expected = vllm_service_plan.engine_expected(
-                settings, python=python, model_path=model_path, devices=devices,
-                accepted=accepted, threads_bind=threads_bind,
-            )
-            ctx.engine_expected = expected
-            stale = vllm_service_ops.engine_current(
-                name="vLLM service: the running engine has its unit's command line and "
-                "environment",
-                expected=expected,
-            )
-            # start False: try-restart, so an engine that is not running stays stopped.
-            # Model files the model stage fetched again (model_repair): an engine started
-            # before may hold their bad bytes. One restart for every reason.
-            repaired = [] if ctx.model_repair is None else [ctx.model_repair]
-            # Here, while the run is planned: hosts with another rolling_batch stop the
-            # run before any change.
-            rolling.rollout(state, settings.rolling_batch, host.name)
-            vllm_service_ops.restarted(
-                name="vLLM service: restarted for its new unit" if not repaired else
-                "vLLM service: restarted for its new unit or repaired model files",
-                start=settings.vllm_start,
-                staged={path: hashlib.sha256(data).hexdigest()
-                        for path, data in unit_files.items()},
-                batch=settings.rolling_batch,
-                grace_s=settings.drain_grace_s,
-                python=python,
-                metrics_url=f"http://{vllm_service_plan.engine_address(settings.vllm_host, settings.vllm_port)}/metrics",
-                _if=any_changed(unit, foreign, stale, *repaired),
-            )
-            vllm_service_ops.running(name="vLLM service: enabled and running"
-                                 if settings.vllm_start else "vLLM service: enabled",
-                                 start=settings.vllm_start)
-            rolling.not_draining(name="vLLM service: the gateway serves (no drain left)")
+
+def _engine_placement(ctx: HostContext) -> tuple[list[int] | None, str | None]:
+    """The GPUs the engine gets (the NVLink-joined set preflight judged, when there is
+    one), or on CPU the CPUs its workers' threads are bound to (the CPUs preflight read;
+    the setting, when given, wins)."""
+    settings = ctx.settings
+    if settings.vllm_device == "cpu":
+        cpu = ctx.state.get("cpu") or {}
+        return None, settings.vllm_cpu_threads_bind or vllm_service_plan.cpu_threads_bind(
+            cpu.get("cpus") or [], cpu.get("numa_nodes"), settings.tensor_parallel_size)
+    verdict = tp_link_verdict(ctx.state.get("topology"), settings.tensor_parallel_size)
+    return verdict["indices"] or None, None
+
+
+def _problems(ctx: HostContext, flags: list[str], accepted: set[str] | None,
+              threads_bind: str | None) -> list[str]:
+    """Why this host cannot run the engine as its settings say, if it cannot."""
+    settings = ctx.settings
+    problems = []
+    unknown = vllm_service_plan.unknown_flags(flags, accepted) if accepted else []
+    if unknown:
+        problems.append(
+            f"vllm_service: the installed vLLM {settings.vllm_version} server does not accept "
+            f"{', '.join(unknown)}: change the setting that adds it, or vllm_version"
+        )
+    shm = vllm_service_plan.shm_problem(host.get_fact(FilesystemSize, path="/dev/shm"),
+                                        settings.vllm_min_shm_mib)
+    if shm:
+        problems.append(f"vllm_service: {shm}; raise it (fstab: tmpfs /dev/shm size=...) "
+                        "or lower vllm_min_shm_mib")
+    if settings.vllm_device == "cpu" and threads_bind is None:
+        problems.append(
+            f"vllm_service: fewer online CPUs than the {settings.tensor_parallel_size} CPU "
+            "workers (tensor_parallel_size): lower it or set vllm_cpu_threads_bind"
+        )
+    return problems
+
+
+def _helpers(device: str) -> None:
+    """The unit's helper scripts: the readiness wait and the idle check, and on GPUs the
+    guard (no GPU guard on CPU: the unit has no ExecStartPre for it)."""
+    files: dict[str, tuple[str | bytes, str]] = {
+        vllm_service_plan.READY_PATH: ("files/wait_ready.py", "755"),
+        vllm_service_plan.IDLE_PATH: ("files/engine_idle.py", "755"),
+    }
+    if device == "cpu":
+        file_set.present(name="vLLM service: readiness wait", files=files)
+    else:
+        file_set.present(
+            name="vLLM service: GPU guard and readiness wait",
+            files={vllm_service_plan.GUARD_PATH: ("files/gpu_guard.py", "755"), **files},
+        )
+
+
+def _unit_files(settings: Settings, engine: dict[str, Any]) -> dict[str, bytes]:
+    """The unit and its environment file, as their bytes.
+
+    The environment file holds no secret by default: the weights are local
+    (HF_HUB_OFFLINE=1) and the gateway checks the API keys, so the engine on loopback
+    needs neither HF_TOKEN nor VLLM_API_KEY. An engine that listens beyond loopback
+    demands the first API key itself (VLLM_API_KEY: in this 0600 file, never on its
+    command line, which ps shows to every user). Both are staged beside the live files
+    and moved into place inside the rolling restart's slot: a host the rollout never
+    reaches (another failed readiness) keeps its unit, and its engine the configuration
+    it runs with."""
+    return {
+        vllm_service_plan.UNIT_PATH: vllm_service_plan.render_unit(settings, **engine).encode(),
+        vllm_service_plan.ENV_PATH: vllm_service_plan.render_env(
+            api_key=vllm_service_plan.engine_api_key(settings),
+        ).encode(),
+    }
+
+
+def _restarted(ctx: HostContext, python: str, unit_files: dict[str, bytes],
+               changes: list) -> None:
+    """One rolling restart for every reason: the unit or its environment file changed, a
+    foreign drop-in set aside, the running engine stale, or model files the model stage
+    fetched again (model_repair: an engine started before may hold their bad bytes).
+    ``vllm_start`` False: try-restart, so an engine that is not running stays stopped."""
+    settings = ctx.settings
+    repaired = [] if ctx.model_repair is None else [ctx.model_repair]
+    # Here, while the run is planned: hosts with another rolling_batch stop the run
+    # before any change.
+    rolling.rollout(state, settings.rolling_batch, host.name)
+    address = vllm_service_plan.engine_address(settings.vllm_host, settings.vllm_port)
+    vllm_service_ops.restarted(
+        name="vLLM service: restarted for its new unit" if not repaired else
+        "vLLM service: restarted for its new unit or repaired model files",
+        start=settings.vllm_start,
+        staged={path: hashlib.sha256(data).hexdigest() for path, data in unit_files.items()},
+        batch=settings.rolling_batch,
+        grace_s=settings.drain_grace_s,
+        python=python,
+        metrics_url=f"http://{address}/metrics",
+        _if=any_changed(*changes, *repaired),
+    )

@@ -255,6 +255,25 @@ def test_a_foreign_nginx_server_on_the_gateway_port_is_named_and_set_aside(serve
     converged_again(sandbox)
 
 
+def test_a_host_the_gateway_stage_refuses_audits_refused_not_drifted(served):
+    """A file that serves the gateway's port and another cannot be set aside whole: the
+    gateway stage refuses the host, and the audit says so, with no drift (the refusing
+    operation is the stage's refusal, recorded by HostContext.refuse)."""
+    sandbox, host = served
+    sandbox.ssh(host, f"printf 'server {{\\n    listen 8001;\\n    return 200 \"taken\";\\n}}\\n"
+                      f"server {{\\n    listen 8089;\\n    return 200 \"other\";\\n}}\\n' > {FOREIGN}")
+    try:
+        proc = audit(sandbox)
+    finally:
+        sandbox.ssh(host, f"rm -f {FOREIGN}")  # never loaded: nginx was not reloaded
+    lines = proc.stderr.splitlines()
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    refused = [line for line in lines if ": refused: gateway:" in line]
+    assert len(refused) == 1 and FOREIGN in refused[0], proc.stderr[-3000:]
+    assert "cannot be set aside whole" in refused[0]
+    assert [line for line in lines if "would change" in line] == []
+
+
 def test_dry_diff_previews_a_unit_change_and_shows_no_secret(served):
     sandbox, host = served
     unit = "/etc/systemd/system/vllm.service"
@@ -294,6 +313,8 @@ def test_the_deep_check_finds_a_shard_changed_under_the_same_size_and_mtime(serv
     assert proc.returncode == 1, proc.stderr[-3000:]
     refused = [line for line in proc.stderr.splitlines() if ": refused: model:" in line]
     assert len(refused) == 1 and name in refused[0] and "model_repair=true" in refused[0]
+    # The model stage's refusal is recorded as one (HostContext.refuse), never as drift.
+    assert [line for line in proc.stderr.splitlines() if "would change" in line] == []
 
     proc, data = run_with(sandbox, "model_repair=true")
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -15,6 +15,7 @@ from pyinfra.context import ctx_host, ctx_state
 
 from operations import gate
 from pyinfra_vllm.core.settings import validate
+from pyinfra_vllm.run.context import HostContext
 from pyinfra_vllm.run.report import (
     host_plan,
     model_integrity,
@@ -122,6 +123,19 @@ def test_drift_per_host_from_pyinfra_state():
     # Known by the operation pyinfra returned, not by its name: unrecorded, it is drift.
     assert host_plan(state, hosts["gpu-3"], [])["drift"][1] == {
         "operation": "Driver: reboot required", "stage": "driver"}
+
+
+@pytest.mark.parametrize(("stage", "operation"), [
+    ("model", "Model: host refused"), ("gateway", "Gateway: host refused")])
+def test_a_refusal_through_the_context_is_refused_not_drift(stage, operation):
+    state, hosts = fleet()
+    ctx = HostContext(settings=validate({"gateway_open": True}), state={})
+    reason = f"{stage}: the host cannot take this stage"
+    with ctx_state.use(state), ctx_host.use(hosts["gpu-1"]):
+        with hosts["gpu-1"].deploy(f"deploys/{stage}.py", None, None, in_deploy=False):
+            ctx.refuse(operation, [reason])
+    plan = host_plan(state, hosts["gpu-1"], ctx.refused, ctx.refusals)
+    assert (plan["drift"], plan["refused"]) == ([], [reason])
 
 
 def test_drift_is_not_claimed_without_a_plan():
