@@ -18,10 +18,12 @@ them without a pyinfra host.
 from __future__ import annotations
 
 import shlex
+from collections.abc import Iterator
 from typing import Any
 
 from pyinfra import host, state
 from pyinfra.api import (
+    FileUploadCommand,
     OperationValueError,
     QuoteString,
     StringCommand,
@@ -109,6 +111,72 @@ def _drifted(file: dict[str, Any], mode: str) -> bool:
     )
 
 
+def _wanted_files(
+    site_path: str, site_content: str, keys_path: str, keys_content: str,
+    extra_files: dict[str, tuple[str, str]] | None,
+) -> list[tuple[str, str, str, str]]:
+    """Every file of the site as ``(candidate name in the staging directory, live path,
+    content, octal mode)``: the site, the key file, then ``extra_files``, each named by
+    its base name, which neither another file nor the redaction list may have."""
+    wanted = [
+        ("site.conf", site_path, site_content, "644"),
+        ("api-keys.conf", keys_path, keys_content, "600"),
+    ]
+    taken = {name for name, *_ in wanted} | {REDACT_NAME}
+    for live, (content, mode) in (extra_files or {}).items():
+        name = live.rsplit("/", 1)[-1]
+        if name in taken or not name:
+            raise OperationValueError(f"extra_files: {live}: its name {name!r} is taken")
+        taken.add(name)
+        wanted.append((name, live, content, mode))
+    return wanted
+
+
+def _drifted_secrets(
+    wanted: list[tuple[str, str, str, str]], changed: list[tuple[str, str, str, str]]
+) -> list[tuple[str, str]]:
+    """``(live path, mode)`` of each secret file ("600") whose content is right but whose
+    mode or owner is not."""
+    drifted = []
+    for name, live, content, mode in wanted:
+        if mode != "600" or (name, live, content, mode) in changed:
+            continue
+        # pyinfra types it as its FileDict, False for a directory, None when missing.
+        found: Any = host.get_fact(File, path=live)
+        if _drifted(found or {}, mode):
+            drifted.append((live, mode))
+    return drifted
+
+
+def _swapped_in(
+    changed: list[tuple[str, str, str, str]], site_path: str, keys_path: str,
+    staging_dir: str, service: str, secrets: list[str] | None,
+) -> Iterator[StringCommand | FileUploadCommand]:
+    """The changed files uploaded into ``staging_dir``, then swapped in by the one command
+    that tests them with ``nginx -t`` and reloads nginx or rolls back."""
+    yield StringCommand("install", "-d", "-m", "700", "-o", "root", "-g", "root",
+                        QuoteString(staging_dir))
+    parents = sorted({live.rsplit("/", 1)[0] for _n, live, _c, _m in changed
+                      if live not in (site_path, keys_path)})
+    for parent in parents:
+        yield StringCommand("install", "-d", "-m", "755", "-o", "root", "-g", "root",
+                            QuoteString(parent))
+    for name, _live, content, _mode in changed:
+        # From memory: the content never exists on this machine's disk nor in output,
+        # and on the host no other user can read it, not even during the upload.
+        yield from private_upload(content.encode(), f"{staging_dir}/{name}")
+    redact = redactions(list(secrets or []))
+    if redact:
+        yield from private_upload("".join(f"{text}\n" for text in redact).encode(),
+                                  f"{staging_dir}/{REDACT_NAME}")
+    yield StringCommand(
+        swap_script(
+            [(n, live, mode) for n, live, _c, mode in changed], staging_dir, service,
+            hide=[keys_path], redact=REDACT_NAME if redact else None,
+        )
+    )
+
+
 @operation()
 def site(
     site_content: str,
@@ -152,17 +220,7 @@ def site(
             secrets=["sk-..."],
         )
     """
-    wanted = [
-        ("site.conf", site_path, site_content, "644"),
-        ("api-keys.conf", keys_path, keys_content, "600"),
-    ]
-    taken = {name for name, *_ in wanted} | {REDACT_NAME}
-    for live, (content, mode) in (extra_files or {}).items():
-        name = live.rsplit("/", 1)[-1]
-        if name in taken or not name:
-            raise OperationValueError(f"extra_files: {live}: its name {name!r} is taken")
-        taken.add(name)
-        wanted.append((name, live, content, mode))
+    wanted = _wanted_files(site_path, site_content, keys_path, keys_content, extra_files)
     live_sums = {live: host.get_fact(Sha1File, path=live) for _n, live, _c, _m in wanted}
     changed = [
         (name, live, content, mode)
@@ -176,43 +234,16 @@ def site(
             file_diff.show(host, live, content.encode(), secret=mode == "600",
                            exists=live_sums[live] is not None)
 
-    did_something = False
-    for name, live, content, mode in wanted:
-        if mode != "600" or (name, live, content, mode) in changed:
-            continue
-        # pyinfra types it as its FileDict, False for a directory, None when missing.
-        found: Any = host.get_fact(File, path=live)
-        if _drifted(found or {}, mode):
-            # Content unchanged, so nginx needs no reload: only close the file again.
-            yield StringCommand("chown", "root:root", QuoteString(live))
-            yield StringCommand("chmod", mode, QuoteString(live))
-            did_something = True
+    drifted = _drifted_secrets(wanted, changed)
+    for live, mode in drifted:
+        # Content unchanged, so nginx needs no reload: only close the file again.
+        yield StringCommand("chown", "root:root", QuoteString(live))
+        yield StringCommand("chmod", mode, QuoteString(live))
 
     if changed:
-        yield StringCommand("install", "-d", "-m", "700", "-o", "root", "-g", "root",
-                            QuoteString(staging_dir))
-        parents = sorted({live.rsplit("/", 1)[0] for _n, live, _c, _m in changed
-                          if live not in (site_path, keys_path)})
-        for parent in parents:
-            yield StringCommand("install", "-d", "-m", "755", "-o", "root", "-g", "root",
-                                QuoteString(parent))
-        for name, _live, content, _mode in changed:
-            # From memory: the content never exists on this machine's disk nor in output,
-            # and on the host no other user can read it, not even during the upload.
-            yield from private_upload(content.encode(), f"{staging_dir}/{name}")
-        redact = redactions(list(secrets or []))
-        if redact:
-            yield from private_upload("".join(f"{text}\n" for text in redact).encode(),
-                                      f"{staging_dir}/{REDACT_NAME}")
-        yield StringCommand(
-            swap_script(
-                [(n, live, mode) for n, live, _c, mode in changed], staging_dir, service,
-                hide=[keys_path], redact=REDACT_NAME if redact else None,
-            )
-        )
-        did_something = True
+        yield from _swapped_in(changed, site_path, keys_path, staging_dir, service, secrets)
 
-    if not did_something:
+    if not changed and not drifted:
         host.noop("nginx site and API keys are up to date")
 
 

@@ -11,6 +11,7 @@ mtime are named to it with ``refetch``: it removes and fetches exactly those aga
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from io import StringIO
 
 from pyinfra import host
@@ -23,6 +24,63 @@ from operations.util.uploads import SECRET_DIR, env_file_text, secret_file, sour
 
 # Where the downloader and the lock live on the host (root only).
 TOOL_DIR = "/var/lib/pyinfra-vllm"
+
+
+def _downloader_argv(script: str, lock_file: str, dest: str, base_url: str, jobs: int,
+                     connections: int, ca_bundle: str | None,
+                     refetch: list[str]) -> list[str | QuoteString]:
+    """The downloader's command line: no secret on it (the proxy and token go by file)."""
+    argv: list[str | QuoteString] = [
+        "python3", QuoteString(script), "--lock", QuoteString(lock_file), "--dest",
+        QuoteString(dest), "--base-url", QuoteString(base_url), "--jobs", str(jobs),
+        "--connections", str(connections)]
+    if ca_bundle:
+        argv += ["--ca-bundle", QuoteString(ca_bundle)]
+    for path in refetch:
+        argv += ["--refetch", QuoteString(path)]
+    return argv
+
+
+def _job_started(unit: str, lock: dict, dest: str, argv: list[str | QuoteString],
+                 proxy: str | None,
+                 token: str | None) -> Iterator[StringCommand | FileUploadCommand]:
+    """The download started as the transient unit ``unit``."""
+    # The proxy (it may carry credentials) and the token (HF_TOKEN, which the
+    # downloader reads when it has no --token-file) reach the job through its env
+    # file, which it removes as it starts: never on its command line or the unit's.
+    pairs = {"https_proxy": proxy, "http_proxy": proxy} if proxy else {}
+    if token is not None:
+        pairs["HF_TOKEN"] = token
+    yield from job_units.start(
+        unit, f"pyinfra-vllm: {lock['model_id']}@{lock['commit'][:12]} into {dest}",
+        [(f"downloading and verifying {len(lock['files'])} files", StringCommand(*argv))],
+        env_file_text(pairs),
+    )
+
+
+def _run_in_session(argv: list[str | QuoteString], proxy: str | None,
+                    token: str | None) -> Iterator[StringCommand | FileUploadCommand]:
+    """The download run in the SSH session (no systemd to run it as a job)."""
+    # The proxy and the token reach the downloader through root-only files in
+    # SECRET_DIR, never its command line; both go whatever the download does, and the
+    # download's exit status is kept.
+    secrets = []
+    if proxy:
+        env_path = f"{SECRET_DIR}/model-download.env"
+        yield from secret_file(env_file_text({"https_proxy": proxy, "http_proxy": proxy}),
+                               "model-download.env")
+        argv = [*sourced(env_path), *argv]
+        secrets.append(env_path)
+    if token is not None:
+        token_file = f"{SECRET_DIR}/hf_token"
+        yield from secret_file((token + "\n").encode(), "hf_token")
+        argv = [*argv, "--token-file", QuoteString(token_file)]
+        secrets.append(token_file)
+    if not secrets:
+        yield StringCommand(*argv)
+        return
+    yield StringCommand(*argv, "; rc=$?; rm -f", *(QuoteString(path) for path in secrets),
+                        "; exit $rc")
 
 
 @operation()
@@ -68,13 +126,8 @@ def downloaded(lock: dict, dest: str, base_url: str, token: str | None = None,
     name = lock["model_id"].replace("/", "--")
     script = f"{TOOL_DIR}/fetch_model.py"
     lock_file = f"{TOOL_DIR}/locks/{name}.json"
-    argv = ["python3", QuoteString(script), "--lock", QuoteString(lock_file), "--dest",
-            QuoteString(dest), "--base-url", QuoteString(base_url), "--jobs", str(jobs),
-            "--connections", str(connections)]
-    if ca_bundle:
-        argv += ["--ca-bundle", QuoteString(ca_bundle)]
-    for path in refetch:
-        argv += ["--refetch", QuoteString(path)]
+    argv = _downloader_argv(script, lock_file, dest, base_url, jobs, connections, ca_bundle,
+                            refetch)
     detached = host.get_fact(SystemdBooted)
     if detached:
         # One job per directory and commit, whatever it refetches: a re-run attaches to
@@ -90,39 +143,10 @@ def downloaded(lock: dict, dest: str, base_url: str, token: str | None = None,
     yield FileUploadCommand(downloader, script)
     yield FileUploadCommand(StringIO(json.dumps(lock, indent=1) + "\n"), lock_file)
     if detached:
-        # The proxy (it may carry credentials) and the token (HF_TOKEN, which the
-        # downloader reads when it has no --token-file) reach the job through its env
-        # file, which it removes as it starts: never on its command line or the unit's.
-        pairs = {"https_proxy": proxy, "http_proxy": proxy} if proxy else {}
-        if token is not None:
-            pairs["HF_TOKEN"] = token
-        yield from job_units.start(
-            unit, f"pyinfra-vllm: {lock['model_id']}@{lock['commit'][:12]} into {dest}",
-            [(f"downloading and verifying {len(lock['files'])} files", StringCommand(*argv))],
-            env_file_text(pairs),
-        )
+        yield from _job_started(unit, lock, dest, argv, proxy, token)
         yield job_units.watch(unit, "model", meter)
         return
-    # Without systemd, in the SSH session: the proxy and the token reach the downloader
-    # through root-only files in SECRET_DIR, never its command line; both go whatever
-    # the download does, and the download's exit status is kept.
-    secrets = []
-    if proxy:
-        env_path = f"{SECRET_DIR}/model-download.env"
-        yield from secret_file(env_file_text({"https_proxy": proxy, "http_proxy": proxy}),
-                               "model-download.env")
-        argv = [*sourced(env_path), *argv]
-        secrets.append(env_path)
-    if token is not None:
-        token_file = f"{SECRET_DIR}/hf_token"
-        yield from secret_file((token + "\n").encode(), "hf_token")
-        argv += ["--token-file", QuoteString(token_file)]
-        secrets.append(token_file)
-    if not secrets:
-        yield StringCommand(*argv)
-        return
-    yield StringCommand(*argv, "; rc=$?; rm -f", *(QuoteString(path) for path in secrets),
-                        "; exit $rc")
+    yield from _run_in_session(argv, proxy, token)
 
 
 def corrupt_reason(model_id: str, dest: str, corrupt: list[str]) -> str:

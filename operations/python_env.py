@@ -30,6 +30,7 @@ from collections.abc import Iterator
 from pyinfra import host
 from pyinfra.api import (
     FileUploadCommand,
+    FunctionCommand,
     OperationValueError,
     QuoteString,
     StringCommand,
@@ -40,7 +41,8 @@ from facts.python_env import MANIFEST, MARKER, VllmEnvironments, listing_command
 from facts.units import SystemdBooted, UnitState
 from operations.util import jobs as job_units
 from operations.util.uploads import SECRET_DIR, env_file_text, secret_file, sourced
-from pyinfra_vllm.core.stack_locks import read_lock
+from pyinfra_vllm.core.stack_locks import StackLock, read_lock
+from pyinfra_vllm.core.stacks import StackRow
 from pyinfra_vllm.plans.python_env import (
     LOCK_NAME,
     proven,
@@ -165,7 +167,7 @@ def _create_commands(root: str, path: str, manager: str, python: str,
 
 
 def _install_command(root: str, path: str, manager: str, env: list[str | QuoteString],
-                     stack: dict, forget: bool = True,
+                     stack: StackRow, forget: bool = True,
                      link_mode: str = "copy") -> StringCommand:
     """pip's or uv's install of the stack lock: exactly the packages it lists, each file
     checked against its hashes, nothing resolved (``--no-deps``), wheels only but for
@@ -174,7 +176,7 @@ def _install_command(root: str, path: str, manager: str, env: list[str | QuoteSt
     or copy (pip always copies)."""
     forgotten = _FORGET_DOWNLOAD_ENV if forget else []
     exact: list[str | QuoteString] = ["--require-hashes", "--no-deps", "--only-binary", ":all:"]
-    for name in sorted(stack.get("sdist_only") or []):
+    for name in sorted(stack.sdist_only):
         exact += ["--no-binary", QuoteString(name)]
     lock = ("-r", QuoteString(f"{path}/{LOCK_NAME}"))
     if manager == "uv":
@@ -189,11 +191,11 @@ def _install_command(root: str, path: str, manager: str, env: list[str | QuoteSt
     )
 
 
-def _probe_command(path: str, stack: dict, manager: str, sha256: str) -> StringCommand:
+def _probe_command(path: str, stack: StackRow, manager: str, sha256: str) -> StringCommand:
     """The probe, run inside the environment: it writes the marker only if vLLM works."""
     return StringCommand(
         QuoteString(f"{path}/bin/python"), QuoteString(f"{path}/pyinfra-vllm-probe.py"),
-        "--expect-vllm", QuoteString(stack["vllm"]),
+        "--expect-vllm", QuoteString(stack.vllm),
         "--marker", QuoteString(f"{path}/{MARKER}"),
         "--stack", QuoteString(stack_label(stack)),
         "--requirements-sha256", QuoteString(sha256),
@@ -213,7 +215,7 @@ def _clean_cache_command(root: str) -> StringCommand:
     return StringCommand(QuoteString(f"{root}/uv/bin/uv"), "cache", "clean", "-q")
 
 
-def _build_steps(root: str, path: str, manager: str, python: str, stack: dict,
+def _build_steps(root: str, path: str, manager: str, python: str, stack: StackRow,
                  sha256: str, staged: str, link_mode: str = "copy",
                  clean_cache: bool = False) -> list[tuple[str, StringCommand]]:
     """The build as a job's steps: the same commands as in the SSH session, the lock and
@@ -239,8 +241,52 @@ def _build_steps(root: str, path: str, manager: str, python: str, stack: dict,
     ]
 
 
+def _build_as_job(root: str, stack: StackRow, manager: str, python: str, path: str,
+                  lock: StackLock, pairs: dict[str, str], probe: str, link_mode: str,
+                  clean_cache: bool, wait: bool,
+                  ) -> Iterator[StringCommand | FileUploadCommand | FunctionCommand]:
+    """The build as a transient unit: started, or followed when it already runs; with
+    ``wait``, followed to its end."""
+    # The path names the lock, manager and interpreter: one job per environment.
+    unit = job_units.unit_name("env", path)
+    meter = {"kind": "steps", "path": path}
+    if job_units.running(host.get_fact(UnitState, unit=unit)):
+        if wait:
+            yield job_units.watch(unit, "python_env", meter, attached=True)
+        else:
+            host.noop(f"{unit} is already building {path}: followed later")
+        return
+    yield from job_units.start(
+        unit, f"pyinfra-vllm: vLLM {stack_label(stack)} environment at {path}",
+        _build_steps(root, path, manager, python, stack, lock.sha256,
+                     job_units.job_dir(unit), link_mode, clean_cache),
+        env_file_text(pairs), payload=[(lock.local_name, LOCK_NAME), (probe, "probe.py")],
+    )
+    if wait:
+        yield job_units.watch(unit, "python_env", meter)
+
+
+def _build_in_session(root: str, stack: StackRow, manager: str, python: str, path: str,
+                      lock: StackLock, pairs: dict[str, str], probe: str, link_mode: str,
+                      clean_cache: bool) -> Iterator[StringCommand | FileUploadCommand]:
+    """The build run in the SSH session (no systemd to run it as a job)."""
+    env = sourced(DOWNLOAD_ENV)
+    yield from _download_env_file(pairs)
+    yield StringCommand(
+        "rm -rf", QuoteString(path), "&& mkdir -p", QuoteString(f"{root}/envs"),
+    )
+    yield from _create_commands(root, path, manager, python, env)
+    if clean_cache and manager == "uv":
+        yield _clean_cache_command(root)
+    yield FileUploadCommand(lock.local_name, f"{path}/{LOCK_NAME}")
+    yield _install_command(root, path, manager, env, stack, link_mode=link_mode)
+    yield FileUploadCommand(probe, f"{path}/pyinfra-vllm-probe.py")
+    yield _probe_command(path, stack, manager, lock.sha256)
+    yield _manifest_command(path)
+
+
 @operation()
-def environment(root: str, stack: dict, manager: str, python: str, path: str,
+def environment(root: str, stack: StackRow, manager: str, python: str, path: str,
                 index_url: str = "https://pypi.org/simple", ca_bundle: str | None = None,
                 proxy: str | None = None, probe: str = "files/vllm_probe.py",
                 environments: dict | None = None, link_mode: str = "copy",
@@ -291,46 +337,20 @@ def environment(root: str, stack: dict, manager: str, python: str, path: str,
         raise OperationValueError(f"link_mode {link_mode!r}: hardlink or copy")
     lock = read_lock(stack)
     if proven(environments or host.get_fact(VllmEnvironments, root=root), path, stack):
-        host.noop(f"{path} works (vLLM {stack['vllm']}, checked when it was built; its "
+        host.noop(f"{path} works (vLLM {stack.vllm}, checked when it was built; its "
                   "files unchanged since)")
         return
     pairs = download_env(index_url, ca_bundle, proxy)
     if host.get_fact(SystemdBooted):
-        # The path names the lock, manager and interpreter: one job per environment.
-        unit = job_units.unit_name("env", path)
-        meter = {"kind": "steps", "path": path}
-        if job_units.running(host.get_fact(UnitState, unit=unit)):
-            if wait:
-                yield job_units.watch(unit, "python_env", meter, attached=True)
-            else:
-                host.noop(f"{unit} is already building {path}: followed later")
-            return
-        yield from job_units.start(
-            unit, f"pyinfra-vllm: vLLM {stack_label(stack)} environment at {path}",
-            _build_steps(root, path, manager, python, stack, lock.sha256,
-                         job_units.job_dir(unit), link_mode, clean_cache),
-            env_file_text(pairs), payload=[(lock.local_name, LOCK_NAME), (probe, "probe.py")],
-        )
-        if wait:
-            yield job_units.watch(unit, "python_env", meter)
+        yield from _build_as_job(root, stack, manager, python, path, lock, pairs, probe,
+                                 link_mode, clean_cache, wait)
         return
-    env = sourced(DOWNLOAD_ENV)
-    yield from _download_env_file(pairs)
-    yield StringCommand(
-        "rm -rf", QuoteString(path), "&& mkdir -p", QuoteString(f"{root}/envs"),
-    )
-    yield from _create_commands(root, path, manager, python, env)
-    if clean_cache and manager == "uv":
-        yield _clean_cache_command(root)
-    yield FileUploadCommand(lock.local_name, f"{path}/{LOCK_NAME}")
-    yield _install_command(root, path, manager, env, stack, link_mode=link_mode)
-    yield FileUploadCommand(probe, f"{path}/pyinfra-vllm-probe.py")
-    yield _probe_command(path, stack, manager, lock.sha256)
-    yield _manifest_command(path)
+    yield from _build_in_session(root, stack, manager, python, path, lock, pairs, probe,
+                                 link_mode, clean_cache)
 
 
 @operation()
-def environment_built(root: str, stack: dict, path: str, environments: dict | None = None):
+def environment_built(root: str, stack: StackRow, path: str, environments: dict | None = None):
     """
     Follow the build that ``environment(wait=False)`` started to its end: its result is
     this operation's, a failure with the job's last journal lines.
@@ -346,7 +366,7 @@ def environment_built(root: str, stack: dict, path: str, environments: dict | No
     or ended already (its result stays in the job's directory until a watch read it).
     """
     if proven(environments or host.get_fact(VllmEnvironments, root=root), path, stack):
-        host.noop(f"{path} works (vLLM {stack['vllm']}): nothing was built")
+        host.noop(f"{path} works (vLLM {stack.vllm}): nothing was built")
         return
     if not host.get_fact(SystemdBooted):
         host.noop(f"{path} was built in the foreground (systemd is not the init)")
