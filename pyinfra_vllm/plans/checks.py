@@ -97,26 +97,26 @@ def check_driver(state: dict[str, Any], settings: Settings) -> list[dict[str, An
         )
         return checks
     version = (driver or {}).get("driver_version") or (module or {}).get("version")
-    minimum = settings.stack["min_driver"]
+    minimum = settings.stack.min_driver or ""  # every CUDA row names one (StackRow)
     ok = version_tuple(version) >= version_tuple(minimum)
     checks.append(
         check(
             "driver_version",
             ok,
             f"driver {version}; the vLLM {settings.vllm_version} stack (CUDA "
-            f"{settings.stack['cuda']}) needs >= {minimum}",
+            f"{settings.stack.cuda}) needs >= {minimum}",
             "" if ok else f"install a driver branch >= {minimum.split('.')[0]}",
         )
     )
     cuda = (driver or {}).get("cuda_version")
     if cuda is not None:
-        ok = version_tuple(cuda) >= version_tuple(settings.stack["cuda"])
+        ok = version_tuple(cuda) >= version_tuple(settings.stack.cuda)
         checks.append(
             check(
                 "driver_cuda",
                 ok,
                 f"the driver supports CUDA {cuda}; the stack is built for CUDA "
-                f"{settings.stack['cuda']}",
+                f"{settings.stack.cuda}",
                 "" if ok else "install a newer driver branch",
             )
         )

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pyinfra_vllm.core.stacks import FIRST_SUPPORTED, STACKS
+from pyinfra_vllm.core.stacks import FIRST_SUPPORTED, STACKS, StackRow
 from pyinfra_vllm.core.versions import version_tuple
 from pyinfra_vllm.plans.checks import check
 
@@ -31,7 +31,7 @@ def first_supporting(arch: str) -> str | None:
     STACKS row whose built-in table lists it."""
     if arch in FIRST_SUPPORTED:
         return FIRST_SUPPORTED[arch]
-    rows = [v for v, row in STACKS.items() if arch in row.get("architectures", [])]
+    rows = [v for v, row in STACKS.items() if arch in row.architectures]
     return min(rows, key=version_tuple) if rows else None
 
 
@@ -42,7 +42,7 @@ def _model_words(config: dict[str, Any], model_id: str | None) -> str:
 
 def check_architecture(
     config: dict[str, Any],
-    stack: dict[str, Any],
+    stack: StackRow,
     registry: list[str] | None,
     model_id: str | None = None,
 ) -> dict[str, Any]:
@@ -53,7 +53,7 @@ def check_architecture(
     An architecture neither knows is not judged (ok None, a warning): the built-in
     table lists the Qwen family only.
     """
-    version = stack["vllm"]
+    version = stack.vllm
     archs = architectures(config)
     model = _model_words(config, model_id)
     if not archs:
@@ -63,7 +63,7 @@ def check_architecture(
             f"{model}: config.json has no 'architectures' list",
             "check that model_id names a transformers model repository",
         )
-    known = set(registry) if registry is not None else set(stack.get("architectures", []))
+    known = set(registry) if registry is not None else set(stack.architectures)
     loadable = [a for a in archs if a in known]
     if registry is None:
         # A release at or after the first that registered it loads it too.

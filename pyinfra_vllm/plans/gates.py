@@ -12,6 +12,7 @@ from typing import Any
 
 from pyinfra_vllm.core.locks import safetensors_bytes
 from pyinfra_vllm.core.settings import Settings
+from pyinfra_vllm.core.stacks import StackRow
 from pyinfra_vllm.plans.capacity import MIB, attention_shape, dtype_bytes, plan, text_config
 from pyinfra_vllm.plans.checks import check, cpu_reserve_bytes
 from pyinfra_vllm.plans.compat import check_architecture
@@ -93,10 +94,10 @@ def cpu_plan(config: dict[str, Any], settings: Settings, state: dict[str, Any],
     return p
 
 
-def check_cpu_head_size(config: dict[str, Any], stack: dict[str, Any]) -> dict[str, Any]:
+def check_cpu_head_size(config: dict[str, Any], stack: StackRow) -> dict[str, Any]:
     """The CPU attention backend knows a fixed set of head sizes (the stack's)."""
     _, _, head_dim = attention_shape(config)
-    sizes = stack.get("head_sizes") or []
+    sizes = stack.head_sizes
     ok = head_dim in sizes
     return check(
         "cpu_head_size", ok,

@@ -14,7 +14,7 @@ from pyinfra.api import (
     OperationValueError,
 )
 
-from pyinfra_vllm.core.settings import API_KEY_ALPHABET, API_KEY_CHARS
+from pyinfra_vllm.core.settings_checks import API_KEY_ALPHABET, API_KEY_CHARS
 from pyinfra_vllm.core.templating import render
 from pyinfra_vllm.plans.vllm_service import engine_address
 

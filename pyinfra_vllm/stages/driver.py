@@ -54,11 +54,13 @@ def driver(ctx: HostContext) -> None:
             no_recommends=True,
         )
 
-    if settings.install_cuda_toolkit:
+    # A GPU stage: its stack is a CUDA row, which names its CUDA build (StackRow).
+    cuda = settings.stack.cuda
+    if settings.install_cuda_toolkit and cuda is not None:
         distro = ctx.state.get("os") or {}
         driver_ops.cuda_toolkit(
-            name=f"Driver: CUDA toolkit {settings.stack['cuda']}",
-            cuda_version=settings.stack["cuda"],
+            name=f"Driver: CUDA toolkit {cuda}",
+            cuda_version=cuda,
             repo_distro=driver_ops.cuda_repo_distro(
                 distro.get("name"), distro.get("major"), distro.get("minor")
             ),

@@ -97,7 +97,7 @@ def _verdicts(ctx: HostContext) -> None:
     driver = summary["summary"]["driver_version"]
     info = {
         "vllm": settings.vllm_version,
-        "cuda_build": settings.stack["cuda"] or "none",
+        "cuda_build": settings.stack.cuda or "none",
         "driver": driver or "none",
         "model": settings.model_id,
         "tensor_parallel_size": settings.tensor_parallel_size,

@@ -22,7 +22,6 @@ from pyinfra import host
 
 from facts.model import ModelFiles, silently_changed
 from operations import model as model_ops
-from pyinfra_vllm.core import model_files as model_plan
 from pyinfra_vllm.core.locks import hf_token
 from pyinfra_vllm.run.context import HostContext
 from pyinfra_vllm.run.stage import stage
@@ -34,7 +33,7 @@ def model(ctx: HostContext) -> None:
     settings = ctx.settings
     token = hf_token(settings)
     lock = ctx.required_lock()
-    dest = model_plan.model_path(settings.model_dir, settings.model_id)
+    dest = settings.model_path
     corrupt: list[str] = []
     if settings.deep_model_check:
         content = ctx.deep_model_check(host, dest)

@@ -24,7 +24,7 @@ from pyinfra.operations import apt, files
 
 from facts.python_env import HostPython
 from operations import python_env as python_env_ops
-from pyinfra_vllm.core.stacks import INSTALLERS
+from pyinfra_vllm.core.stacks import INSTALLERS, StackRow
 from pyinfra_vllm.plans import python_env as python_env_plan
 from pyinfra_vllm.run.context import HostContext
 from pyinfra_vllm.run.stage import stage
@@ -72,7 +72,7 @@ def python_env(ctx: HostContext, wait: bool = True) -> None:
 
     if not ctx.refused:
         python_env_ops.environment(
-            name=f"Python env: vLLM {stack['vllm']} (torch {stack['torch']}, "
+            name=f"Python env: vLLM {stack.vllm} (torch {stack.torch}, "
             f"{_build_words(stack)}) " + ("built and proven" if wait else "build started"),
             root=root,
             stack=stack,
@@ -101,7 +101,7 @@ def python_env_built(ctx: HostContext) -> None:
     # environment proven.
     stack = ctx.settings.stack
     python_env_ops.environment_built(
-        name=f"Python env: vLLM {stack['vllm']} (torch {stack['torch']}, "
+        name=f"Python env: vLLM {stack.vllm} (torch {stack.torch}, "
         f"{_build_words(stack)}) built and proven",
         root=ctx.settings.python_env_root,
         stack=stack,
@@ -132,7 +132,7 @@ def _build_tools(ctx: HostContext, python: str) -> None:
         )
     else:
         problem = python_env_plan.python_problem(
-            host.get_fact(HostPython), stack["python_range"], manager
+            host.get_fact(HostPython), stack.python_range, manager
         )
         if problem:
             ctx.refuse("Python env: host refused", [f"python_env: {problem}"])
@@ -158,8 +158,8 @@ def _build_tools(ctx: HostContext, python: str) -> None:
                 )
 
 
-def _build_words(stack: dict) -> str:
-    return "CPU" if stack.get("device") == "cpu" else f"CUDA {stack['cuda']}"
+def _build_words(stack: StackRow) -> str:
+    return "CPU" if stack.device == "cpu" else f"CUDA {stack.cuda}"
 
 
 def _current(ctx) -> None:

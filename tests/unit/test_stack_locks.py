@@ -3,6 +3,8 @@ exactly its pins; installed with hashes required and no resolve."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from pyinfra_vllm.core.stack_locks import (
@@ -52,7 +54,8 @@ def test_the_063_lock_closes_what_an_unpinned_install_gets_wrong():
 
 
 def test_a_row_changed_without_its_lock_refreshed_is_refused():
-    row = dict(STACKS["0.6.3"], pins=dict(STACKS["0.6.3"]["pins"], transformers="4.45.1"))
+    row = dataclasses.replace(STACKS["0.6.3"],
+                              pins={**STACKS["0.6.3"].pins, "transformers": "4.45.1"})
     with pytest.raises(StackLockError) as raised:
         read_lock(row)
     message = str(raised.value)
@@ -61,7 +64,7 @@ def test_a_row_changed_without_its_lock_refreshed_is_refused():
 
 
 def test_a_missing_lock_names_the_command_that_writes_it():
-    row = dict(STACKS["0.6.3"], vllm="0.0.1")
+    row = dataclasses.replace(STACKS["0.6.3"], vllm="0.0.1")
     with pytest.raises(StackLockError, match=r"vllm-0\.0\.1\.txt.*tools\.stack_lock 0\.0\.1"):
         read_lock(row)
 

@@ -1,7 +1,8 @@
-"""pyinfra_vllm.core.stacks: every row has the keys other code reads, and the table agrees with it."""
+"""pyinfra_vllm.core.stacks: every row has the fields other code reads, and the table agrees with it."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 from pyinfra_vllm.core.stacks import FIRST_SUPPORTED, STACKS
@@ -12,23 +13,23 @@ KEYS = {"vllm", "python", "torch", "cuda", "min_driver", "pins", "architectures"
 
 def test_rows_have_every_key_and_consistent_pins():
     for version, row in STACKS.items():
-        assert KEYS <= set(row), version
-        assert row["vllm"] == version
-        assert row["pins"]["torch"] == row["torch"]
-        assert re.fullmatch(r"\d{3}\.\d+(\.\d+)?", row["min_driver"])
-        assert re.fullmatch(r"3\.1[0-3]", row["python"])
+        assert KEYS <= {field.name for field in dataclasses.fields(row)}, version
+        assert row.vllm == version
+        assert row.pins["torch"] == row.torch
+        assert re.fullmatch(r"\d{3}\.\d+(\.\d+)?", row.min_driver)
+        assert re.fullmatch(r"3\.1[0-3]", row.python)
 
 
 def test_first_supported_agrees_with_rows():
     for arch, first in FIRST_SUPPORTED.items():
         for version, row in STACKS.items():
-            listed = arch in row["architectures"]
+            listed = arch in row.architectures
             assert listed == (version_tuple(version) >= version_tuple(first)), (arch, version)
 
 
 def test_the_qwen36_stack():
     row = STACKS["0.17.0"]
-    assert "Qwen3_5ForConditionalGeneration" in row["architectures"]
-    assert row["cuda"] == "12.8" and row["torch"] == "2.10.0"
-    assert row["pins"]["transformers"].startswith("4.")  # vLLM 0.17: transformers<5
-    assert "Qwen3_5ForConditionalGeneration" not in STACKS["0.6.3"]["architectures"]
+    assert "Qwen3_5ForConditionalGeneration" in row.architectures
+    assert row.cuda == "12.8" and row.torch == "2.10.0"
+    assert row.pins["transformers"].startswith("4.")  # vLLM 0.17: transformers<5
+    assert "Qwen3_5ForConditionalGeneration" not in STACKS["0.6.3"].architectures
