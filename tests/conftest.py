@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -63,3 +64,24 @@ class InventoryHost:
 def inventory_host():
     """``inventory_host(gpus)``: a host whose GPU inventory is ``gpus``."""
     return InventoryHost
+
+
+# The audit's default audit_report_dir, in the checkout (tests run from its root).
+CHECKOUT_REPORTS = Path(__file__).resolve().parents[1] / "reports"
+
+
+def _checkout_report_files() -> set[str]:
+    return set(os.listdir(CHECKOUT_REPORTS)) if CHECKOUT_REPORTS.is_dir() else set()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _checkout_reports_untouched():
+    """No test writes into the checkout's reports/: each audit a test runs is given a
+    temporary audit_report_dir (the e2e sandbox's is ``Sandbox.reports``)."""
+    before = _checkout_report_files()
+    yield
+    added = sorted(_checkout_report_files() - before)
+    if added:
+        pytest.fail(f"the tests wrote {len(added)} file(s) into {CHECKOUT_REPORTS}: "
+                    f"{', '.join(added)}; give the audit audit_report_dir in a temporary "
+                    "directory")

@@ -2,9 +2,10 @@
 short table on the terminal.
 
 pyinfra runs a deploy file once per host, in parallel greenlets; this module outlives
-those runs, so it gathers every host's entry and rewrites both files after each one
-(a run cut short still leaves what it read). The terminal table is printed once, when
-the process exits, after pyinfra's own output.
+those runs, so it gathers every host's entry, per run (pyinfra's State), and writes the
+reports once, when the last of the run's hosts is recorded (a run cut short writes what
+it read when the process exits). The terminal table is printed once, when the process
+exits, after pyinfra's own output.
 
 Drift: when deploys/audit.py runs after deploys/full.py in the same ``--dry`` run
 (``python -m tools.audit`` does that), ``host_plan`` reads, from pyinfra's own state,
@@ -23,10 +24,13 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import re
 import sys
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
+from weakref import WeakKeyDictionary
 
 import pyinfra.version
 
@@ -34,6 +38,7 @@ from facts.topology import tp_link_verdict
 from operations.units import foreign_drop_ins
 from pyinfra_vllm.core.settings import Settings
 from pyinfra_vllm.core.versions import pyinfra_problem
+from pyinfra_vllm.plans import checks as host_checks
 from pyinfra_vllm.plans.checks import blocking, check_host, gpu_health
 from pyinfra_vllm.plans.gates import gpu_memory_mib, model_gates
 from pyinfra_vllm.plans.gateway import foreign_servers, foreign_words
@@ -41,9 +46,6 @@ from pyinfra_vllm.plans.vllm_service import difference_words, engine_differences
 from pyinfra_vllm.run import report_store
 from pyinfra_vllm.run.report_changes import changes, markdown_changes
 from pyinfra_vllm.run.report_html import HEALTH_COLUMNS, render_html
-
-_RUN: dict[str, Any] = {"hosts": {}, "paths": None, "registered": False, "previous": None,
-                        "keep": None, "removed": []}
 
 # When set (python -m tools.audit sets it), the paths of the reports are written to
 # this file as JSON, so the wrapper reads the report this run wrote.
@@ -57,16 +59,24 @@ def summarize(name: str, state: dict[str, Any], settings: Settings,
     since), and a digest."""
     health = gpu_health(state, settings, (previous or {}).get("gpu_health"))
     checks = check_host(state, settings, health)
+    digest = _digest(state, checks, health, settings.tensor_parallel_size)
+    return {"summary": digest, "checks": checks, "state": state, "gpu_health": health}
+
+
+def _digest(state: dict[str, Any], checks: list[dict[str, Any]], health: dict[str, Any],
+            tensor_parallel_size: int | None) -> dict[str, Any]:
+    """An entry's ``summary``; ``tensor_parallel_size`` None: not known (the settings are
+    invalid), so no tensor-parallel link is judged."""
     gpus = state.get("gpus")
     driver = state.get("driver") or {}
     module = state.get("kernel_module") or {}
     topology = state.get("topology")
     link = None
-    if topology is not None and settings.tensor_parallel_size >= 2:
-        link = tp_link_verdict(topology, settings.tensor_parallel_size)
+    if topology is not None and tensor_parallel_size is not None and tensor_parallel_size >= 2:
+        link = tp_link_verdict(topology, tensor_parallel_size)
     nvlink = state.get("nvlink")
     distro = state.get("os") or {}
-    digest = {
+    return {
         "os": (distro.get("release_meta") or {}).get("PRETTY_NAME") or distro.get("name"),
         "driver_present": bool(module) or bool(driver),
         "driver_version": driver.get("driver_version") or module.get("version"),
@@ -81,7 +91,7 @@ def summarize(name: str, state: dict[str, Any], settings: Settings,
         "persistence": [
             {"index": g["index"], "mode": g.get("persistence_mode")} for g in gpus or []
         ],
-        "tensor_parallel_size": settings.tensor_parallel_size,
+        "tensor_parallel_size": tensor_parallel_size,
         "tp_link": link,
         "nvlink_active_links": (
             None
@@ -94,7 +104,6 @@ def summarize(name: str, state: dict[str, Any], settings: Settings,
         "verdict": _verdict(checks),
         "health": health_words(health),
     }
-    return {"summary": digest, "checks": checks, "state": state, "gpu_health": health}
 
 
 def health_words(health: dict[str, Any]) -> str:
@@ -118,6 +127,44 @@ def _verdict(checks: list[dict[str, Any]]) -> str:
     unknown = [c["detail"] for c in checks if c["ok"] is None]
     warnings = [c["detail"] for c in checks if c["ok"] is False]
     return "; ".join(unknown + [f"warning: {w}" for w in warnings]) or "ok"
+
+
+# A setting's name, where a problem of the settings' message begins with it.
+_SETTING_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_SETTINGS_NOTE = "not checked: the settings are invalid, so no stage was planned"
+
+
+def settings_problems(message: str) -> list[tuple[str | None, str]]:
+    """(setting, problem) for each problem that a SettingsError's ``message`` lists
+    (pyinfra_vllm/core/settings.py ``validate``: a header line, one indented line per
+    problem, then what to do), in the settings' own words, secrets masked as they mask
+    them. The setting is the name the problem begins with (a rule across settings
+    begins with the one it names first), None when it begins with none."""
+    found: list[tuple[str | None, str]] = []
+    for line in message.splitlines()[1:]:
+        if not line.startswith("  "):
+            continue
+        # "(settings)" is where a rule across settings is placed on no key.
+        text = line.strip().removeprefix("(settings): ")
+        match = _SETTING_NAME.match(text)
+        key = match.group() if match else None
+        found.append((key, text.removeprefix(f"{key}: ") if key else text))
+    return found or [(None, " ".join(message.split()))]
+
+
+def settings_refusal(state: dict[str, Any], message: str) -> dict[str, Any]:
+    """The entry of a host whose settings are invalid (``message``: the SettingsError's):
+    its OS and GPU state as read, and each problem as a failed ``settings`` check and a
+    refusal, ``settings: <key>: <problem>``. Nothing is judged against settings it does
+    not have: no GPU health, no drift, no model plan."""
+    reasons = [f"settings: {key}: {problem}" if key else f"settings: {problem}"
+               for key, problem in settings_problems(message)]
+    fix = " ".join(line.strip() for line in message.splitlines()[1:]
+                   if line.strip() and not line.startswith(" "))
+    checks = [host_checks.check("settings", False, reason, fix) for reason in reasons]
+    return {"summary": _digest(state, checks, {}, None), "checks": checks, "state": state,
+            "gpu_health": {}, "drift": None, "conditional": None, "refused": reasons,
+            "drift_note": _SETTINGS_NOTE}
 
 
 def split_op_name(name: str) -> tuple[str | None, str]:
@@ -248,7 +295,8 @@ def model_plans(
 
 def _drift_words(entry: dict[str, Any]) -> str:
     if entry.get("drift") is None:
-        return "-"
+        # Refused without a plan: its settings are invalid (settings_refusal).
+        return "refused" if entry.get("refused") else "-"
     drift, refused = host_problems(entry)
     words = [f"{len(drift)} change(s)"] if drift else []
     if refused:
@@ -276,7 +324,7 @@ def _persistence_words(summary: dict[str, Any]) -> str:
 
 def _link_words(summary: dict[str, Any], state: dict[str, Any]) -> str:
     link = summary["tp_link"]
-    if state.get("topology") is None:
+    if state.get("topology") is None or summary["tensor_parallel_size"] is None:
         return "-"
     if link is None:
         return "n/a (TP=1)"
@@ -418,7 +466,9 @@ def _md(text: str) -> str:
 def _markdown_drift(entry: dict[str, Any]) -> list[str]:
     lines = ["### Drift", ""]
     if entry.get("drift") is None:
-        return lines + [f"{entry.get('drift_note') or 'not checked'}", ""]
+        refused = [f"- Refused: {reason}" for reason in entry.get("refused") or []]
+        return lines + [f"{entry.get('drift_note') or 'not checked'}", ""] + (
+            refused + [""] if refused else [])
     drift, refused = host_problems(entry)
     if drift:
         lines += [
@@ -647,69 +697,104 @@ def _paths(report_dir: str) -> tuple[Path, Path]:
     return directory / f"audit-{stamp}.json", directory / f"audit-{stamp}.md"
 
 
-def _write(report: dict[str, Any]) -> None:
-    json_path, md_path = _RUN["paths"]
+@dataclass
+class AuditRun:
+    """One pyinfra run's reports: where they go, the previous report they are compared
+    with (read before this run writes or prunes anything), and the hosts' entries."""
+
+    json_path: Path
+    md_path: Path
+    previous: tuple[Path, dict[str, Any]] | None
+    # The report sets kept in the reports' directory (None: all).
+    keep: int | None
+    generated_at: str
+    hosts: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # The files of older report sets this run removed (audit_report_keep).
+    removed: list[Path] = field(default_factory=list)
+    written: bool = False
+
+    def report(self) -> dict[str, Any]:
+        return {"generated_at": self.generated_at, "hosts": self.hosts}
+
+
+# Keyed by pyinfra's State, as the run context is keyed by its Host objects: a second
+# run in the same process (pyinfra's API, a test) writes reports of its own.
+_RUNS: WeakKeyDictionary[Any, AuditRun] = WeakKeyDictionary()
+
+
+def audit_run(pyinfra_state: Any, report_dir: str, keep: int | None = None) -> AuditRun:
+    """The reports of the run ``pyinfra_state`` (pyinfra's State), begun on its first use:
+    their paths in ``report_dir`` and the previous report there; the terminal table is
+    printed when the process exits."""
+    run = _RUNS.get(pyinfra_state)
+    if run is None:
+        json_path, md_path = _paths(report_dir)
+        run = AuditRun(json_path, md_path, report_store.previous_report(json_path), keep,
+                       datetime.now(timezone.utc).isoformat(timespec="seconds"))
+        _RUNS[pyinfra_state] = run
+        atexit.register(_finish, run)
+    return run
+
+
+def _write(run: AuditRun) -> None:
+    json_path, md_path = run.json_path, run.md_path
     json_path.parent.mkdir(parents=True, exist_ok=True)
-    previous_path, previous = _RUN["previous"] or (None, None)
-    report = dict(report, changes=changes(previous, report,
-                                          previous_path.name if previous_path else None))
+    previous_path, previous = run.previous or (None, None)
+    report = dict(run.report(), changes=changes(previous, run.report(),
+                                                previous_path.name if previous_path else None))
     json_path.write_text(json.dumps(report, indent=2, sort_keys=True, default=str) + "\n")
     md_path.write_text(render_markdown(report) + "\n")
     json_path.with_suffix(".html").write_text(render_html(report, summary_rows(report)))
     report_store.publish_latest(json_path)
-    if _RUN["keep"] is not None:
-        _RUN["removed"] += report_store.prune(json_path.parent, _RUN["keep"],
-                                              report_store.stamp_of(json_path) or "")
+    if run.keep is not None:
+        run.removed += report_store.prune(json_path.parent, run.keep,
+                                          report_store.stamp_of(json_path) or "")
     index = os.environ.get(INDEX_ENV)
     if index:
         paths = {"json": str(json_path.resolve()), "markdown": str(md_path.resolve()),
                  "html": str(json_path.with_suffix(".html").resolve())}
         Path(index).write_text(json.dumps(paths) + "\n")
+    run.written = True
 
 
-def _report() -> dict[str, Any]:
-    return {
-        "generated_at": _RUN["generated_at"],
-        "hosts": _RUN["hosts"],
-    }
+def _finish(run: AuditRun) -> None:
+    """At the process's exit: the reports of a run cut short before its last host was
+    recorded (what it read), then the terminal table."""
+    if run.hosts and not run.written:
+        _write(run)
+    _print_summary(run)
 
 
-def _print_summary() -> None:
-    if not _RUN["hosts"]:
+def _print_summary(run: AuditRun) -> None:
+    if not run.hosts:
         return
-    json_path, md_path = _RUN["paths"]
-    print("\n" + summary_table(_report()), file=sys.stderr)
+    json_path, md_path = run.json_path, run.md_path
+    print("\n" + summary_table(run.report()), file=sys.stderr)
     print(f"\nAudit reports written to {json_path} and {md_path}", file=sys.stderr)
-    removed = {report_store.stamp_of(path) for path in _RUN["removed"]}
+    removed = {report_store.stamp_of(path) for path in run.removed}
     print(f"HTML report: {json_path.with_suffix('.html')}; "
           f"{json_path.parent / (report_store.LATEST + '.{json,md,html}')} point at this audit"
           + (f"; {len(removed)} older report set(s) removed (audit_report_keep)"
              if removed else ""), file=sys.stderr)
 
 
-def _start(report_dir: str, keep: int | None) -> None:
-    """The run's report paths, and the previous report, read before this run writes or
-    prunes anything."""
-    if _RUN["paths"] is None:
-        paths = _RUN["paths"] = _paths(report_dir)
-        _RUN["previous"] = report_store.previous_report(paths[0])
-        _RUN["keep"] = keep
-        _RUN["generated_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
-
-
-def previous_entry(name: str, report_dir: str, keep: int | None = None) -> dict[str, Any] | None:
-    """The host's entry in the previous audit report in ``report_dir`` (None: none)."""
-    _start(report_dir, keep)
-    _path, previous = _RUN["previous"] or (None, None)
+def previous_entry(pyinfra_state: Any, name: str, report_dir: str,
+                   keep: int | None = None) -> dict[str, Any] | None:
+    """The host's entry in the audit report in ``report_dir`` before the run
+    ``pyinfra_state``'s (None: none)."""
+    _path, previous = audit_run(pyinfra_state, report_dir, keep).previous or (None, None)
     return ((previous or {}).get("hosts") or {}).get(name)
 
 
-def record(name: str, entry: dict[str, Any], report_dir: str, keep: int | None = None) -> None:
-    """Add one host's entry and rewrite the run's reports; ``keep``: the report sets kept
-    in ``report_dir`` (None: all)."""
-    _start(report_dir, keep)
-    if not _RUN["registered"]:
-        atexit.register(_print_summary)
-        _RUN["registered"] = True
-    _RUN["hosts"][name] = entry
-    _write(_report())
+def record(pyinfra_state: Any, name: str, entry: dict[str, Any], report_dir: str,
+           keep: int | None = None) -> None:
+    """Add one host's entry to the reports of the run ``pyinfra_state``, and write them
+    once every host of the run is recorded; ``keep``: the report sets kept in
+    ``report_dir`` (None: all)."""
+    run = audit_run(pyinfra_state, report_dir, keep)
+    run.hosts[name] = entry
+    # pyinfra prepares a deploy file for each of the run's active hosts
+    # (pyinfra_cli/util.py _parallel_load_hosts): with the last one recorded, the audit
+    # of the run is whole.
+    if {host.name for host in pyinfra_state.active_hosts} <= set(run.hosts):
+        _write(run)

@@ -74,11 +74,12 @@ def link_colours(kind: str) -> tuple[str, str, str]:
 
 
 def host_status(entry: dict[str, Any]) -> str:
-    """converged, drift, refused or unchecked: the CSS class of a host's row."""
-    if entry.get("drift") is None:
-        return "unchecked"
+    """converged, drift, refused or unchecked: the CSS class of a host's row. A host
+    refused without a plan (its settings are invalid) is refused, not unchecked."""
     if entry.get("refused"):
         return "refused"
+    if entry.get("drift") is None:
+        return "unchecked"
     return "drift" if entry.get("drift") else "converged"
 
 
@@ -204,7 +205,10 @@ def _changes_section(found: dict[str, Any] | None) -> str:
 def _drift_section(entry: dict[str, Any]) -> str:
     parts = ["<h3>Drift</h3>"]
     if entry.get("drift") is None:
-        return "".join(parts) + f"<p>{esc(entry.get('drift_note') or 'not checked')}</p>"
+        parts.append(f"<p>{esc(entry.get('drift_note') or 'not checked')}</p>")
+        if entry.get("refused"):  # refused without a plan: its settings are invalid
+            parts.append("<p>Refused:</p>" + _list(entry["refused"]))
+        return "".join(parts)
     drift = entry.get("drift") or []
     refused = entry.get("refused") or []
     if drift:

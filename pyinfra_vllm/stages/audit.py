@@ -1,7 +1,11 @@
 """Audit: read every host's OS, driver, GPUs, MIG, persistence, topology, NVLink and GPU
 health state, judge it against the settings, and write a JSON and a Markdown report.
 
-Changes nothing on any host: it adds no operation, it only reads facts.
+Changes nothing on any host: it only reads facts. Invalid settings, which stop every
+other stage before any change, do not stop the audit: the host is reported refused, with
+each problem (``settings: <key>: <problem>``) and the OS and GPU state read without
+settings, and its one operation fails it when the run executes, changing nothing, so
+that the run exits 1 while the other hosts are audited.
 
     pyinfra inventory.py deploys/audit.py                  # state and verdicts
     python -m tools.audit inventory.py                     # ... plus drift; exit 1 on drift
@@ -30,11 +34,11 @@ from facts.nginx import NginxServers
 from facts.units import UnitDropIns
 from facts.vllm_service import EngineProcess, EngineServing
 from operations import persistence as persistence_ops
-from pyinfra_vllm.core.model_files import model_path
+from pyinfra_vllm.core.settings import Settings, SettingsError
 from pyinfra_vllm.plans import vllm_service as vllm_service_plan
 from pyinfra_vllm.plans.gates import installed_registry
 from pyinfra_vllm.plans.vllm_service import engine_address
-from pyinfra_vllm.run.context import context
+from pyinfra_vllm.run.context import collect, context, refuse
 from pyinfra_vllm.run.report import (
     environment_findings,
     host_plan,
@@ -44,6 +48,8 @@ from pyinfra_vllm.run.report import (
     model_plans,
     previous_entry,
     record,
+    settings_problems,
+    settings_refusal,
     summarize,
 )
 
@@ -54,9 +60,14 @@ from pyinfra_vllm.run.report import (
 @deploy("audit")
 def audit() -> None:
     """Audit: read every host's OS, driver, GPUs, MIG, persistence, topology and NVLink"""
-    ctx = context(host, lock_required=False, stages=("audit",))
+    try:
+        ctx = context(host, lock_required=False, stages=("audit",))
+    except SettingsError as error:
+        _refuse_for_settings(str(error))
+        return
     settings = ctx.settings
-    previous = previous_entry(host.name, settings.audit_report_dir, settings.audit_report_keep)
+    previous = previous_entry(host.state, host.name, settings.audit_report_dir,
+                              settings.audit_report_keep)
     entry = summarize(host.name, ctx.state, settings, previous)
     entry.update(host_plan(state, host, ctx.refused, ctx.refusals, planned=bool(ctx.stages_asked)))
     # What was changed by hand, named: the operations above say only what would be redone.
@@ -77,12 +88,34 @@ def audit() -> None:
         entry["engine"] = host.get_fact(EngineServing, url=url)
     if settings.deep_model_check and ctx.lock:
         # The model stage's deep check when it ran in this process, else read here.
-        path = model_path(settings.model_dir, settings.model_id)
+        path = settings.model_path
         entry["model_integrity"] = model_integrity(ctx.deep_model_check(host, path), path)
     entry["integrity"] = _integrity(ctx)
     entry["findings"] += integrity_problems(entry)
-    record(host.name, entry, report_dir=ctx.settings.audit_report_dir,
+    record(host.state, host.name, entry, report_dir=ctx.settings.audit_report_dir,
            keep=ctx.settings.audit_report_keep)
+
+
+def _refuse_for_settings(message: str) -> None:
+    """Refuse a host whose settings are invalid (``message``: the SettingsError's): its
+    problems logged and reported, its OS and GPU state read all the same (those reads
+    need no setting), and one operation that fails the host, changing nothing, when the
+    run executes (operations/gate.py): the run exits 1, the other hosts are audited."""
+    entry = settings_refusal(collect(host), message)
+    # Without valid settings there is no HostContext to refuse through.
+    refuse("Audit: host refused for its settings", entry["refused"])
+    report_dir, keep = _report_place({key for key, _ in settings_problems(message)})
+    record(host.state, host.name, entry, report_dir=report_dir, keep=keep)
+
+
+def _report_place(invalid: set[str | None]) -> tuple[str, int]:
+    """audit_report_dir and audit_report_keep of a host whose settings are invalid: as
+    its data gives them, or their defaults where they are not given or ``invalid``."""
+    defaults = Settings.model_fields
+    report_dir = None if "audit_report_dir" in invalid else host.data.get("audit_report_dir")
+    keep = None if "audit_report_keep" in invalid else host.data.get("audit_report_keep")
+    return (defaults["audit_report_dir"].default if report_dir is None else str(report_dir),
+            defaults["audit_report_keep"].default if keep is None else int(keep))
 
 
 def _integrity(ctx) -> dict:

@@ -109,6 +109,28 @@ def test_audit_of_a_machine_without_driver(tmp_path):
     assert "## @local" in md.read_text()
 
 
+def test_audit_of_a_host_with_invalid_settings_reports_it_refused(tmp_path):
+    # The default settings refuse an empty api_keys: deploys/full.py stops the run on
+    # them (above); the audit reports the host refused, with its facts, and fails it.
+    run = pyinfra("-y", "@local", "deploys/audit.py", "--data", f"audit_report_dir={tmp_path}")
+    assert run.returncode == 1, run.stderr
+    reason = ("settings: api_keys: api_keys is empty: the gateway would serve /v1/ to "
+              "anyone; set api_keys or api_keys_file, or gateway_open=true to serve "
+              "without a key")
+    assert f"[@local] {reason}" in run.stderr
+    (row,) = [line for line in run.stderr.splitlines() if line.startswith("@local  ")]
+    assert row.endswith(f"  {reason}  refused")
+    assert "  no NVIDIA driver  " in row  # the GPUs column: read without the settings
+    html, json_path, md = sorted(tmp_path.glob("audit-*"))
+    entry = json.loads(json_path.read_text())["hosts"]["@local"]
+    assert entry["refused"] == [reason]
+    assert entry["summary"]["verdict"] == reason
+    assert entry["summary"]["driver_present"] is False
+    assert entry["state"]["gpus"] is None and entry["state"]["os"]["name"]
+    assert f"- Refused: {reason}" in md.read_text()
+    assert f"<p>Refused:</p><ul><li>{reason}</li></ul>" in html.read_text()
+
+
 def test_fact_from_the_command_line_is_absent_without_driver():
     run = pyinfra("@local", "fact", "facts.topology.GpuTopology", "facts.topology.NvlinkStatus",
                   "facts.driver.KernelModule", "--json")

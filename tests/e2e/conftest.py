@@ -19,6 +19,7 @@ import os
 import shlex
 import subprocess
 import sys
+import tempfile
 import urllib.request
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -78,6 +79,9 @@ class Sandbox:
     hosts: list[SandboxHost]
     inventory: Path
     reused: bool
+    # The audit_report_dir of every run against these hosts: a temporary directory, never
+    # the checkout's reports/ (tests/conftest.py checks).
+    reports: Path
 
     def ssh(
         self, host: SandboxHost, command: str, *, check: bool = True, timeout: float = 300
@@ -95,9 +99,14 @@ class Sandbox:
     def host(self, name: str) -> SandboxHost:
         return next(host for host in self.hosts if host.name == name)
 
+    def report_data(self) -> tuple[str, str]:
+        """``--data`` for pyinfra and tools.audit: the audit's reports in ``reports``. A
+        later ``--data audit_report_dir=...`` of the caller wins (pyinfra keeps the last)."""
+        return ("--data", f"audit_report_dir={self.reports}")
+
     def pyinfra(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [PYINFRA, "-y", str(self.inventory), *args],
+            [PYINFRA, "-y", *self.report_data(), str(self.inventory), *args],
             cwd=REPO_ROOT,
             capture_output=True,
             text=True,
@@ -167,7 +176,9 @@ def booted(scenarios: list[str], leave_up_for: str | None = None,
         except SandboxError as exc:
             pytest.fail(f"sandbox up failed: {exc}")
     try:
-        yield Sandbox(hosts=_from_state(), inventory=sbx.INVENTORY_FILE, reused=reuse)
+        with tempfile.TemporaryDirectory(prefix="pyinfra-vllm-e2e-reports-") as reports:
+            yield Sandbox(hosts=_from_state(), inventory=sbx.INVENTORY_FILE, reused=reuse,
+                          reports=Path(reports))
     finally:
         if not reuse:
             if leave_up_for is not None:

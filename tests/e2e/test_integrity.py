@@ -83,7 +83,8 @@ def changed(data: dict) -> set[str]:
 
 def audit(sandbox, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "tools.audit", str(sandbox.inventory), *DATA, *args],
+        [sys.executable, "-m", "tools.audit", str(sandbox.inventory), *sandbox.report_data(),
+         *DATA, *args],
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=600,
     )
 

@@ -11,6 +11,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from pyinfra.api import Config, Inventory, State
+
 from facts.topology import parse_topology
 from pyinfra_vllm.core.settings import validate
 from pyinfra_vllm.run.report import model_plans, summarize
@@ -106,3 +108,12 @@ def previous_of(report: dict[str, Any]) -> dict[str, Any]:
     pcie["summary"]["verdict"] = "ok"
     before["hosts"]["gpu-old-01"] = before["hosts"].pop("gpu-h200-01")
     return before
+
+
+def connected_state(names: list[str]) -> State:
+    """A pyinfra run's State whose hosts ``names`` are all connected (active), as the CLI
+    has it when it prepares the deploy files."""
+    state = State(Inventory((names, {})), Config())
+    for host in state.inventory:
+        state.activate_host(host)
+    return state

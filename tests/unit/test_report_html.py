@@ -19,7 +19,16 @@ from pyinfra_vllm.run import report_store
 from pyinfra_vllm.run.report import render_markdown, summary_rows
 from pyinfra_vllm.run.report_changes import changes, markdown_changes
 from pyinfra_vllm.run.report_html import LINK_KINDS, UNKNOWN, link_kind, matrix_svg, render_html
-from tests.unit.fleet_reports import GATEWAY, REBOOT, SYSCTL, TORCH, fleet, previous_of, topology
+from tests.unit.fleet_reports import (
+    GATEWAY,
+    REBOOT,
+    SYSCTL,
+    TORCH,
+    connected_state,
+    fleet,
+    previous_of,
+    topology,
+)
 
 SVG = "{http://www.w3.org/2000/svg}"
 NV, PIX, PXB, NODE, SYS, SELF = (LINK_KINDS[k][0] for k in ("NV#", "PIX", "PXB", "NODE", "SYS", "X"))
@@ -348,12 +357,12 @@ def test_record_writes_the_three_reports_compares_links_and_prunes(tmp_path, mon
     before = previous_of(report)
     for stamp in STAMPS[:3]:
         write_set(tmp_path, stamp, before)
-    monkeypatch.setattr(report_module, "_RUN", {
-        "hosts": {}, "paths": None, "registered": True, "previous": None, "keep": None,
-        "removed": []})
+    monkeypatch.setattr(report_module.atexit, "register", lambda *args: None)
+    run_state = connected_state(list(report["hosts"]))
     for name, entry in report["hosts"].items():
-        report_module.record(name, entry, str(tmp_path), keep=2)
-    json_path, md_path = report_module._RUN["paths"]
+        report_module.record(run_state, name, entry, str(tmp_path), keep=2)
+    run = report_module.audit_run(run_state, str(tmp_path))
+    json_path, md_path = run.json_path, run.md_path
     stamp = report_store.stamp_of(json_path)
     assert sorted(report_store.report_sets(tmp_path)) == [STAMPS[2], stamp]
     written = json.loads(json_path.read_text())
@@ -364,4 +373,4 @@ def test_record_writes_the_three_reports_compares_links_and_prunes(tmp_path, mon
     assert "<h2>Changed since the previous audit</h2>" in page
     for suffix in report_store.SUFFIXES:
         assert os.readlink(tmp_path / f"latest{suffix}") == f"audit-{stamp}{suffix}"
-    assert len(report_module._RUN["removed"]) == 6  # two older sets of three files
+    assert len(run.removed) == 6  # two older sets of three files
