@@ -11,8 +11,10 @@
 #
 # `write` needs the repository's .venv; `time` only sh, on the host (its outputs land in
 # DIR/out/). Only the live cells of nvidia-smi's table (the clock, power, temperature)
-# may differ between the two; the facts parsed from them must not:
-#   .venv/bin/python -c 'import sys; from facts.gpu_host import parse_gpu_host as p; \
+# may differ between the two; the facts parsed from them must not (where REV printed
+# other section markers, parse old.*.txt with REV's GpuHostState instead):
+#   .venv/bin/python -c 'import sys; from facts.gpu_host import GpuHostState; \
+#     p = GpuHostState().process; \
 #     print(p(open(sys.argv[1]).read().splitlines()) == p(open(sys.argv[2]).read().splitlines()))' \
 #     DIR/out/old.1.txt DIR/out/new.1.txt
 set -euo pipefail

@@ -8,8 +8,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from pyinfra.api import FactBase
 from typing_extensions import override
+
+from facts.base import FactBase
 
 # /proc/cpuinfo flags vLLM's CPU build looks at: avx512f picks its AVX-512 kernels
 # (vllm/_C) over the AVX2 ones (vllm/_C_AVX2); avx512_bf16 and amx_bf16 are the native

@@ -5,8 +5,9 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-from pyinfra.api import FactBase
 from typing_extensions import override
+
+from facts.base import FactBase
 
 # Where NVIDIA's packages and runfile put the toolkit; its bin/ is often not on PATH
 # for non-login shells (which is how pyinfra runs commands).

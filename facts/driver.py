@@ -11,9 +11,9 @@ import re
 from collections.abc import Iterable
 from typing import Any, TypeVar
 
-from pyinfra.api import FactBase
 from typing_extensions import override
 
+from facts.base import FactBase
 from facts.nvidia_smi import NvidiaSmiFact, device_error, nvml_failure, split_smi_output
 from pyinfra_vllm.core.versions import version_tuple
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from pyinfra.api import FactBase, QuoteString, StringCommand
+from pyinfra.api import QuoteString, StringCommand
 from typing_extensions import override
+
+from facts.base import FactBase
 
 
 class FileDigests(FactBase[dict[str, dict[str, str] | None]]):

@@ -58,9 +58,9 @@ import xml.etree.ElementTree as ElementTree
 from collections.abc import Iterable
 from typing import Any
 
-from pyinfra.api import FactBase
 from typing_extensions import override
 
+from facts.base import FactBase
 from facts.gpus import parse_query_csv
 from facts.nvidia_smi import EMPTY_CELLS, NvidiaSmiFact, nvml_failure, split_smi_output
 from facts.topology import NVLINK_GPU_RE, parse_nvlink_status

@@ -9,8 +9,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pyinfra.api import FactBase, QuoteString, StringCommand
+from pyinfra.api import QuoteString, StringCommand
 from typing_extensions import override
+
+from facts.base import FactBase
 
 # The downloader's own names for its record and its download area.
 from pyinfra_vllm.core.model_files import INCOMING, VERIFIED_NAME

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from pyinfra.api import FactBase, StringCommand
+from pyinfra.api import StringCommand
 from typing_extensions import override
+
+from facts.base import FactBase
 
 # Tokenizes nginx's syntax as ngx_conf_read_token does (nginx src/core/ngx_conf_file.c):
 # words separated by blanks, quotes with backslash escapes, "#" a comment at the start

@@ -26,8 +26,9 @@ import re
 from collections.abc import Iterable
 from typing import TypeVar
 
-from pyinfra.api import FactBase
 from typing_extensions import override
+
+from facts.base import FactBase
 
 T = TypeVar("T")
 

@@ -14,8 +14,10 @@ import json
 import re
 from typing import Any
 
-from pyinfra.api import FactBase, QuoteString, StringCommand
+from pyinfra.api import QuoteString, StringCommand
 from typing_extensions import override
+
+from facts.base import FactBase
 
 MARKER = "pyinfra-vllm-env.json"
 # Every installed file's path, type, mode, size, mtime and link target, written when the

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from pyinfra.api import FactBase, QuoteString, StringCommand
+from pyinfra.api import QuoteString, StringCommand
 from typing_extensions import override
+
+from facts.base import FactBase
 
 FSTAB = "/etc/fstab"
 

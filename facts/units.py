@@ -5,8 +5,10 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from pyinfra.api import FactBase, QuoteString, StringCommand
+from pyinfra.api import QuoteString, StringCommand
 from typing_extensions import override
+
+from facts.base import FactBase
 
 
 class UnitPids(FactBase[list[int]]):

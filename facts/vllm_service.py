@@ -11,8 +11,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from pyinfra.api import FactBase, QuoteString, StringCommand
+from pyinfra.api import QuoteString, StringCommand
 from typing_extensions import override
+
+from facts.base import FactBase
 
 # The engine's counters and gauges the audit shows (vLLM 0.6 named the KV gauge after
 # the GPU cache; 0.17 after the KV cache).

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from pyinfra.api import FunctionCommand, operation
 
+
 def _refuse(state, host, reasons: list[str]) -> bool:
     # The reasons were logged while the run was planned (HostContext.refuse), so that a
     # dry run and the audit show them too. False fails the operation, and with it this

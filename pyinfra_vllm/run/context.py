@@ -42,15 +42,29 @@ _CONTEXTS: WeakKeyDictionary[Any, HostContext] = WeakKeyDictionary()
 
 def collect(host: Any, device: str = "cuda") -> dict[str, Any]:
     """The host's OS, driver, GPUs, topology and NVLink state, as plain data; on
-    ``device`` "cpu" also its CPUs and memory (``"cpu"``)."""
+    ``device`` "cpu" also its CPUs and memory (``"cpu"``). Each is its own fact, keyed
+    as GpuHostState keys them (``held_packages`` from DriverPackages' dpkg-query); the
+    run's one read (host_reads.state_reads) has read them all, the GPU facts side by
+    side, so these reads cost no remote command."""
     state = {
         "os": host.get_fact(LinuxDistribution),
         "kernel": host.get_fact(KernelVersion),
-        **host.get_fact(GpuHostState),
+        **{key: host.get_fact(fact) for key, fact in GpuHostState.facts.items()},
     }
     if device == "cpu":
         state["cpu"] = host.get_fact(CpuHostState)
     return state
+
+
+def refuse(operation: str, reasons: list[str]) -> Any:
+    """Refuse the current host, ``reasons`` logged once, while the run is planned (a dry
+    run and the audit show them too): ``operation`` (operations.gate.refuse) fails the
+    host when the run executes. What pyinfra returned, for the audit to know it by.
+    Stages refuse through ``HostContext.refuse``, which also records it; only a host
+    without a context (the audit's, whose settings are invalid) is refused here."""
+    for reason in reasons:
+        pyinfra_host.log_styled(reason, fg="red", log_func=logger.error)
+    return gate.refuse(name=operation, reasons=list(reasons))
 
 
 @dataclass
@@ -106,7 +120,7 @@ class HostContext:
 
     def environment_path(self, host: Any) -> str:
         """Where this host's environment for the settings' stack and manager is, or is
-        to be built (operations/python_env.py environment_path)."""
+        to be built (pyinfra_vllm/plans/python_env.py environment_path)."""
         settings = self.settings
         return python_env_plan.environment_path(
             settings.python_env_root,
@@ -135,9 +149,7 @@ class HostContext:
         nothing for it, and ``operation`` (``operations.gate.refuse``, which fails the
         host when it runs) recorded for the audit, which does not count it as drift."""
         self.refused.extend(reasons)
-        for reason in reasons:
-            pyinfra_host.log_styled(reason, fg="red", log_func=logger.error)
-        self.refusals.append(gate.refuse(name=operation, reasons=list(reasons)))
+        self.refusals.append(refuse(operation, reasons))
 
     def gpu_stage(self, host: Any, stage: str) -> bool:
         """Should the GPU-only ``stage`` (driver, mig, persistence) add its operations? Not

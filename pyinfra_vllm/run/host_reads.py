@@ -3,12 +3,14 @@
 pyinfra 3 reads a fact with one remote command each time an operation asks for it, one
 after another. Over a link with 20 ms round trips, a converged host's run spent most of
 its time waiting for 33 of them. The stages' reads are listed here (``STAGE_READS``,
-each with the settings that make it); at the start of a run every one of them is read
-in one remote command (facts.host_state.StateSections), each section parsed by its own
-fact, with pyinfra's rules for a single fact. The host's ``get_fact`` then answers those
-reads from what was read until the first command that is not a read runs on the host
-(an operation's command, an upload): from then on every read goes to the host again, so
-an operation after a change sees the change.
+each with the settings that make it, and ``state_reads``, what every run's context
+collects); at the start of a run every one of them is read in one remote command
+(facts.host_state.StateSections), the GPU reads side by side as one group, each section
+parsed by its own fact, with pyinfra's rules for a single fact: a parser's error fails
+that host with pyinfra's "could not process fact", never the run. The host's
+``get_fact`` then answers those reads from what was read until the first command that
+is not a read runs on the host (an operation's command, an upload): from then on every
+read goes to the host again, so an operation after a change sees the change.
 
 A read not listed is read on its own, as before: listing is about speed, never about
 what is read. Each fact stays usable alone (``pyinfra HOST fact facts.x.Y``).
@@ -25,9 +27,12 @@ from inspect import getcallargs
 from typing import Any
 
 from pyinfra import logger
-from pyinfra.api import FactBase, StringCommand
+from pyinfra.api import FactBase
+from pyinfra.api.arguments import pop_global_arguments
+from pyinfra.api.exceptions import FactProcessError
 from pyinfra.api.facts import ShortFactBase
 from pyinfra.api.host import Host
+from pyinfra.api.util import get_kwargs_str, log_error_or_warning
 from pyinfra.context import ContextObject, ctx_host
 from pyinfra.facts.deb import DebPackage
 from pyinfra.facts.files import Directory, File, Link, Sha1File
@@ -37,9 +42,16 @@ from facts.accounts import Account
 from facts.cpu_host import CpuHostState
 from facts.driver import DriverPackages, HeldPackages
 from facts.files import FileDigests, PathTypes
-from facts.gpu_host import GpuHostState
+from facts.gpu_host import GPU_GROUP, GpuHostState
 from facts.gpus import GpuInventory
-from facts.host_state import CommandLines, StateSections, split_sections
+from facts.host_state import (
+    CommandLines,
+    StateSections,
+    arrange,
+    fact_command,
+    fact_value,
+    split_sections,
+)
 from facts.model import ModelFiles
 from facts.nginx import NginxServers
 from facts.python_env import VllmEnvironments
@@ -51,16 +63,10 @@ from operations import driver as driver_ops
 from operations import persistence as persistence_ops
 from operations import rolling
 from operations import sysctl as sysctl_ops
-from pyinfra_vllm.core import model_files as model_plan
 from pyinfra_vllm.core.settings import Settings
 from pyinfra_vllm.plans import gateway as gateway_plan
 from pyinfra_vllm.plans import metrics as metrics_plan
 from pyinfra_vllm.plans import vllm_service as vllm_service_plan
-
-# pyinfra's line for "this fact's binary is not installed" (pyinfra.api.facts, the guard
-# it wraps a fact with ``requires_command`` in): the fact's default, as pyinfra gives it
-# while a run is planned.
-MISSING_COMMAND = "##PYINFRA_NOCMD##"
 
 
 @dataclass(frozen=True)
@@ -69,47 +75,64 @@ class Read:
 
     fact: type[FactBase]
     kwargs: dict[str, Any] = field(default_factory=dict)
+    # Reads of one group run side by side in the one read (reads that are independent
+    # and mostly wait, as nvidia-smi's do); None: on its own, in turn.
+    group: str | None = None
 
     def key(self) -> tuple[type[FactBase], str]:
         return read_key(self.fact, (), self.kwargs)
 
 
-def read_key(fact: type[FactBase], args: tuple, kwargs: dict[str, Any]) -> tuple[type, str]:
-    """The same key for the same read, however its arguments were passed."""
+def named_arguments(fact: type[FactBase], args: tuple, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The read's arguments by name, as pyinfra's get_fact names them."""
     named = dict(kwargs)
     if args or named:
         named = getcallargs(fact().command, *args, **named)
         named.pop("self", None)
-    return fact, json.dumps(named, sort_keys=True, default=str)
+    return named
 
 
-def _shell(fact: FactBase, read: Read) -> str:
-    """The fact's command line, as pyinfra would run it for this read (some of pyinfra's
-    facts keep their arguments on the instance for ``process``: the same instance
-    parses the output)."""
-    command = fact.command(**read.kwargs) if callable(fact.command) else fact.command
-    line = command.get_raw_value() if isinstance(command, StringCommand) else str(command)
-    requires: Any = fact.requires_command
-    if callable(requires):
-        requires = requires(**read.kwargs)
-    if requires:
-        needs = requires.get_raw_value() if isinstance(requires, StringCommand) else requires
-        line = (f"if command -v {needs} >/dev/null 2>&1; then ( {line}\n); "
-                f"else echo '{MISSING_COMMAND}'; fi")
-    return line
+def read_key(fact: type[FactBase], args: tuple, kwargs: dict[str, Any]) -> tuple[type, str]:
+    """The same key for the same read, however its arguments were passed."""
+    return fact, json.dumps(named_arguments(fact, args, kwargs), sort_keys=True, default=str)
 
 
-def _value(fact: FactBase, lines: list[str]) -> Any:
-    """What pyinfra's get_fact returns for this output of a command that succeeded."""
-    if not lines or lines == [MISSING_COMMAND]:
+def _real_host(host: Any) -> Host:
+    return ctx_host.get() if isinstance(host, ContextObject) else host
+
+
+def _fail_unprocessed(host: Host, read: Read, error: FactProcessError) -> None:
+    """What pyinfra's get_fact does when a fact cannot process its output
+    (pyinfra.api.facts._get_fact): the error logged, and the host failed unless
+    ``_ignore_errors`` holds (the operation's arguments, the deploy's, the host's data or
+    the config, as pyinfra looks them up)."""
+    arguments, _found = pop_global_arguments(
+        host.state, host, dict(host.current_op_global_arguments or {}))
+    ignore_errors = bool(arguments["_ignore_errors"])
+    kwargs = get_kwargs_str(named_arguments(read.fact, (), read.kwargs))
+    log_error_or_warning(host, ignore_errors, exception=error,
+                         description=f"could not process fact: {read.fact.name} {kwargs}")
+    if not ignore_errors:
+        host.state.fail_hosts({host})
+
+
+def _value(host: Host, read: Read, fact: FactBase, lines: list[str]) -> Any:
+    """What pyinfra's get_fact returns for this output of a command that succeeded; for
+    output the fact cannot process, its default, the host failed as pyinfra fails it."""
+    try:
+        return fact_value(fact, lines)
+    except FactProcessError as error:
+        _fail_unprocessed(host, read, error)
         return fact.default()
-    return fact.process(lines)
 
 
 def read_all(host: Any, reads: Iterable[Read]) -> dict[tuple[type, str], Any]:
     """Every read's value, from one remote command. A read whose command failed, or whose
     section did not come back, is left out: it is then read on its own, and pyinfra
-    handles its failure as for any fact (the host fails with "could not load fact")."""
+    handles its failure as for any fact (the host fails with "could not load fact").
+    A read whose output its fact cannot process fails the host with "could not process
+    fact", and its value is the fact's default, as pyinfra's get_fact gives it."""
+    host = _real_host(host)
     unique: dict[tuple[type, str], Read] = {}
     for read in reads:
         if issubclass(read.fact, ShortFactBase):
@@ -117,14 +140,19 @@ def read_all(host: Any, reads: Iterable[Read]) -> dict[tuple[type, str], Any]:
         unique.setdefault(read.key(), read)
     if not unique:
         return {}
+    # The instance that made a command line parses its output (see fact_command).
     listed = [(read, read.fact()) for read in unique.values()]
+    commands, positions = arrange([(fact_command(fact, read.kwargs), read.group)
+                                   for read, fact in listed])
     nonce = secrets.token_hex(8)
-    output = host.get_fact(StateSections, nonce=nonce,
-                           commands=CommandLines(_shell(fact, read) for read, fact in listed))
+    output = host.get_fact(StateSections, nonce=nonce, commands=CommandLines(commands))
     sections = split_sections(output or [], nonce)
-    return {read.key(): _value(fact, sections[index][1])
-            for index, (read, fact) in enumerate(listed)
-            if index in sections and sections[index][0] == 0}
+    values: dict[tuple[type, str], Any] = {}
+    for (read, fact), position in zip(listed, positions, strict=True):
+        status, lines = sections.get(position, (None, []))
+        if status == 0:
+            values[read.key()] = _value(host, read, fact, lines)
+    return values
 
 
 def answer_from(host: Any, values: dict[tuple[type, str], Any]) -> None:
@@ -133,7 +161,7 @@ def answer_from(host: Any, values: dict[tuple[type, str], Any]) -> None:
     and for every other read, the host is read as before. pyinfra runs an operation's
     reads both when it plans the run and (``-y``: only) when it executes it: the values
     hold for both as long as nothing was changed."""
-    host = ctx_host.get() if isinstance(host, ContextObject) else host
+    host = _real_host(host)
     read_live: Callable[..., Any] = Host.get_fact.__get__(host)
     run_live: Callable[..., Any] = Host.run_shell_command.__get__(host)
     put_live: Callable[..., Any] = Host.put_file.__get__(host)
@@ -175,13 +203,20 @@ def answer_from(host: Any, values: dict[tuple[type, str], Any]) -> None:
 # Reads that only a host needing work makes (a build's interpreter, apt's package lists)
 # are not listed: that host pays for them with the work.
 
-def preflight_reads(settings: Settings) -> list[Read]:
-    reads = [Read(LinuxDistribution), Read(KernelVersion), Read(GpuHostState),
-             Read(VllmEnvironments, {"root": settings.python_env_root})]
-    if "metrics" not in settings.skip_stages:
-        reads.append(Read(FileDigests, {"paths": [metrics_plan.health_textfile(settings.textfile_collector_dir)]}))
+def state_reads(settings: Settings) -> list[Read]:
+    """What the run's context collects for every stage, skipped or not
+    (pyinfra_vllm.run.context.collect): the OS, and the GPU facts side by side."""
+    reads = [Read(LinuxDistribution), Read(KernelVersion),
+             *(Read(fact, group=GPU_GROUP) for fact in GpuHostState.facts.values())]
     if settings.vllm_device == "cpu":
         reads.append(Read(CpuHostState))
+    return reads
+
+
+def preflight_reads(settings: Settings) -> list[Read]:
+    reads = [Read(VllmEnvironments, {"root": settings.python_env_root})]
+    if "metrics" not in settings.skip_stages:
+        reads.append(Read(FileDigests, {"paths": [metrics_plan.health_textfile(settings.textfile_collector_dir)]}))
     return reads
 
 
@@ -227,8 +262,7 @@ def python_env_reads(settings: Settings) -> list[Read]:
 
 
 def model_reads(settings: Settings) -> list[Read]:
-    return [Read(ModelFiles, {"path": model_plan.model_path(settings.model_dir,
-                                                           settings.model_id)})]
+    return [Read(ModelFiles, {"path": settings.model_path})]
 
 
 def vllm_service_reads(settings: Settings) -> list[Read]:
@@ -303,8 +337,9 @@ STAGE_READS: dict[str, Callable[[Settings], list[Read]]] = {
 
 
 def stage_reads(settings: Settings, stages: Iterable[str]) -> list[Read]:
-    """The reads of ``stages``, each once (a stage skipped by settings reads nothing)."""
-    reads: dict[tuple[type, str], Read] = {}
+    """The context's reads (``state_reads``) and those of ``stages``, each once (a stage
+    skipped by settings reads nothing)."""
+    reads: dict[tuple[type, str], Read] = {read.key(): read for read in state_reads(settings)}
     for stage in stages:
         if stage in STAGE_READS and stage not in settings.skip_stages:
             for read in STAGE_READS[stage](settings):

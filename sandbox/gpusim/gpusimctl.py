@@ -590,6 +590,11 @@ def apply_fault(state: dict, gpu: dict, kind: str, value: int | None) -> str:
         errs["crc"] = errs["replay"] = value
     elif kind == "pcie-width":
         h.setdefault("pcie", {})["width_current"] = value
+    elif kind == "nvlink-garbled":
+        nvl = gpu.get("nvlink") or {}
+        if nvl.get("state") != "active":
+            raise SystemExit(f"gpusimctl: GPU {gpu['index']} has no active NVLink to garble")
+        h["nvlink_garbled"] = True
     else:
         reasons = h.setdefault("clocks_event_reasons", [])
         counters = h.setdefault("clocks_event_counters_us", {})
@@ -603,7 +608,8 @@ def apply_fault(state: dict, gpu: dict, kind: str, value: int | None) -> str:
 
 FAULTS_WITH_VALUE = {"ecc-correctable", "ecc-uncorrectable", "xid", "nvlink-down",
                      "nvlink-crc", "pcie-width"}
-FAULTS = sorted(FAULTS_WITH_VALUE | set(CLOCK_FAULTS) | {"remap-failure", "clear"})
+FAULTS = sorted(FAULTS_WITH_VALUE | set(CLOCK_FAULTS)
+                | {"remap-failure", "nvlink-garbled", "clear"})
 
 
 def cmd_fault(args: argparse.Namespace, path: Path) -> int:

@@ -909,10 +909,19 @@ def render_nvlink_status(state: dict, gpus: list[dict]) -> str:
             continue
         out.append(f"GPU {gpu['index']}: {gpu['name']} (UUID: {gpu['uuid']})")
         down = nvlink_down(gpu)
+        speed = garbled_speed(nvl["speed"]) if health(gpu).get("nvlink_garbled") else nvl["speed"]
         # An inactive link: `<inactive>` (V100 captures).
-        out += [f"\t Link {n}: {'<inactive>' if n in down else nvl['speed']}"
+        out += [f"\t Link {n}: {'<inactive>' if n in down else speed}"
                 for n in range(nvl["links"])]
     return "".join(line + "\n" for line in out)
+
+
+def garbled_speed(speed: str) -> str:
+    """The nvlink-garbled fault's link speed: ``25 GB/s`` as ``25.25.25 GB/s``, as if
+    writes ran together. No real capture: output no parser can read, for the tests of a
+    fact whose parser fails (facts.topology's NVLink speed)."""
+    number, _, unit = speed.partition(" ")
+    return f"{'.'.join([number] * 3)} {unit}"
 
 
 def render_nvlink_errors(state: dict, gpus: list[dict]) -> str:

@@ -14,6 +14,7 @@ the fleet's scenarios are GPU failure modes, and the sandbox's own data serves o
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -55,7 +56,8 @@ def hosts_with(data: dict, outcome: str) -> set[str]:
 
 def audit(sandbox, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "tools.audit", str(sandbox.inventory), *CUDA_063, *args],
+        [sys.executable, "-m", "tools.audit", str(sandbox.inventory), *sandbox.report_data(),
+         *CUDA_063, *args],
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
     )
 
@@ -88,6 +90,29 @@ def test_a_converged_host_is_read_in_at_most_five_remote_commands(fleet):
     for name in SEED:
         commands = [line for line in lines if line.strip().startswith(f"[{name}] >>> ")]
         assert 1 <= len(commands) <= 5, (name, [line[:160] for line in commands])
+
+
+def test_planning_a_converged_host_reads_every_fact_in_the_one_command(fleet):
+    # --dry plans the whole run and executes nothing: every fact the stages read is read
+    # while planning. -v logs each fact pyinfra loads from a host ("Loaded fact"); --debug
+    # logs each read the one read did not answer (pyinfra_vllm/run/host_reads.py: "was
+    # not read with the host's state"). On a converged host the one read is the only fact
+    # loaded.
+    limits = [arg for name in SEED for arg in ("--limit", name)]
+    proc = fleet.pyinfra("-v", "--debug", "--dry", *limits, *CUDA_063, "deploys/full.py")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = (proc.stdout + proc.stderr).splitlines()
+    for name in SEED:
+        loaded = [re.sub(r"^.*?Loaded fact ", "", line) for line in lines
+                  if re.match(rf"\s*\[{name}\]\s+Loaded fact ", line)]
+        assert [fact.split()[0] for fact in loaded] == ["facts.host_state.StateSections"], (
+            name, loaded)
+        alone = [line.strip() for line in lines if f"{name}: " in line
+                 and "was not read with the host's state" in line]
+        assert alone == [], (name, alone)
+        failed = [line.strip() for line in lines if re.match(rf"\s*\[{name}\]", line)
+                  and ("could not load fact" in line or "could not process fact" in line)]
+        assert failed == [], (name, failed)
 
 
 def test_audit_no_drift_then_one_drifted_host(fleet):

@@ -14,15 +14,17 @@ start the CUDA engine on), so that stage keeps the unit in place without startin
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
 from tests.e2e.conftest import CUDA_063, booted
-from tests.e2e.test_full import SCENARIOS
+from tests.e2e.test_full import SCENARIOS, hosts_with
 
 pytestmark = pytest.mark.e2e
 
 HOST = "gpu-sbx-1"
+BESIDE = "gpu-sbx-5"  # test_full.py's other seed host, converged beside HOST
 BUS = "00000000:17:00.0"  # GPU 0 of the seed scenario (sandbox/gpusim)
 TEXTFILE = "/var/lib/prometheus/node-exporter/pyinfra_vllm_gpu_health.prom"
 LABELS = f'host="{HOST}",gpu="0",bus_id="{BUS}"'
@@ -126,3 +128,36 @@ def test_a_gpu_fault_is_reported_refused_and_alerted_then_cleared(fleet, fault, 
     assert entry["summary"]["health"] == "ok"
     assert checks(entry)["gpu_health"]["ok"] is True
     assert f"pyinfra_vllm_gpu_health{{{LABELS}}} 0" in textfile(fleet).splitlines()
+
+
+def test_a_parser_error_fails_that_host_and_the_run_goes_on(fleet):
+    """nvlink-garbled: HOST's nvidia-smi prints NVLink speeds no parser can read. The
+    run's one read (pyinfra_vllm/run/host_reads.py) hands that section to NvlinkStatus,
+    whose parser fails: pyinfra's "could not process fact" fails HOST alone, as pyinfra
+    fails a host for a fact read on its own, and the host beside it runs to its end."""
+    sbx_host = fleet.host(HOST)
+    fleet.ssh(sbx_host, "gpusimctl fault 0 nvlink-garbled")
+    limits = ("--limit", HOST, "--limit", BESIDE)
+    try:
+        proc = fleet.pyinfra("--json", *limits, *CUDA_063, "deploys/full.py", timeout=600)
+    finally:
+        fleet.ssh(sbx_host, "gpusimctl fault clear")
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    data = json.loads(proc.stdout)
+    assert data["results"]["failed_hosts"] == [HOST]
+    logged = [line.strip() for line in proc.stderr.splitlines()
+              if re.match(rf"\s*\[{HOST}\]", line)]
+    assert any("Error: could not process fact: facts.topology.NvlinkStatus" in line
+               for line in logged), logged
+    assert any("ValueError: could not convert string to float: '25.25.25'" in line
+               for line in logged), logged
+    # BESIDE ran every stage: its operations ran (test_full.py's drift test left one of its
+    # kernel parameters to put back), none failed.
+    assert BESIDE not in hosts_with(data, "error")
+    assert BESIDE in hosts_with(data, "success") | hosts_with(data, "no_change")
+
+    # The fault cleared, HOST's one read parses again and both converge.
+    proc = fleet.pyinfra("--json", *limits, *CUDA_063, "deploys/full.py", timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout)["results"]["failed_hosts"] == []

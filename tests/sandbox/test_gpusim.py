@@ -711,6 +711,22 @@ def test_fault_nvlink_down_and_crc(env):
     assert [link["active"] for link in parsed[0]].count(False) == 1
 
 
+def test_fault_nvlink_garbled_prints_link_speeds_no_parser_reads(env):
+    ctl(env, "init", "--scenario", "seed")
+    healthy = smi(env, "nvlink", "-s").stdout
+    ctl(env, "fault", "0", "nvlink-garbled")
+    links = smi(env, "nvlink", "-s").stdout.splitlines()
+    assert links[1:13] == [f"\t Link {n}: 25.25.25 GB/s" for n in range(12)]
+    assert links[14:] == [f"\t Link {n}: 25 GB/s" for n in range(12)]  # GPU 1: as it was
+    topology_facts = pytest.importorskip("facts.topology")
+    with pytest.raises(ValueError):
+        topology_facts.parse_nvlink_status(links)
+    ctl(env, "fault", "0", "clear")
+    assert smi(env, "nvlink", "-s").stdout == healthy
+    ctl(env, "init", "--scenario", "pcie")  # no active NVLink to garble
+    assert run(env, "gpusimctl.py", "fault", "0", "nvlink-garbled").returncode != 0
+
+
 def test_fault_pcie_width_and_clock_reasons(env):
     ctl(env, "init", "--scenario", "seed")
     ctl(env, "fault", "1", "pcie-width", "8")

@@ -8,9 +8,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from pyinfra.api.exceptions import FactProcessError
 
-from facts.gpu_host import END_MARKER, SECTION_MARKER, SECTIONS, GpuHostState, parse_gpu_host
-from facts.nvidia_smi import SMI_EXIT_MARKER
+from facts.gpu_host import NONCE, GpuHostState
+from facts.host_state import MISSING_COMMAND, SECTION, STATUS
+from facts.nvidia_smi import SMI_EXIT_MARKER, NvidiaSmiFact
 
 CAPTURE = Path(__file__).parent.parent / "fixtures" / "nvidia" / "h200-device-20261129"
 RAW = {
@@ -29,18 +31,34 @@ RAW = {
 }
 # dmesg-NVRM.txt holds no Xid line: the kernel log section is its source marker alone.
 XID_SECTION = ["##SOURCE dmesg"]
-SMI_SECTIONS = {name for name, (_fact, needs) in SECTIONS.items() if needs == "nvidia-smi"}
+FACTS = GpuHostState.facts
+SMI_SECTIONS = {name for name, fact in FACTS.items() if issubclass(fact, NvidiaSmiFact)}
+# held_packages parses the driver_packages section: the same dpkg-query, run once.
+SECTIONS = [name for name in FACTS if name != "held_packages"]
+
+
+def combined_output(outputs: dict[str, list[str]]) -> list[str]:
+    """What GpuHostState's command prints for these outputs of its facts' commands
+    (facts.host_state.sections_command: each section behind its marker, in order, with
+    its exit status after it)."""
+    by_position = {position: name
+                   for name, position in zip(FACTS, GpuHostState.arranged()[1], strict=True)
+                   if name in SECTIONS}
+    lines = []
+    for position in sorted(by_position):
+        name = by_position[position]
+        lines += [f"{SECTION}-{NONCE} {position}", *outputs.get(name, []),
+                  f"{STATUS}-{NONCE} 0"]
+    return lines
 
 
 def output_of_the_h200() -> list[str]:
     """What the combined command printed, rebuilt from the real capture's raw outputs."""
-    lines = []
+    outputs = {}
     for name in SECTIONS:
-        lines.append(SECTION_MARKER + name)
-        lines += XID_SECTION if name == "xid" else (CAPTURE / RAW[name]).read_text().splitlines()
-        if name in SMI_SECTIONS:
-            lines.append(f"{SMI_EXIT_MARKER}0")
-    return [*lines, END_MARKER]
+        lines = XID_SECTION if name == "xid" else (CAPTURE / RAW[name]).read_text().splitlines()
+        outputs[name] = [*lines, f"{SMI_EXIT_MARKER}0"] if name in SMI_SECTIONS else lines
+    return combined_output(outputs)
 
 
 def test_same_values_as_the_single_facts_on_the_real_h200():
@@ -57,12 +75,12 @@ def test_same_values_as_the_single_facts_on_the_real_h200():
         "topology": "facts.topology.GpuTopology",
         "nvlink": "facts.topology.NvlinkStatus",
     }
-    state = json.loads(json.dumps(parse_gpu_host(output_of_the_h200())))
+    state = json.loads(json.dumps(GpuHostState().process(output_of_the_h200())))
     assert set(state) == set(single) | {"gpu_health", "nvlink_errors", "xid"}
     # The health sections, against their facts on the same raw outputs.
     for key in ("gpu_health", "nvlink_errors"):
         raw = (CAPTURE / RAW[key]).read_text().splitlines()
-        fact = SECTIONS[key][0]
+        fact = FACTS[key]
         expected = fact().process([*raw, f"{SMI_EXIT_MARKER}0"])
         assert state[key] == json.loads(json.dumps(expected)), key
     assert state["gpu_health"]["00000000:00:06.0"]["ecc"]["volatile"] == {
@@ -78,9 +96,12 @@ def test_same_values_as_the_single_facts_on_the_real_h200():
 
 
 def test_a_host_without_driver_nvcc_or_dpkg():
-    # Sections whose binary is missing print nothing; /proc has no nvidia entry.
-    lines = [SECTION_MARKER + name for name in SECTIONS] + [END_MARKER]
-    assert parse_gpu_host(lines) == {
+    # Sections whose binary is missing print pyinfra's missing-command line; /proc has no
+    # nvidia entry, and nvcc and the kernel log print nothing.
+    missing = {name: [MISSING_COMMAND] for name in SECTIONS
+               if FACTS[name]().requires_command()}
+    assert set(missing) == SMI_SECTIONS | {"driver_packages"}
+    assert GpuHostState().process(combined_output(missing)) == {
         "kernel_module": None,
         "driver_packages": {},
         "held_packages": [],
@@ -103,12 +124,7 @@ def test_nvml_mismatch_is_read_in_every_section():
         "NVML library version: 535.129",
         f"{SMI_EXIT_MARKER}18",
     ]
-    lines = []
-    for name in SECTIONS:
-        lines.append(SECTION_MARKER + name)
-        if name in SMI_SECTIONS:
-            lines += error
-    state = parse_gpu_host(lines)
+    state = GpuHostState().process(combined_output({name: error for name in SMI_SECTIONS}))
     assert state["nvml_error"] == {
         "error": "Failed to initialize NVML: Driver/library version mismatch",
         "nvml_library_version": "535.129",
@@ -120,9 +136,10 @@ def test_one_command_guards_each_nvidia_smi_section():
     command = GpuHostState().command()
     # Each section twice: side by side, and one after another where no temporary
     # directory can be made (facts.host_state.side_by_side).
-    assert command.count("if command -v nvidia-smi >/dev/null 2>&1; then nvidia-smi ") == 16
-    assert command.count(SECTION_MARKER) == 2 * len(SECTIONS)
-    assert command.endswith(f"echo '{END_MARKER}'")
+    assert command.count("if command -v nvidia-smi >/dev/null 2>&1; then ( nvidia-smi ") == 16
+    assert command.count(f"echo '{SECTION}-{NONCE} ") == 2 * len(SECTIONS)
+    assert command.count("dpkg-query -W") == 2  # DriverPackages and HeldPackages: one call
+    assert command.endswith("; true")
 
 
 @pytest.mark.parametrize("tmpdir", [None, "/nonexistent/pyinfra-vllm"])
@@ -132,9 +149,24 @@ def test_the_command_on_a_host_without_a_driver_gives_every_section_absent(tmpdi
     done = subprocess.run(["sh", "-c", GpuHostState().command()], capture_output=True,
                           text=True, check=True, env=env)
     lines = done.stdout.splitlines()
-    assert [line for line in lines if line.startswith(SECTION_MARKER)] == [
-        f"{SECTION_MARKER}{name}" for name in SECTIONS]
-    assert lines[-1] == END_MARKER
+    assert [line for line in lines if line.startswith(SECTION)] == [
+        f"{SECTION}-{NONCE} {position}" for position in range(len(SECTIONS))]
+    assert lines[-1].startswith(f"{STATUS}-{NONCE} ")
     state = GpuHostState().process(lines)
     assert state["kernel_module"] is None and state["driver"] is None
     assert state["gpus"] is None and state["nvlink"] is None
+
+
+# nvlink --status with a link speed no parser can read (two writes run together): the
+# one output of an nvidia-smi fact on which its parser raises.
+GARBLED_NVLINK = ["GPU 0: NVIDIA A100 80GB PCIe (UUID: GPU-0)", "\t Link 0: 25.25.0 GB/s",
+                  f"{SMI_EXIT_MARKER}0"]
+
+
+def test_a_section_its_fact_cannot_parse_fails_the_whole_fact_as_pyinfra_expects():
+    with pytest.raises(FactProcessError) as raised:
+        FACTS["nvlink"]().process(GARBLED_NVLINK)
+    assert isinstance(raised.value.__cause__, ValueError)  # what pyinfra prints
+    with pytest.raises(FactProcessError) as combined:
+        GpuHostState().process(combined_output({"nvlink": GARBLED_NVLINK}))
+    assert str(combined.value).startswith("facts.topology.NvlinkStatus could not parse")

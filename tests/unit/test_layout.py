@@ -21,6 +21,7 @@ from tests.layers import (
     import_graph,
     layer,
     module_name,
+    our_imports,
     product_files,
     wrong_way,
 )
@@ -120,3 +121,12 @@ def test_the_whole_run_calls_the_stages_in_the_order_settings_name_them():
     stages = list(dict.fromkeys("python_env" if name == "python_env_built" else name
                                 for name in called if name != "context"))
     assert stages == list(STAGES)
+
+
+def test_no_stage_refuses_a_host_by_itself():
+    """Stages refuse through HostContext.refuse (pyinfra_vllm/run/context.py), which logs
+    the reasons once and records the refusal for the audit; operations.gate directly
+    would leave the audit calling the refusal drift."""
+    direct = [f"{path.name}:{line}" for path in sorted((ROOT / "pyinfra_vllm/stages").glob("*.py"))
+              for line, target in our_imports(path) if target == "operations.gate"]
+    assert direct == []

@@ -172,13 +172,25 @@ def test_a_function_command_runs_remote_commands_with_its_operations_arguments()
 
 def test_the_one_read_stands_on_what_pyinfra_reads_and_runs_through():
     # pyinfra_vllm/run/host_reads.py answers host.get_fact and watches run_shell_command and
-    # put_file on the Host object, and writes pyinfra's missing-binary line itself.
+    # put_file on the Host object, and facts/host_state.py writes pyinfra's missing-binary
+    # line itself. A section its fact cannot process fails the host as pyinfra's get_fact
+    # does (facts/base.py makes parser errors FactProcessError, the one it catches), with
+    # pyinfra's own helpers.
+    import inspect
+
+    from pyinfra.api import arguments, util
     from pyinfra.api import facts as pyinfra_facts
     from pyinfra.api.host import Host
 
-    from pyinfra_vllm.run.host_reads import MISSING_COMMAND
+    from facts.host_state import MISSING_COMMAND
 
     for name in ("get_fact", "run_shell_command", "put_file"):
         assert callable(getattr(Host, name, None)), broken(f"Host.{name}", "is gone")
     marker = getattr(pyinfra_facts, "_MISSING_COMMAND_MARKER", None)
     assert marker == MISSING_COMMAND, broken("the missing-command marker", f"is {marker!r}")
+    source = inspect.getsource(pyinfra_facts._get_fact)
+    assert "except FactProcessError" in source and "could not process fact" in source, broken(
+        "get_fact", "no longer turns a FactProcessError into \"could not process fact\"")
+    for module, name in ((util, "log_error_or_warning"), (util, "get_kwargs_str"),
+                         (arguments, "pop_global_arguments")):
+        assert callable(getattr(module, name, None)), broken(f"{module.__name__}.{name}", "is gone")
