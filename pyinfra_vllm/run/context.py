@@ -1,16 +1,18 @@
 """What the stages of one run share per host: validated settings, the model lock, the
 state read at the start, and whether an earlier stage refused the host.
 
-Each stage is a ``@deploy`` function that pyinfra calls once per host; the context is
-kept per host object, so the settings are validated and the host's state is read once
-per host and run, not once per stage (every fact is a remote round trip).
+Each stage is a ``@deploy`` function (``pyinfra_vllm/run/stage.py``) that pyinfra calls
+once per host; the context is kept per host object, so the settings are validated and
+the host's state is read once per host and run, not once per stage (every fact is a
+remote round trip).
 
 The state (``collect``) is everything the preflight and the audit judge. Every fact in
 it returns an absent value (None) rather than failing when the thing it reads is missing
 (no driver, no NVLink, no nvcc), so a bare host is collected too. The NVIDIA, CUDA and
-package state comes from one remote command (GpuHostState), not ten. A host whose engine
-runs on CPU (vllm_device "cpu") also gets its CPUs, NUMA nodes and memory (CpuHostState,
-one more command); the GPU state is still read, for the audit's report.
+package facts are reads of the run's one read (``host_reads.state_reads``), side by side,
+not thirteen commands. A host whose engine runs on CPU (vllm_device "cpu") also gets its
+CPUs, NUMA nodes and memory (CpuHostState, in the same read); the GPU state is still
+read, for the audit's report.
 """
 
 from __future__ import annotations

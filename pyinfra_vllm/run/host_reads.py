@@ -2,9 +2,9 @@
 
 pyinfra 3 reads a fact with one remote command each time an operation asks for it, one
 after another. Over a link with 20 ms round trips, a converged host's run spent most of
-its time waiting for 33 of them. The stages' reads are listed here (``STAGE_READS``,
-each with the settings that make it, and ``state_reads``, what every run's context
-collects); at the start of a run every one of them is read in one remote command
+its time waiting for 33 of them. Each stage declares what it reads, next to the code
+that reads it (``stage(reads=...)``, kept in ``STAGE_READS``, each read made from the
+stage's settings), and ``state_reads`` is what every run's context reads; at the start of a run every one of them is read in one remote command
 (facts.host_state.StateSections), the GPU reads side by side as one group, each section
 parsed by its own fact, with pyinfra's rules for a single fact: a parser's error fails
 that host with pyinfra's "could not process fact", never the run. The host's
@@ -34,16 +34,10 @@ from pyinfra.api.facts import ShortFactBase
 from pyinfra.api.host import Host
 from pyinfra.api.util import get_kwargs_str, log_error_or_warning
 from pyinfra.context import ContextObject, ctx_host
-from pyinfra.facts.deb import DebPackage
-from pyinfra.facts.files import Directory, File, Link, Sha1File
 from pyinfra.facts.server import KernelVersion, LinuxDistribution
 
-from facts.accounts import Account
 from facts.cpu_host import CpuHostState
-from facts.driver import DriverPackages, HeldPackages
-from facts.files import FileDigests, PathTypes
 from facts.gpu_host import GPU_GROUP, GpuHostState
-from facts.gpus import GpuInventory
 from facts.host_state import (
     CommandLines,
     StateSections,
@@ -52,21 +46,8 @@ from facts.host_state import (
     fact_value,
     split_sections,
 )
-from facts.model import ModelFiles
-from facts.nginx import NginxServers
 from facts.python_env import VllmEnvironments
-from facts.storage import BlockDevice, FilesystemSize, Fstab, MountPoint
-from facts.sysctl import KernelParam
-from facts.units import UnitActivation, UnitDropIns
-from facts.vllm_service import EngineProcess, EngineServing
-from operations import driver as driver_ops
-from operations import persistence as persistence_ops
-from operations import rolling
-from operations import sysctl as sysctl_ops
 from pyinfra_vllm.core.settings import Settings
-from pyinfra_vllm.plans import gateway as gateway_plan
-from pyinfra_vllm.plans import metrics as metrics_plan
-from pyinfra_vllm.plans import vllm_service as vllm_service_plan
 
 
 @dataclass(frozen=True)
@@ -204,136 +185,52 @@ def answer_from(host: Any, values: dict[tuple[type, str], Any]) -> None:
 # are not listed: that host pays for them with the work.
 
 def state_reads(settings: Settings) -> list[Read]:
-    """What the run's context collects for every stage, skipped or not
-    (pyinfra_vllm.run.context.collect): the OS, and the GPU facts side by side."""
+    """What the run's context reads for every stage, skipped or not: the OS, the vLLM
+    environments (HostContext.environments) and the GPU facts side by side
+    (pyinfra_vllm.run.context.collect)."""
     reads = [Read(LinuxDistribution), Read(KernelVersion),
+             Read(VllmEnvironments, {"root": settings.python_env_root}),
              *(Read(fact, group=GPU_GROUP) for fact in GpuHostState.facts.values())]
     if settings.vllm_device == "cpu":
         reads.append(Read(CpuHostState))
     return reads
 
 
-def preflight_reads(settings: Settings) -> list[Read]:
-    reads = [Read(VllmEnvironments, {"root": settings.python_env_root})]
-    if "metrics" not in settings.skip_stages:
-        reads.append(Read(FileDigests, {"paths": [metrics_plan.health_textfile(settings.textfile_collector_dir)]}))
-    return reads
 
 
-def driver_reads(settings: Settings) -> list[Read]:
-    if settings.vllm_device == "cpu":
-        return []
-    return [Read(DriverPackages), Read(HeldPackages),
-            Read(FileDigests, {"paths": [driver_ops.BLACKLIST_FILE]})]
 
 
-def mig_reads(settings: Settings) -> list[Read]:
-    return [] if settings.vllm_device == "cpu" else [Read(GpuInventory)]
 
 
-def persistence_reads(settings: Settings) -> list[Read]:
-    if settings.vllm_device == "cpu":
-        return []
-    unit = persistence_ops.PERSISTENCED_UNIT
-    reads = [Read(UnitDropIns, {"unit": unit}), Read(GpuInventory)]
-    if settings.persistence_mode:
-        reads += [Read(FileDigests, {"paths": [persistence_ops.PERSISTENCED_DROP_IN]}),
-                  Read(UnitActivation, {"unit": unit})]
-    return reads
 
 
-def sysctl_reads(settings: Settings) -> list[Read]:
-    path = sysctl_ops.drop_in_path(settings.sysctl_file_priority)
-    return [Read(FileDigests, {"paths": [path]}),
-            *(Read(KernelParam, {"key": key}) for key in settings.sysctl)]
 
 
-def model_volume_reads(settings: Settings) -> list[Read]:
-    path = settings.model_dir
-    reads = [Read(Directory, {"path": path})]
-    if settings.model_volume_device is not None:
-        reads += [Read(BlockDevice, {"device": settings.model_volume_device}), Read(Fstab),
-                  Read(MountPoint, {"path": path})]
-    return reads
 
 
-def python_env_reads(settings: Settings) -> list[Read]:
-    return [Read(Link, {"path": f"{settings.python_env_root}/current"})]
 
 
-def model_reads(settings: Settings) -> list[Read]:
-    return [Read(ModelFiles, {"path": settings.model_path})]
 
 
-def vllm_service_reads(settings: Settings) -> list[Read]:
-    ops = vllm_service_plan
-    helpers = [ops.READY_PATH, ops.IDLE_PATH]
-    if settings.vllm_device != "cpu":
-        helpers.append(ops.GUARD_PATH)
-    return [
-        Read(FilesystemSize, {"path": "/dev/shm"}),
-        Read(Account, {"account": ops.SERVICE_USER}),
-        Read(FileDigests, {"paths": sorted(helpers)}),
-        Read(UnitDropIns, {"unit": ops.UNIT}),
-        Read(FileDigests, {"paths": sorted([ops.UNIT_PATH, ops.ENV_PATH])}),
-        Read(EngineProcess, ops.ENGINE_PROCESS_READ),
-        Read(UnitActivation, {"unit": ops.UNIT}),
-        Read(PathTypes, {"paths": [rolling.DRAIN_FLAG]}),
-    ]
 
 
-def gateway_reads(settings: Settings) -> list[Read]:
-    live = [gateway_plan.SITE_PATH, gateway_plan.KEYS_PATH]
-    secret = [gateway_plan.KEYS_PATH]
-    if settings.gateway_tls_cert and settings.gateway_tls_key:
-        live += [gateway_plan.TLS_CERT_PATH, gateway_plan.TLS_KEY_PATH]
-        secret.append(gateway_plan.TLS_KEY_PATH)
-    return [
-        Read(DebPackage, {"package": "nginx"}),
-        Read(NginxServers),
-        *(Read(Sha1File, {"path": path}) for path in live),
-        *(Read(File, {"path": path}) for path in secret),
-        Read(UnitActivation, {"unit": "nginx.service"}),
-    ]
 
 
-def metrics_reads(settings: Settings) -> list[Read]:
-    textfile = f"{settings.textfile_collector_dir}/{metrics_plan.TEXTFILE_NAME}"
-    reads = [Read(PathTypes, {"paths": [metrics_plan.LEGACY_SCRAPE_JOB]}),
-             Read(FileDigests, {"paths": [textfile]})]
-    if settings.node_exporter_install:
-        reads += [Read(FileDigests, {"paths": [metrics_plan.DROP_IN]}),
-                  Read(DebPackage, {"package": metrics_plan.PACKAGE}),
-                  Read(UnitActivation, {"unit": metrics_plan.UNIT})]
-    return reads
 
 
-def audit_reads(settings: Settings) -> list[Read]:
-    """deploys/audit.py on its own: what the audit stage reads besides the preflight's."""
-    ops = vllm_service_plan
-    reads = [*vllm_service_reads(settings), *persistence_reads(settings)]
-    if "gateway" not in settings.skip_stages:
-        reads.append(Read(NginxServers))
-    if settings.vllm_start and "vllm_service" not in settings.skip_stages:
-        url = "http://" + ops.engine_address(settings.vllm_host, settings.vllm_port)
-        reads.append(Read(EngineServing, {"url": url}))
-    return reads
 
 
-STAGE_READS: dict[str, Callable[[Settings], list[Read]]] = {
-    "preflight": preflight_reads,
-    "driver": driver_reads,
-    "mig": mig_reads,
-    "persistence": persistence_reads,
-    "sysctl": sysctl_reads,
-    "model_volume": model_volume_reads,
-    "python_env": python_env_reads,
-    "model": model_reads,
-    "vllm_service": vllm_service_reads,
-    "gateway": gateway_reads,
-    "metrics": metrics_reads,
-    "audit": audit_reads,
-}
+
+
+# What each stage reads of a converged host, from its settings: declared by the stage,
+# next to the code that reads it (pyinfra_vllm/run/stage.py ``stage(reads=...)``).
+STAGE_READS: dict[str, Callable[[Settings], list[Read]]] = {}
+
+
+def declare(stage: str, reads: Callable[[Settings], list[Read]]) -> None:
+    """``reads``: what ``stage`` reads of a converged host, for the run's one read."""
+    if STAGE_READS.setdefault(stage, reads) is not reads:
+        raise ValueError(f"the reads of stage {stage} are declared twice")
 
 
 def stage_reads(settings: Settings, stages: Iterable[str]) -> list[Read]:

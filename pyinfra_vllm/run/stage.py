@@ -24,14 +24,17 @@ from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.api.operation import PyinfraOperation
 
+from pyinfra_vllm.core.settings import Settings
+from pyinfra_vllm.run import host_reads
 from pyinfra_vllm.run.context import HostContext, context
+from pyinfra_vllm.run.host_reads import Read
 
 P = ParamSpec("P")
 
 
-def stage(name: str, *, gpu_only: bool = False,
-          lock_required: bool = True) -> Callable[[Callable[Concatenate[HostContext, P], None]],
-                                                  PyinfraOperation[P]]:
+def stage(name: str, *, gpu_only: bool = False, lock_required: bool = True,
+          reads: Callable[[Settings], list[Read]] | None = None,
+          ) -> Callable[[Callable[Concatenate[HostContext, P], None]], PyinfraOperation[P]]:
     """
     Make ``body(ctx, ...)`` the stage ``name``: a ``@deploy`` of that name.
 
@@ -39,7 +42,11 @@ def stage(name: str, *, gpu_only: bool = False,
     + gpu_only: skipped (and logged) when ``vllm_device`` is cpu
     + lock_required: the stage needs the model lock (``False``: read only when the model
       stage runs)
+    + reads: what the stage reads of a converged host, from its settings (the same facts
+      and arguments its operations read): read with the run's one read
     """
+    if reads is not None:
+        host_reads.declare(name, reads)
 
     def wrap(body: Callable[Concatenate[HostContext, P], None]) -> PyinfraOperation[P]:
         @wraps(body)

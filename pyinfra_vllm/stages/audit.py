@@ -38,7 +38,9 @@ from pyinfra_vllm.core.settings import Settings, SettingsError
 from pyinfra_vllm.plans import vllm_service as vllm_service_plan
 from pyinfra_vllm.plans.gates import installed_registry
 from pyinfra_vllm.plans.vllm_service import engine_address
+from pyinfra_vllm.run import host_reads
 from pyinfra_vllm.run.context import collect, context, refuse
+from pyinfra_vllm.run.host_reads import Read
 from pyinfra_vllm.run.report import (
     environment_findings,
     host_plan,
@@ -52,9 +54,23 @@ from pyinfra_vllm.run.report import (
     settings_refusal,
     summarize,
 )
+from pyinfra_vllm.stages.persistence import persistence_reads
+from pyinfra_vllm.stages.vllm_service import vllm_service_reads
 
 # The audit reads a host without a model lock too (it then says so); deploys/full.py,
 # when it runs first in the same process, has already required one.
+
+
+def audit_reads(settings: Settings) -> list[Read]:
+    """deploys/audit.py on its own: what the audit stage reads besides the preflight's."""
+    ops = vllm_service_plan
+    reads = [*vllm_service_reads(settings), *persistence_reads(settings)]
+    if "gateway" not in settings.skip_stages:
+        reads.append(Read(NginxServers))
+    if settings.vllm_start and "vllm_service" not in settings.skip_stages:
+        url = "http://" + ops.engine_address(settings.vllm_host, settings.vllm_port)
+        reads.append(Read(EngineServing, {"url": url}))
+    return reads
 
 
 @deploy("audit")
@@ -140,3 +156,6 @@ def _integrity(ctx) -> dict:
         {persistence_ops.PERSISTENCED_UNIT: [persistence_ops.PERSISTENCED_DROP_IN]},
         nginx, ports, engine, ctx.engine_expected,
     )
+
+
+host_reads.declare("audit", audit_reads)

@@ -22,12 +22,24 @@ from __future__ import annotations
 
 from pyinfra.operations import apt, server
 
+from facts.driver import DriverPackages, HeldPackages
+from facts.files import FileDigests
 from operations import driver as driver_ops
+from pyinfra_vllm.core.settings import Settings
 from pyinfra_vllm.run.context import HostContext
+from pyinfra_vllm.run.host_reads import Read
 from pyinfra_vllm.run.stage import stage
 
 
-@stage("driver", gpu_only=True)
+def driver_reads(settings: Settings) -> list[Read]:
+    """What the driver stage reads of a converged host: the run's one read."""
+    if settings.vllm_device == "cpu":
+        return []
+    return [Read(DriverPackages), Read(HeldPackages),
+            Read(FileDigests, {"paths": [driver_ops.BLACKLIST_FILE]})]
+
+
+@stage("driver", gpu_only=True, reads=driver_reads)
 def driver(ctx: HostContext) -> None:
     """Driver: install the pinned branch on a host without one, and keep it from drifting."""
     settings = ctx.settings

@@ -28,22 +28,41 @@ from pathlib import Path
 import click
 from pyinfra import host
 from pyinfra.facts.deb import DebPackage
+from pyinfra.facts.files import File, Sha1File
 from pyinfra.operations import apt
 
 from facts.nginx import NginxServers
+from facts.units import UnitActivation
 from operations import gateway as gateway_ops
 from operations import units
 from pyinfra_vllm.core.settings import Settings
 from pyinfra_vllm.plans import gateway as gateway_plan
 from pyinfra_vllm.plans import vllm_service as vllm_service_plan
 from pyinfra_vllm.run.context import HostContext
+from pyinfra_vllm.run.host_reads import Read
 from pyinfra_vllm.run.stage import stage
 from pyinfra_vllm.stages import APT_LISTS_MAX_AGE_S
 
 logger = logging.getLogger("pyinfra")
 
 
-@stage("gateway")
+def gateway_reads(settings: Settings) -> list[Read]:
+    """What the gateway stage reads of a converged host: the run's one read."""
+    live = [gateway_plan.SITE_PATH, gateway_plan.KEYS_PATH]
+    secret = [gateway_plan.KEYS_PATH]
+    if settings.gateway_tls_cert and settings.gateway_tls_key:
+        live += [gateway_plan.TLS_CERT_PATH, gateway_plan.TLS_KEY_PATH]
+        secret.append(gateway_plan.TLS_KEY_PATH)
+    return [
+        Read(DebPackage, {"package": "nginx"}),
+        Read(NginxServers),
+        *(Read(Sha1File, {"path": path}) for path in live),
+        *(Read(File, {"path": path}) for path in secret),
+        Read(UnitActivation, {"unit": "nginx.service"}),
+    ]
+
+
+@stage("gateway", reads=gateway_reads)
 def gateway(ctx: HostContext) -> None:
     """Gateway: nginx in front of the engine, with API keys, streaming and a safe reload."""
     settings = ctx.settings

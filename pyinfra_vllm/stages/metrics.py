@@ -25,11 +25,15 @@ from pyinfra import host, logger
 from pyinfra.facts.deb import DebPackage
 from pyinfra.operations import apt, systemd
 
+from facts.files import FileDigests, PathTypes
+from facts.units import UnitActivation
 from operations import file_set, units
+from pyinfra_vllm.core.settings import Settings
 from pyinfra_vllm.plans import metrics as metrics_plan
 from pyinfra_vllm.plans.gates import model_gates
 from pyinfra_vllm.plans.textfile import metrics_text
 from pyinfra_vllm.run.context import HostContext
+from pyinfra_vllm.run.host_reads import Read
 from pyinfra_vllm.run.report import summarize
 from pyinfra_vllm.run.stage import stage
 from pyinfra_vllm.stages import APT_LISTS_MAX_AGE_S
@@ -65,7 +69,19 @@ def node_exporter(port: int, textfile_dir: str) -> None:
                               unit=metrics_plan.UNIT)
 
 
-@stage("metrics")
+def metrics_reads(settings: Settings) -> list[Read]:
+    """What the metrics stage reads of a converged host: the run's one read."""
+    textfile = f"{settings.textfile_collector_dir}/{metrics_plan.TEXTFILE_NAME}"
+    reads = [Read(PathTypes, {"paths": [metrics_plan.LEGACY_SCRAPE_JOB]}),
+             Read(FileDigests, {"paths": [textfile]})]
+    if settings.node_exporter_install:
+        reads += [Read(FileDigests, {"paths": [metrics_plan.DROP_IN]}),
+                  Read(DebPackage, {"package": metrics_plan.PACKAGE}),
+                  Read(UnitActivation, {"unit": metrics_plan.UNIT})]
+    return reads
+
+
+@stage("metrics", reads=metrics_reads)
 def metrics(ctx: HostContext) -> None:
     """Metrics: node_exporter on loopback, and this host's verdicts for its textfile
     collector."""

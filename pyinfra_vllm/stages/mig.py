@@ -15,12 +15,20 @@ On vllm_device "cpu" (vLLM's CPU build, no GPU) the stage is skipped, the reason
 
 from __future__ import annotations
 
+from facts.gpus import GpuInventory
 from operations import mig as mig_ops
+from pyinfra_vllm.core.settings import Settings
 from pyinfra_vllm.run.context import HostContext
+from pyinfra_vllm.run.host_reads import Read
 from pyinfra_vllm.run.stage import stage
 
 
-@stage("mig", gpu_only=True)
+def mig_reads(settings: Settings) -> list[Read]:
+    """What the mig stage reads of a converged host: the run's one read."""
+    return [] if settings.vllm_device == "cpu" else [Read(GpuInventory)]
+
+
+@stage("mig", gpu_only=True, reads=mig_reads)
 def mig(ctx: HostContext) -> None:
     """MIG: off on every GPU, so vLLM's tensor parallelism gets whole GPUs."""
     # mig_mode allows only "disabled" (vLLM tensor parallelism needs whole GPUs).

@@ -23,11 +23,18 @@ from pyinfra import host
 from facts.model import ModelFiles, silently_changed
 from operations import model as model_ops
 from pyinfra_vllm.core.locks import hf_token
+from pyinfra_vllm.core.settings import Settings
 from pyinfra_vllm.run.context import HostContext
+from pyinfra_vllm.run.host_reads import Read
 from pyinfra_vllm.run.stage import stage
 
 
-@stage("model")
+def model_reads(settings: Settings) -> list[Read]:
+    """What the model stage reads of a converged host: the run's one read."""
+    return [Read(ModelFiles, {"path": settings.model_path})]
+
+
+@stage("model", reads=model_reads)
 def model(ctx: HostContext) -> None:
     """Model: the locked files in the model volume, each verified against the lock."""
     settings = ctx.settings

@@ -11,14 +11,28 @@ just a directory on the root file system.
 
 from __future__ import annotations
 
+from pyinfra.facts.files import Directory
 from pyinfra.operations import files
 
+from facts.storage import BlockDevice, Fstab, MountPoint
 from operations import model_volume as model_volume_ops
+from pyinfra_vllm.core.settings import Settings
 from pyinfra_vllm.run.context import HostContext
+from pyinfra_vllm.run.host_reads import Read
 from pyinfra_vllm.run.stage import stage
 
 
-@stage("model_volume")
+def model_volume_reads(settings: Settings) -> list[Read]:
+    """What the model_volume stage reads of a converged host: the run's one read."""
+    path = settings.model_dir
+    reads = [Read(Directory, {"path": path})]
+    if settings.model_volume_device is not None:
+        reads += [Read(BlockDevice, {"device": settings.model_volume_device}), Read(Fstab),
+                  Read(MountPoint, {"path": path})]
+    return reads
+
+
+@stage("model_volume", reads=model_volume_reads)
 def model_volume(ctx: HostContext) -> None:
     """Model volume: XFS for the weights, mounted with noatime at model_dir, in fstab by UUID."""
     settings = ctx.settings

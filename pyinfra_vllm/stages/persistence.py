@@ -19,13 +19,30 @@ from __future__ import annotations
 from pyinfra.operations import systemd
 from pyinfra.operations.util import any_changed
 
+from facts.files import FileDigests
+from facts.gpus import GpuInventory
+from facts.units import UnitActivation, UnitDropIns
 from operations import file_set, units
 from operations import persistence as persistence_ops
+from pyinfra_vllm.core.settings import Settings
 from pyinfra_vllm.run.context import HostContext
+from pyinfra_vllm.run.host_reads import Read
 from pyinfra_vllm.run.stage import stage
 
 
-@stage("persistence", gpu_only=True)
+def persistence_reads(settings: Settings) -> list[Read]:
+    """What the persistence stage reads of a converged host: the run's one read."""
+    if settings.vllm_device == "cpu":
+        return []
+    unit = persistence_ops.PERSISTENCED_UNIT
+    reads = [Read(UnitDropIns, {"unit": unit}), Read(GpuInventory)]
+    if settings.persistence_mode:
+        reads += [Read(FileDigests, {"paths": [persistence_ops.PERSISTENCED_DROP_IN]}),
+                  Read(UnitActivation, {"unit": unit})]
+    return reads
+
+
+@stage("persistence", gpu_only=True, reads=persistence_reads)
 def persistence(ctx: HostContext) -> None:
     """Persistence: the nvidia-persistenced daemon keeps every GPU initialised."""
     unit = persistence_ops.PERSISTENCED_UNIT

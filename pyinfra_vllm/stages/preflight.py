@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from pyinfra import host, logger
 
+from facts.files import FileDigests
 from operations import file_set
 from pyinfra_vllm.core.settings import Settings
 from pyinfra_vllm.plans import metrics as metrics_plan
@@ -27,10 +28,19 @@ from pyinfra_vllm.plans.checks import blocking, check_gpu_health, check_host, gp
 from pyinfra_vllm.plans.gates import installed_registry, model_gates
 from pyinfra_vllm.plans.textfile import gpu_health_text
 from pyinfra_vllm.run.context import HostContext
+from pyinfra_vllm.run.host_reads import Read
 from pyinfra_vllm.run.stage import stage
 
 
-@stage("preflight")
+def preflight_reads(settings: Settings) -> list[Read]:
+    """What the preflight stage reads of a converged host: the run's one read."""
+    reads = []
+    if "metrics" not in settings.skip_stages:
+        reads.append(Read(FileDigests, {"paths": [metrics_plan.health_textfile(settings.textfile_collector_dir)]}))
+    return reads
+
+
+@stage("preflight", reads=preflight_reads)
 def preflight(ctx: HostContext) -> None:
     """Preflight: check the host can serve the stack before anything changes."""
     settings = ctx.settings

@@ -19,19 +19,27 @@ from __future__ import annotations
 
 from pyinfra import host, logger
 from pyinfra.facts.deb import DebPackage
+from pyinfra.facts.files import Link
 from pyinfra.facts.server import Arch
 from pyinfra.operations import apt, files
 
 from facts.python_env import HostPython
 from operations import python_env as python_env_ops
+from pyinfra_vllm.core.settings import Settings
 from pyinfra_vllm.core.stacks import INSTALLERS, StackRow
 from pyinfra_vllm.plans import python_env as python_env_plan
 from pyinfra_vllm.run.context import HostContext
+from pyinfra_vllm.run.host_reads import Read
 from pyinfra_vllm.run.stage import stage
 from pyinfra_vllm.stages import APT_LISTS_MAX_AGE_S
 
 
-@stage("python_env")
+def python_env_reads(settings: Settings) -> list[Read]:
+    """What the python_env stage reads of a converged host: the run's one read."""
+    return [Read(Link, {"path": f"{settings.python_env_root}/current"})]
+
+
+@stage("python_env", reads=python_env_reads)
 def python_env(ctx: HostContext, wait: bool = True) -> None:
     """Python environment: vLLM and torch, pinned by the stack, in an environment of their own.
 

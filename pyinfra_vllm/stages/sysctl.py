@@ -10,12 +10,23 @@ persisted and reported as NOT applied, with its name, and counts as no change.
 
 from __future__ import annotations
 
+from facts.files import FileDigests
+from facts.sysctl import KernelParam
 from operations import sysctl as sysctl_ops
+from pyinfra_vllm.core.settings import Settings
 from pyinfra_vllm.run.context import HostContext
+from pyinfra_vllm.run.host_reads import Read
 from pyinfra_vllm.run.stage import stage
 
 
-@stage("sysctl")
+def sysctl_reads(settings: Settings) -> list[Read]:
+    """What the sysctl stage reads of a converged host: the run's one read."""
+    path = sysctl_ops.drop_in_path(settings.sysctl_file_priority)
+    return [Read(FileDigests, {"paths": [path]}),
+            *(Read(KernelParam, {"key": key}) for key in settings.sysctl)]
+
+
+@stage("sysctl", reads=sysctl_reads)
 def sysctl(ctx: HostContext) -> None:
     """Sysctl: kernel parameters for a long-context server, persisted and applied."""
     sysctl_ops.drop_in(

@@ -28,18 +28,41 @@ from typing import Any
 from pyinfra import host, state
 from pyinfra.operations.util import any_changed
 
+from facts.accounts import Account
+from facts.files import FileDigests, PathTypes
 from facts.python_env import MARKER
 from facts.storage import FilesystemSize
 from facts.topology import tp_link_verdict
+from facts.units import UnitActivation, UnitDropIns
+from facts.vllm_service import EngineProcess
 from operations import accounts, file_set, rolling, units
 from operations import vllm_service as vllm_service_ops
 from pyinfra_vllm.core.settings import Settings
 from pyinfra_vllm.plans import vllm_service as vllm_service_plan
 from pyinfra_vllm.run.context import HostContext
+from pyinfra_vllm.run.host_reads import Read
 from pyinfra_vllm.run.stage import stage
 
 
-@stage("vllm_service")
+def vllm_service_reads(settings: Settings) -> list[Read]:
+    """What the vllm_service stage reads of a converged host: the run's one read."""
+    ops = vllm_service_plan
+    helpers = [ops.READY_PATH, ops.IDLE_PATH]
+    if settings.vllm_device != "cpu":
+        helpers.append(ops.GUARD_PATH)
+    return [
+        Read(FilesystemSize, {"path": "/dev/shm"}),
+        Read(Account, {"account": ops.SERVICE_USER}),
+        Read(FileDigests, {"paths": sorted(helpers)}),
+        Read(UnitDropIns, {"unit": ops.UNIT}),
+        Read(FileDigests, {"paths": sorted([ops.UNIT_PATH, ops.ENV_PATH])}),
+        Read(EngineProcess, ops.ENGINE_PROCESS_READ),
+        Read(UnitActivation, {"unit": ops.UNIT}),
+        Read(PathTypes, {"paths": [rolling.DRAIN_FLAG]}),
+    ]
+
+
+@stage("vllm_service", reads=vllm_service_reads)
 def vllm_service(ctx: HostContext) -> None:
     """vLLM service: the OpenAI server under systemd, tensor parallel on the NVLink-joined GPUs."""
     settings = ctx.settings

@@ -137,7 +137,19 @@ def test_a_read_that_was_not_listed_is_made_on_its_own(local, tmp_path):
         str(tmp_path / "none"): None}
 
 
+def test_every_stage_declares_its_reads():
+    # The stages declare their reads when they are defined (stage(reads=...)).
+    import pyinfra_vllm.stages.audit  # noqa: F401
+    import pyinfra_vllm.stages.full  # noqa: F401
+    from pyinfra_vllm.core.settings import STAGES
+
+    assert set(host_reads.STAGE_READS) == {*STAGES, "audit"}
+
+
 def test_the_default_settings_read_every_stage_at_once_without_duplicates():
+    import pyinfra_vllm.stages.audit  # noqa: F401
+    import pyinfra_vllm.stages.full  # noqa: F401
+
     settings = validate({"gateway_open": True})
     reads = host_reads.stage_reads(settings, host_reads.STAGE_READS)
     keys = [read.key() for read in reads]
