@@ -176,10 +176,32 @@ def first_sentence(path: Path) -> str:
     return (head + "." if dot else text).replace("|", "\\|")
 
 
+def folder_of(module: str) -> str:
+    """The layer folder (or package) a module is in: pyinfra_vllm/core, operations/util."""
+    parts = module.split(".")
+    if parts[0] in ("pyinfra_vllm", "operations") and len(parts) > 2:
+        return "/".join(parts[:2])
+    if parts[0] == "pyinfra_vllm" and len(parts) == 2:
+        return "/".join(parts)
+    return parts[0]
+
+
+def folder_imports(root: Path = ROOT) -> list[tuple[str, str]]:
+    """Which folder imports which: the drawing of the repository's imports, by folder."""
+    return sorted({(folder_of(source), folder_of(target))
+                   for source, targets in import_graph(root).items() for target in targets
+                   if folder_of(source) != folder_of(target)})
+
+
 def markdown(root: Path = ROOT) -> str:
     rows = ["| layer | folders | what |", "|---|---|---|"]
     for name, folders, what in reversed(LAYERS):
         rows.append(f"| {name} | {', '.join(f'`{folder}/`' for folder in folders)} | {what} |")
+    rows += ["", "| folder | imports |", "|---|---|"]
+    imports: dict[str, list[str]] = {}
+    for source, target in folder_imports(root):
+        imports.setdefault(source, []).append(f"`{target}/`")
+    rows += [f"| `{source}/` | {', '.join(targets)} |" for source, targets in imports.items()]
     rows += ["", "| module | layer | what |", "|---|---|---|"]
     for path in product_files(root):
         name = module_name(path, root)
