@@ -19,8 +19,8 @@ from pyinfra import host, state
 from pyinfra.api import OperationValueError, QuoteString, StringCommand, operation
 
 from facts.files import FileDigests, PathTypes
-from operations.rolling import STAGED_SUFFIX
 from operations.util import file_diff
+from operations.util.rolling import STAGED_SUFFIX
 from operations.util.uploads import private_upload
 
 
@@ -44,7 +44,7 @@ def present(files: dict[str, tuple[str | bytes, str]], user: str = "root", group
     + user: owner of every file
     + group: group of every file
     + stage: a file whose content differs is uploaded beside its path, under
-      operations/rolling.py's ``STAGED_SUFFIX``, and left there: the caller moves it
+      operations/util/rolling.py's ``STAGED_SUFFIX``, and left there: the caller moves it
       into place (``rolling.promote_command``), so the live file changes only then
 
     Every file with the wanted content, owner and mode: no command (one remote read for

@@ -21,9 +21,9 @@ from facts.model import ModelFiles, unverified
 from facts.units import SystemdBooted, UnitState
 from operations.util import jobs as job_units
 from operations.util.uploads import SECRET_DIR, env_file_text, secret_file, sourced
-
-# Where the downloader and the lock live on the host (root only).
-TOOL_DIR = "/var/lib/pyinfra-vllm"
+from pyinfra_vllm.plans.model import (
+    TOOL_DIR,
+)
 
 
 def _downloader_argv(script: str, lock_file: str, dest: str, base_url: str, jobs: int,
@@ -147,11 +147,3 @@ def downloaded(lock: dict, dest: str, base_url: str, token: str | None = None,
         yield job_units.watch(unit, "model", meter)
         return
     yield from _run_in_session(argv, proxy, token)
-
-
-def corrupt_reason(model_id: str, dest: str, corrupt: list[str]) -> str:
-    """Why the model stage refuses a host whose files a deep check found changed under an
-    unchanged size and mtime, and the setting that repairs them."""
-    return (f"model: {len(corrupt)} file(s) of {model_id} in {dest} no longer match the "
-            f"lock under an unchanged size and mtime: {', '.join(corrupt)}; set "
-            "model_repair=true to fetch exactly them again (the engine then restarts)")

@@ -16,11 +16,11 @@ from pyinfra import host
 from pyinfra.api import FunctionCommand, QuoteString, StringCommand, operation
 
 from facts.gpus import GpuInventory
+from pyinfra_vllm.plans.persistence import (
+    PERSISTENCED_UNIT,
+)
 
 logger = logging.getLogger("pyinfra")
-
-PERSISTENCED_UNIT = "nvidia-persistenced.service"
-PERSISTENCED_DROP_IN = "/etc/systemd/system/nvidia-persistenced.service.d/50-pyinfra-vllm.conf"
 
 
 def _verify_persistence(state, host, indices: list[int], wanted: str) -> bool:

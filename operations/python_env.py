@@ -45,6 +45,7 @@ from pyinfra_vllm.core.stack_locks import StackLock, read_lock
 from pyinfra_vllm.core.stacks import StackRow
 from pyinfra_vllm.plans.python_env import (
     LOCK_NAME,
+    download_env,
     proven,
     prunable,
     stack_label,
@@ -54,17 +55,6 @@ from pyinfra_vllm.plans.python_env import (
 # file for the commands of one operation, since the index URL and the proxy may carry
 # credentials (never on a command line: ``ps`` on the host, ``pyinfra -vv``).
 DOWNLOAD_ENV = f"{SECRET_DIR}/download.env"
-
-
-def download_env(index_url: str, ca_bundle: str | None, proxy: str | None) -> dict[str, str]:
-    """The variables that point pip, uv and curl at the index, CA bundle and proxy."""
-    pairs = {"PIP_INDEX_URL": index_url, "UV_DEFAULT_INDEX": index_url,
-             "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_INPUT": "1"}
-    if ca_bundle:
-        pairs.update(PIP_CERT=ca_bundle, SSL_CERT_FILE=ca_bundle, CURL_CA_BUNDLE=ca_bundle)
-    if proxy:
-        pairs.update(HTTPS_PROXY=proxy, HTTP_PROXY=proxy, https_proxy=proxy, http_proxy=proxy)
-    return pairs
 
 
 def _download_env_file(pairs: dict[str, str]) -> Iterator[StringCommand | FileUploadCommand]:

@@ -76,7 +76,7 @@ def unit_removed(unit: str, paths: list[str] | None = None):
         yield StringCommand("systemctl reset-failed", QuoteString(unit), "2>/dev/null || true")
 
 
-def site_removal_script(paths: list[str], parking: str, service: str) -> str:
+def _site_removal_script(paths: list[str], parking: str, service: str) -> str:
     """One shell command: park ``paths``, ``nginx -t``, then delete them and reload, or put
     them back when the test fails (nginx never left failing). Without an nginx binary the
     files are simply deleted. Paths are quoted with shlex: they are parts of a script."""
@@ -116,7 +116,7 @@ def nginx_site_removed(paths: list[str], parking: str = SITE_PARKING, service: s
     if not present:
         host.noop("the gateway's nginx files are gone")
         return
-    yield StringCommand(site_removal_script(present, parking, service))
+    yield StringCommand(_site_removal_script(present, parking, service))
 
 
 @operation()
@@ -135,7 +135,7 @@ def holds_released(prefixes: list[str]):
     yield StringCommand("apt-mark", "unhold", *[QuoteString(name) for name in sorted(held)])
 
 
-def fstab_without(path: str, fstab: str = FSTAB) -> str:
+def _fstab_without(path: str, fstab: str = FSTAB) -> str:
     """One shell command: ``fstab`` without the lines mounting ``path`` (field 2), replaced
     by rename, the previous one kept as ``<fstab>.pyinfra-vllm.bak``."""
     q = shlex.quote
@@ -165,7 +165,7 @@ def volume_released(path: str):
     if mounted is not None:
         yield StringCommand("umount", QuoteString(path))
     if lines:
-        yield StringCommand(fstab_without(path))
+        yield StringCommand(_fstab_without(path))
 
 
 @operation(is_idempotent=False)

@@ -20,43 +20,16 @@ from pyinfra.api import OperationValueError, QuoteString, StringCommand, operati
 from facts.sysctl import KernelParam, normalize
 from operations import file_set
 from pyinfra_vllm.core.templating import render
+from pyinfra_vllm.plans.sysctl import (
+    TEMPLATE,
+    plan_sysctl,
+)
 
 logger = logging.getLogger("pyinfra")
-
-TEMPLATE = "sysctl-vllm.conf.j2"  # in the suite's templates/
 
 # (host name, key, reason) already warned about in this process: the prepare and the
 # execute phase both run the operation, and the operator needs to read it once.
 _WARNED: set[tuple[str, str, str]] = set()
-
-
-def drop_in_path(priority: int, name: str = "vllm") -> str:
-    """``/etc/sysctl.d/<priority>-<name>.conf``."""
-    return f"/etc/sysctl.d/{priority:02d}-{name}.conf"
-
-
-def plan_sysctl(
-    params: dict[str, Any], current: dict[str, dict[str, Any] | None]
-) -> tuple[list[tuple[str, str]], dict[str, str]]:
-    """Split the wanted keys into ``sysctl -w`` work and keys that cannot be applied.
-
-    Returns ``([(key, value) to write], {key: why not applied})``; keys already at
-    their value are in neither.
-    """
-    to_write: list[tuple[str, str]] = []
-    not_applied: dict[str, str] = {}
-    for key, value in params.items():
-        wanted = normalize(value)
-        found = current.get(key)
-        if found is None:
-            not_applied[key] = "unknown to this kernel"
-        elif found.get("value") == wanted:
-            continue
-        elif not found.get("writable"):
-            not_applied[key] = f"/proc/sys is read-only here; running value {found.get('value')}"
-        else:
-            to_write.append((key, wanted))
-    return to_write, not_applied
 
 
 def _warn(key: str, reason: str, path: str) -> None:

@@ -8,20 +8,14 @@ round trip each, on every run; facts.units.UnitActivation reads both states in o
 
 from __future__ import annotations
 
-from typing import Any
-
 from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, operation
 
 from facts.units import UnitActivation, UnitDropIns
-
-# Where foreign drop-ins are kept, at their own path below it: moved, never deleted.
-DISABLED_DROP_IN_DIR = "/var/lib/pyinfra-vllm/disabled-drop-ins"
-
-
-def foreign_drop_ins(found: list[dict[str, Any]], own: tuple[str, ...] = ()) -> list[dict[str, Any]]:
-    """The drop-ins of facts.units.UnitDropIns the suite did not write (not in ``own``)."""
-    return [drop_in for drop_in in found if drop_in["path"] not in own]
+from pyinfra_vllm.plans.units import (
+    DISABLED_DROP_IN_DIR,
+    foreign_drop_ins,
+)
 
 
 @operation()

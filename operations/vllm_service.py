@@ -22,7 +22,6 @@ pyinfra's own operations, then ``restarted``/``running`` start the engine and re
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 from pyinfra import host, logger
@@ -30,18 +29,21 @@ from pyinfra.api import FunctionCommand, QuoteString, StringCommand, operation
 
 from facts.units import UnitActivation
 from facts.vllm_service import EngineProcess
-from operations import rolling
+from operations.util import rolling as rolling_util
 from operations.util.jobs import connector_arguments
+from operations.util.vllm_service import (
+    JOURNAL_LINES,
+    failure_reason,
+    idle_command,
+    limit_reset_then,
+    restart_command,
+)
 from pyinfra_vllm.plans.vllm_service import (
     ENGINE_PROCESS_READ,
-    IDLE_PATH,
-    SERVICE,
     UNIT,
     difference_words,
     engine_differences,
 )
-
-JOURNAL_LINES = 15
 
 
 def _journal_on_failure(command: StringCommand) -> StringCommand:
@@ -65,47 +67,6 @@ def _report_ready(state, host) -> bool:
     return found.get("active") == "active"
 
 
-def limit_reset_then(verb: str) -> StringCommand:
-    """``systemctl VERB`` the engine, its start limit reset first (``systemctl
-    reset-failed``, as systemd.unit(5) advises for a deliberate start). The reset's own
-    failure is ignored: systemd refuses it for a unit it has not loaded yet (a first
-    install, even after daemon-reload), which has no count to reset."""
-    return StringCommand("{ systemctl reset-failed", UNIT, "2>/dev/null; systemctl", verb,
-                         UNIT, "; }")
-
-
-def restart_command(staged: Sequence[tuple[str, str]], start: bool) -> StringCommand:
-    """The staged unit and environment file moved into place (``rolling.promote_command``),
-    systemd reloaded, the engine restarted; on failure, the lines the unit's processes
-    logged since (their ``SyslogIdentifier``) on stderr and the failure kept."""
-    # try-restart leaves a failed engine failed, for the audit to see: no reset there.
-    verb = limit_reset_then("restart") if start else StringCommand("systemctl try-restart", UNIT)
-    return StringCommand(
-        "since=$(date +%s) &&", rolling.promote_command(staged),
-        "&& systemctl daemon-reload &&", verb,
-        "|| { rc=$?; journalctl -u", UNIT, "-t", SERVICE, '--since "@$since" -n',
-        str(JOURNAL_LINES), "--no-pager -o cat >&2; exit $rc; }",
-    )
-
-
-def idle_command(python: str, metrics_url: str, grace_s: int) -> StringCommand:
-    """files/engine_idle.py: until no request is in flight, at most ``grace_s``."""
-    return StringCommand(QuoteString(python), QuoteString(IDLE_PATH), "--url",
-                         QuoteString(metrics_url), "--grace", QuoteString(str(grace_s)))
-
-
-def failure_reason(lines: Sequence[str]) -> str:
-    """Why a restart failed, from the journal lines ``restart_command`` printed: the last
-    readiness wait line (files/wait_ready.py, ``wait-ready: ...``), else the last line."""
-    lines = [line.strip() for line in lines if line.strip()]
-    ready = [line for line in lines if line.startswith("wait-ready:")]
-    if ready:
-        return ready[-1]
-    if lines:
-        return lines[-1]
-    return f"{UNIT} did not become active (no line in its journal since the restart)"
-
-
 def _roll(state, host, staged: list[list[str]], start: bool, serving: bool, batch: int,
           grace_s: int, python: str, metrics_url: str) -> bool:
     pairs = [(path, digest) for path, digest in staged]
@@ -117,7 +78,7 @@ def _roll(state, host, staged: list[list[str]], start: bool, serving: bool, batc
 
     def work() -> str | None:
         if serving:
-            ok, output = run(rolling.drain_command())
+            ok, output = run(rolling_util.drain_command())
             if not ok:
                 return "to drain: " + (" ".join(output.stderr_lines) or "touch failed")
             _, output = run(idle_command(python, metrics_url, grace_s))
@@ -128,17 +89,17 @@ def _roll(state, host, staged: list[list[str]], start: bool, serving: bool, batc
             # the host back once a later run has its engine running.
             return "readiness: " + failure_reason(output.stderr_lines)
         if serving:
-            run(rolling.undrain_command())
+            run(rolling_util.undrain_command())
         if start:
             _report_ready(state, host)
         return None
 
-    outcome = rolling.rollout(state, batch, host.name).step(host.name, serving, work)
+    outcome = rolling_util.rollout(state, batch, host.name).step(host.name, serving, work)
     if outcome is None:
         return True
-    if outcome.startswith(rolling.STOPPED):
+    if outcome.startswith(rolling_util.STOPPED):
         # Not reached: the staged files go, the live unit and the engine stay as they are.
-        run(rolling.discard_command([path for path, _ in pairs]))
+        run(rolling_util.discard_command([path for path, _ in pairs]))
     host.log_styled(outcome, fg="red", log_func=logger.error)
     return False
 

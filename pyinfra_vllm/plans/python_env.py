@@ -108,3 +108,15 @@ def prunable(environments: dict, keep: int, wanted: str) -> list[str]:
                     key=lambda path: (environments["envs"][path].get("built") or 0, path),
                     reverse=True)
     return sorted(path for path in others[keep:] if path != environments["current"])
+
+
+
+def download_env(index_url: str, ca_bundle: str | None, proxy: str | None) -> dict[str, str]:
+    """The variables that point pip, uv and curl at the index, CA bundle and proxy."""
+    pairs = {"PIP_INDEX_URL": index_url, "UV_DEFAULT_INDEX": index_url,
+             "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_INPUT": "1"}
+    if ca_bundle:
+        pairs.update(PIP_CERT=ca_bundle, SSL_CERT_FILE=ca_bundle, CURL_CA_BUNDLE=ca_bundle)
+    if proxy:
+        pairs.update(HTTPS_PROXY=proxy, HTTP_PROXY=proxy, https_proxy=proxy, http_proxy=proxy)
+    return pairs

@@ -35,13 +35,13 @@ from weakref import WeakKeyDictionary
 import pyinfra.version
 
 from facts.topology import tp_link_verdict
-from operations.units import foreign_drop_ins
 from pyinfra_vllm.core.settings import Settings
 from pyinfra_vllm.core.versions import pyinfra_problem
 from pyinfra_vllm.plans import checks as host_checks
 from pyinfra_vllm.plans.checks import blocking, check_host, gpu_health
 from pyinfra_vllm.plans.gates import gpu_memory_mib, model_gates
 from pyinfra_vllm.plans.gateway import foreign_servers, foreign_words
+from pyinfra_vllm.plans.units import foreign_drop_ins
 from pyinfra_vllm.plans.vllm_service import difference_words, engine_differences
 from pyinfra_vllm.run import report_store
 from pyinfra_vllm.run.report_changes import changes, markdown_changes

@@ -33,8 +33,8 @@ from pyinfra.api import deploy
 from facts.nginx import NginxServers
 from facts.units import UnitDropIns
 from facts.vllm_service import EngineProcess, EngineServing
-from operations import persistence as persistence_ops
 from pyinfra_vllm.core.settings import Settings, SettingsError
+from pyinfra_vllm.plans import persistence as persistence_plan
 from pyinfra_vllm.plans import vllm_service as vllm_service_plan
 from pyinfra_vllm.plans.gates import installed_registry
 from pyinfra_vllm.plans.vllm_service import engine_address
@@ -140,7 +140,7 @@ def _integrity(ctx) -> dict:
     settings = ctx.settings
     units = [vllm_service_plan.UNIT]
     if settings.vllm_device != "cpu":
-        units.append(persistence_ops.PERSISTENCED_UNIT)
+        units.append(persistence_plan.PERSISTENCED_UNIT)
     drop_ins = {unit: host.get_fact(UnitDropIns, unit=unit) for unit in units}
     ports = None
     nginx = None
@@ -153,7 +153,7 @@ def _integrity(ctx) -> dict:
         engine = host.get_fact(EngineProcess, **vllm_service_plan.ENGINE_PROCESS_READ)
     return integrity(
         drop_ins,
-        {persistence_ops.PERSISTENCED_UNIT: [persistence_ops.PERSISTENCED_DROP_IN]},
+        {persistence_plan.PERSISTENCED_UNIT: [persistence_plan.PERSISTENCED_DROP_IN]},
         nginx, ports, engine, ctx.engine_expected,
     )
 

@@ -26,6 +26,7 @@ from facts.driver import DriverPackages, HeldPackages
 from facts.files import FileDigests
 from operations import driver as driver_ops
 from pyinfra_vllm.core.settings import Settings
+from pyinfra_vllm.plans import driver as driver_plan
 from pyinfra_vllm.run.context import HostContext
 from pyinfra_vllm.run.host_reads import Read
 from pyinfra_vllm.run.stage import stage
@@ -36,7 +37,7 @@ def driver_reads(settings: Settings) -> list[Read]:
     if settings.vllm_device == "cpu":
         return []
     return [Read(DriverPackages), Read(HeldPackages),
-            Read(FileDigests, {"paths": [driver_ops.BLACKLIST_FILE]})]
+            Read(FileDigests, {"paths": [driver_plan.BLACKLIST_FILE]})]
 
 
 @stage("driver", gpu_only=True, reads=driver_reads)
@@ -56,12 +57,12 @@ def driver(ctx: HostContext) -> None:
         if settings.nvidia_apt_repo is not None:
             apt.repo(
                 name="Driver: apt source for the NVIDIA packages",
-                src=driver_ops.apt_source_line(settings.nvidia_apt_repo),
+                src=driver_plan.apt_source_line(settings.nvidia_apt_repo),
                 filename="pyinfra-vllm-nvidia",
             )
         install = apt.packages(
             name=f"Driver: install nvidia-headless-{branch}",
-            packages=driver_ops.driver_packages(branch),
+            packages=driver_plan.driver_packages(branch),
             update=True,
             no_recommends=True,
         )
@@ -73,7 +74,7 @@ def driver(ctx: HostContext) -> None:
         driver_ops.cuda_toolkit(
             name=f"Driver: CUDA toolkit {cuda}",
             cuda_version=cuda,
-            repo_distro=driver_ops.cuda_repo_distro(
+            repo_distro=driver_plan.cuda_repo_distro(
                 distro.get("name"), distro.get("major"), distro.get("minor")
             ),
         )

@@ -18,6 +18,7 @@ from __future__ import annotations
 from facts.gpus import GpuInventory
 from operations import mig as mig_ops
 from pyinfra_vllm.core.settings import Settings
+from pyinfra_vllm.plans import mig as mig_plan
 from pyinfra_vllm.run.context import HostContext
 from pyinfra_vllm.run.host_reads import Read
 from pyinfra_vllm.run.stage import stage
@@ -34,7 +35,7 @@ def mig(ctx: HostContext) -> None:
     # mig_mode allows only "disabled" (vLLM tensor parallelism needs whole GPUs).
     mig_ops.mig_disabled(
         name="MIG: disabled on every GPU",
-        service=mig_ops.VLLM_UNIT,
+        service=mig_plan.VLLM_UNIT,
         allow_reboot=ctx.settings.allow_reboot,
         gpus=ctx.state.get("gpus"),
     )

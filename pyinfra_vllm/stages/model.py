@@ -24,6 +24,7 @@ from facts.model import ModelFiles, silently_changed
 from operations import model as model_ops
 from pyinfra_vllm.core.locks import hf_token
 from pyinfra_vllm.core.settings import Settings
+from pyinfra_vllm.plans import model as model_plan
 from pyinfra_vllm.run.context import HostContext
 from pyinfra_vllm.run.host_reads import Read
 from pyinfra_vllm.run.stage import stage
@@ -51,7 +52,7 @@ def model(ctx: HostContext) -> None:
             return
         corrupt = silently_changed(content, host.get_fact(ModelFiles, path=dest), lock)
     if corrupt and not settings.model_repair:
-        reason = model_ops.corrupt_reason(settings.model_id, dest, corrupt)
+        reason = model_plan.corrupt_reason(settings.model_id, dest, corrupt)
         ctx.refuse("Model: host refused", [reason])
         return
     name = f"Model: {settings.model_id}@{lock['commit'][:12]} downloaded and verified"

@@ -25,6 +25,7 @@ from facts.units import UnitActivation, UnitDropIns
 from operations import file_set, units
 from operations import persistence as persistence_ops
 from pyinfra_vllm.core.settings import Settings
+from pyinfra_vllm.plans import persistence as persistence_plan
 from pyinfra_vllm.run.context import HostContext
 from pyinfra_vllm.run.host_reads import Read
 from pyinfra_vllm.run.stage import stage
@@ -34,10 +35,10 @@ def persistence_reads(settings: Settings) -> list[Read]:
     """What the persistence stage reads of a converged host: the run's one read."""
     if settings.vllm_device == "cpu":
         return []
-    unit = persistence_ops.PERSISTENCED_UNIT
+    unit = persistence_plan.PERSISTENCED_UNIT
     reads = [Read(UnitDropIns, {"unit": unit}), Read(GpuInventory)]
     if settings.persistence_mode:
-        reads += [Read(FileDigests, {"paths": [persistence_ops.PERSISTENCED_DROP_IN]}),
+        reads += [Read(FileDigests, {"paths": [persistence_plan.PERSISTENCED_DROP_IN]}),
                   Read(UnitActivation, {"unit": unit})]
     return reads
 
@@ -45,18 +46,18 @@ def persistence_reads(settings: Settings) -> list[Read]:
 @stage("persistence", gpu_only=True, reads=persistence_reads)
 def persistence(ctx: HostContext) -> None:
     """Persistence: the nvidia-persistenced daemon keeps every GPU initialised."""
-    unit = persistence_ops.PERSISTENCED_UNIT
+    unit = persistence_plan.PERSISTENCED_UNIT
     # Before the suite's own drop-in: what the daemon runs with is the suite's alone.
     foreign = units.drop_ins_only(
         name="Persistence: no foreign drop-in for nvidia-persistenced",
         unit=unit,
-        own=[persistence_ops.PERSISTENCED_DROP_IN],
+        own=[persistence_plan.PERSISTENCED_DROP_IN],
     )
     if ctx.settings.persistence_mode:
         override = file_set.present(
             name="Persistence: nvidia-persistenced with persistence mode on",
             files={
-                persistence_ops.PERSISTENCED_DROP_IN: (
+                persistence_plan.PERSISTENCED_DROP_IN: (
                     "templates/nvidia-persistenced-override.conf",
                     "644",
                 )

@@ -30,21 +30,21 @@ from pyinfra import host, logger
 from pyinfra.api import deploy
 from pyinfra.operations import systemd
 
-from operations import driver as driver_ops
 from operations import file_set
-from operations import model as model_ops
-from operations import persistence as persistence_ops
 from operations import remove as remove_ops
-from operations import sysctl as sysctl_ops
 from pyinfra_vllm.core.settings import Settings, load_settings
+from pyinfra_vllm.plans import driver as driver_plan
 from pyinfra_vllm.plans import gateway as gateway_plan
 from pyinfra_vllm.plans import metrics as metrics_plan
+from pyinfra_vllm.plans import model as model_plan
+from pyinfra_vllm.plans import persistence as persistence_plan
+from pyinfra_vllm.plans import sysctl as sysctl_plan
 from pyinfra_vllm.plans import vllm_service as vllm_plan
 
-# Under /var/lib/pyinfra-vllm (operations/model.py TOOL_DIR): the downloader and the
+# Under /var/lib/pyinfra-vllm (pyinfra_vllm/plans/model.py TOOL_DIR): the downloader and the
 # model locks go; gateway_plan.DISABLED_DIR and units.DISABLED_DROP_IN_DIR, what the suite
 # set aside, stay.
-TOOL_FILES = (f"{model_ops.TOOL_DIR}/fetch_model.py", f"{model_ops.TOOL_DIR}/locks")
+TOOL_FILES = (f"{model_plan.TOOL_DIR}/fetch_model.py", f"{model_plan.TOOL_DIR}/locks")
 
 
 @deploy("remove")
@@ -95,7 +95,7 @@ def _system(settings: Settings) -> None:
     """The kernel parameters, the persistence daemon's drop-in, the driver's holds."""
     sysctl_file = file_set.absent(
         name="Remove: the sysctl drop-in",
-        paths=[sysctl_ops.drop_in_path(settings.sysctl_file_priority)],
+        paths=[sysctl_plan.drop_in_path(settings.sysctl_file_priority)],
     )
     remove_ops.sysctl_reapplied(
         name="Remove: sysctl --system (the remaining files)",
@@ -105,7 +105,7 @@ def _system(settings: Settings) -> None:
 
     persistenced = file_set.absent(
         name="Remove: the nvidia-persistenced drop-in",
-        paths=[persistence_ops.PERSISTENCED_DROP_IN],
+        paths=[persistence_plan.PERSISTENCED_DROP_IN],
     )
     # The daemon keeps running: it is the driver package's, and persistence mode is what
     # NVIDIA recommends; it starts with the package's command line at its next start.
@@ -113,12 +113,12 @@ def _system(settings: Settings) -> None:
 
     remove_ops.holds_released(
         name="Remove: holds on the NVIDIA driver and CUDA packages released",
-        prefixes=list(driver_ops.DRIVER_PACKAGE_PREFIXES),
+        prefixes=list(driver_plan.DRIVER_PACKAGE_PREFIXES),
     )
     file_set.absent(
         name="Remove: the driver's upgrade blacklist and apt sources",
-        paths=[driver_ops.BLACKLIST_FILE, "/etc/apt/sources.list.d/pyinfra-vllm-nvidia.list",
-               driver_ops.CUDA_SOURCE, driver_ops.CUDA_KEYRING],
+        paths=[driver_plan.BLACKLIST_FILE, "/etc/apt/sources.list.d/pyinfra-vllm-nvidia.list",
+               driver_plan.CUDA_SOURCE, driver_plan.CUDA_KEYRING],
     )
 
 
@@ -127,7 +127,7 @@ def _data(settings: Settings) -> None:
     the settings say so."""
     file_set.absent(
         name="Remove: the Python environments, the engine's state and the suite's tools",
-        paths=[settings.python_env_root, vllm_plan.STATE_DIR, driver_ops.CUDA_KEY_DIR,
+        paths=[settings.python_env_root, vllm_plan.STATE_DIR, driver_plan.CUDA_KEY_DIR,
                *TOOL_FILES, "/run/pyinfra-vllm"],
     )
 

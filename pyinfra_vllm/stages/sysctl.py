@@ -14,6 +14,7 @@ from facts.files import FileDigests
 from facts.sysctl import KernelParam
 from operations import sysctl as sysctl_ops
 from pyinfra_vllm.core.settings import Settings
+from pyinfra_vllm.plans import sysctl as sysctl_plan
 from pyinfra_vllm.run.context import HostContext
 from pyinfra_vllm.run.host_reads import Read
 from pyinfra_vllm.run.stage import stage
@@ -21,7 +22,7 @@ from pyinfra_vllm.run.stage import stage
 
 def sysctl_reads(settings: Settings) -> list[Read]:
     """What the sysctl stage reads of a converged host: the run's one read."""
-    path = sysctl_ops.drop_in_path(settings.sysctl_file_priority)
+    path = sysctl_plan.drop_in_path(settings.sysctl_file_priority)
     return [Read(FileDigests, {"paths": [path]}),
             *(Read(KernelParam, {"key": key}) for key in settings.sysctl)]
 
@@ -32,5 +33,5 @@ def sysctl(ctx: HostContext) -> None:
     sysctl_ops.drop_in(
         name="Sysctl: kernel parameters persisted and applied",
         params=dict(ctx.settings.sysctl),
-        path=sysctl_ops.drop_in_path(ctx.settings.sysctl_file_priority),
+        path=sysctl_plan.drop_in_path(ctx.settings.sysctl_file_priority),
     )

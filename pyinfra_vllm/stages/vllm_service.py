@@ -37,6 +37,7 @@ from facts.units import UnitActivation, UnitDropIns
 from facts.vllm_service import EngineProcess
 from operations import accounts, file_set, rolling, units
 from operations import vllm_service as vllm_service_ops
+from operations.util import rolling as rolling_util
 from pyinfra_vllm.core.settings import Settings
 from pyinfra_vllm.plans import vllm_service as vllm_service_plan
 from pyinfra_vllm.run.context import HostContext
@@ -202,7 +203,7 @@ def _restarted(ctx: HostContext, python: str, unit_files: dict[str, bytes],
     repaired = [] if ctx.model_repair is None else [ctx.model_repair]
     # Here, while the run is planned: hosts with another rolling_batch stop the run
     # before any change.
-    rolling.rollout(state, settings.rolling_batch, host.name)
+    rolling_util.rollout(state, settings.rolling_batch, host.name)
     address = vllm_service_plan.engine_address(settings.vllm_host, settings.vllm_port)
     vllm_service_ops.restarted(
         name="vLLM service: restarted for its new unit" if not repaired else

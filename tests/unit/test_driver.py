@@ -7,14 +7,14 @@ import re
 import pytest
 from pyinfra.api import OperationValueError
 
-from operations.driver import (
+from pyinfra_vllm.core.settings import SettingsError, validate
+from pyinfra_vllm.plans.driver import (
     apt_source_line,
     cuda_repo_distro,
     driver_packages,
     render_blacklist,
     unheld_packages,
 )
-from pyinfra_vllm.core.settings import SettingsError, validate
 
 
 def test_blacklist_is_an_apt_conf_list_of_prefix_regexes():

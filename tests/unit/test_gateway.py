@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from pyinfra.api import OperationValueError
 
-from operations.gateway import swap_script
+from operations.util.gateway import swap_script
 from pyinfra_vllm.core.settings import Settings, validate
 from pyinfra_vllm.plans.gateway import (
     body_limit_mib,

@@ -371,7 +371,7 @@ def test_node_metrics_reach_node_exporter_on_loopback_without_the_engines_key(tm
 
 
 def test_a_draining_gateway_answers_503_on_health_and_v1_and_serves_again(tmp_path):
-    # The rolling restart's flag (operations/rolling.py): nginx tests it on every request,
+    # The rolling restart's flag (operations/util/rolling.py): nginx tests it on every request,
     # no reload; /metrics stays up for monitoring.
     # nginx tests the flag in its workers, which run as another user when the tests run
     # as root (nobody here, www-data on a host): its directory must be searchable by

@@ -60,18 +60,22 @@ def test_the_circle_check_finds_one():
 
 
 def test_operations_hold_operations():
-    """operations/*.py define pyinfra operations; their shared helpers are in
-    operations/util/, what the host should look like in pyinfra_vllm/plans/."""
-    without = []
+    """operations/*.py define pyinfra operations (and their private steps); the helpers
+    they share are in operations/util/, what the host should look like in
+    pyinfra_vllm/plans/."""
+    found = {}
     for path in sorted((ROOT / "operations").glob("*.py")):
         if path.name == "__init__.py":
             continue
-        tree = ast.parse(path.read_text())
-        decorated = [node for node in tree.body if isinstance(node, ast.FunctionDef)
-                     and any(ast.unparse(d).startswith("operation") for d in node.decorator_list)]
-        if not decorated:
-            without.append(path.name)
-    assert without == []
+        functions = [node for node in ast.parse(path.read_text()).body
+                     if isinstance(node, ast.FunctionDef)]
+        operations = [node.name for node in functions
+                      if any(ast.unparse(d).startswith("operation") for d in node.decorator_list)]
+        others = [node.name for node in functions
+                  if node.name not in operations and not node.name.startswith("_")]
+        if not operations or others:
+            found[path.name] = others or "no operation"
+    assert found == {}
 
 
 @pytest.mark.parametrize(("source", "line", "problem"), [

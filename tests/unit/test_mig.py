@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from operations.mig import busy_gpus, busy_reason, mig_disabled_on, plan_mig
+from pyinfra_vllm.plans.mig import busy_gpus, busy_reason, mig_disabled_on, plan_mig
 
 
 def _gpu(index, current="Disabled", pending="Disabled"):

@@ -7,7 +7,7 @@ from pyinfra.api import OperationValueError
 
 from facts.storage import MountPoint, parse_blkid_export, parse_fstab
 from facts.units import UnitPids
-from operations.model_volume import (
+from pyinfra_vllm.plans.model_volume import (
     describe_signature,
     fstab_options,
     fstab_with_entry,

@@ -18,15 +18,15 @@ import gevent
 import pytest
 from pyinfra.api import Config, Inventory, OperationValueError, State
 
-from operations import rolling
-from operations import vllm_service as ops
+from operations.util import rolling as rolling_util
+from operations.util import vllm_service as vllm_service_util
 
 ROOT = Path(__file__).resolve().parents[2]
 METRICS = (ROOT / "tests/fixtures/vllm-cpu/metrics.txt").read_text()
 HOSTS = ["gpu-1", "gpu-2", "gpu-3", "gpu-4"]
 
 
-def roll(rollout: rolling.Rollout, hosts: list[str], *, seconds: float = 0.05,
+def roll(rollout: rolling_util.Rollout, hosts: list[str], *, seconds: float = 0.05,
          fail: dict[str, str] | None = None, serving: set[str] | None = None,
          ) -> tuple[dict[str, str | None], list[str], dict[str, tuple[float, float]]]:
     """Each host in its own greenlet, spawned in turn as pyinfra spawns them (from its set
@@ -53,7 +53,7 @@ def roll(rollout: rolling.Rollout, hosts: list[str], *, seconds: float = 0.05,
 
 @pytest.mark.parametrize(("batch", "peak"), [(1, 1), (2, 2), (3, 3), (0, 4), (9, 4)])
 def test_at_most_batch_hosts_in_a_slot_at_once_in_the_order_they_come(batch, peak):
-    rollout = rolling.Rollout(batch)
+    rollout = rolling_util.Rollout(batch)
     outcomes, ran, times = roll(rollout, HOSTS)
     assert outcomes == dict.fromkeys(HOSTS)
     assert ran == HOSTS and rollout.order == HOSTS
@@ -66,7 +66,7 @@ def test_at_most_batch_hosts_in_a_slot_at_once_in_the_order_they_come(batch, pea
 
 
 def test_a_failed_host_stops_the_rollout_and_the_rest_are_not_touched():
-    rollout = rolling.Rollout(1)
+    rollout = rolling_util.Rollout(1)
     reason = "readiness: wait-ready: the first one-token completion failed (500: boom)"
     outcomes, ran, _ = roll(rollout, HOSTS, fail={"gpu-2": reason})
     assert ran == ["gpu-1", "gpu-2"]
@@ -88,7 +88,7 @@ def test_a_failed_host_stops_the_rollout_and_the_rest_are_not_touched():
 def test_hosts_already_in_a_slot_finish_when_another_fails():
     # Batch 2: gpu-1 fails while gpu-2 restarts beside it; gpu-2 was reached and
     # finishes; gpu-3 and gpu-4 wait for a slot and then stop.
-    rollout = rolling.Rollout(2)
+    rollout = rolling_util.Rollout(2)
     outcomes, ran, _ = roll(rollout, HOSTS, fail={"gpu-1": "readiness: gone"})
     assert ran == ["gpu-1", "gpu-2"]
     assert outcomes["gpu-1"] == "failed readiness: gone"
@@ -97,7 +97,7 @@ def test_hosts_already_in_a_slot_finish_when_another_fails():
 
 
 def test_the_first_failure_is_the_one_named():
-    rollout = rolling.Rollout(0)
+    rollout = rolling_util.Rollout(0)
     outcomes, _, _ = roll(rollout, HOSTS[:2], fail={"gpu-1": "readiness: a", "gpu-2": "readiness: b"})
     assert outcomes == {"gpu-1": "failed readiness: a", "gpu-2": "failed readiness: b"}
     assert rollout.stopped == "host gpu-1 failed readiness: a"
@@ -105,7 +105,7 @@ def test_the_first_failure_is_the_one_named():
 
 def test_an_engine_that_does_not_run_takes_no_slot():
     # gpu-1 holds the only slot for 0.3 s; gpu-2 and gpu-3 (not serving) do not wait for it.
-    rollout = rolling.Rollout(1)
+    rollout = rolling_util.Rollout(1)
     outcomes, _, times = roll(rollout, HOSTS[:3], seconds=0.3, serving={"gpu-1"})
     assert outcomes == dict.fromkeys(HOSTS[:3])
     assert times["gpu-2"][0] < times["gpu-1"][1]
@@ -113,20 +113,20 @@ def test_an_engine_that_does_not_run_takes_no_slot():
 
 
 def test_an_engine_that_does_not_run_still_stops_at_a_failed_rollout():
-    rollout = rolling.Rollout(1)
+    rollout = rolling_util.Rollout(1)
     roll(rollout, ["gpu-1"], fail={"gpu-1": "readiness: x"})
-    assert rolling.Rollout.step(rollout, "gpu-2", False, lambda: None) == (
+    assert rolling_util.Rollout.step(rollout, "gpu-2", False, lambda: None) == (
         "rollout stopped: host gpu-1 failed readiness: x")
 
 
 def test_one_rollout_per_run_and_one_batch_for_the_fleet():
     first = State(Inventory((["a", "b"], {})), Config())
     second = State(Inventory((["c"], {})), Config())
-    rollout = rolling.rollout(first, 2, "a")
-    assert rolling.rollout(first, 2, "b") is rollout
-    assert rolling.rollout(second, 1, "c") is not rollout
+    rollout = rolling_util.rollout(first, 2, "a")
+    assert rolling_util.rollout(first, 2, "b") is rollout
+    assert rolling_util.rollout(second, 1, "c") is not rollout
     with pytest.raises(OperationValueError) as raised:
-        rolling.rollout(first, 1, "b")
+        rolling_util.rollout(first, 1, "b")
     assert str(raised.value) == (
         "rolling_batch is 1 for host b but 2 for host a: the slots of a rolling restart are "
         "one for the whole run; set rolling_batch once for the fleet (group_data/all.py or "
@@ -138,11 +138,11 @@ def test_promote_moves_only_a_staged_file_with_the_wanted_content(tmp_path):
     unit, env, other = tmp_path / "vllm.service", tmp_path / "vllm.env", tmp_path / "x.conf"
     for path in (unit, env, other):
         path.write_text("old\n")
-    Path(f"{unit}{rolling.STAGED_SUFFIX}").write_text("new unit\n")
+    Path(f"{unit}{rolling_util.STAGED_SUFFIX}").write_text("new unit\n")
     # Left by an interrupted run for another configuration: removed, never made live.
-    Path(f"{env}{rolling.STAGED_SUFFIX}").write_text("stale\n")
+    Path(f"{env}{rolling_util.STAGED_SUFFIX}").write_text("stale\n")
     wanted = hashlib.sha256(b"new unit\n").hexdigest()
-    command = rolling.promote_command([
+    command = rolling_util.promote_command([
         (str(unit), wanted),
         (str(env), hashlib.sha256(b"new env\n").hexdigest()),
         (str(other), hashlib.sha256(b"whatever\n").hexdigest()),  # nothing staged
@@ -156,8 +156,8 @@ def test_promote_moves_only_a_staged_file_with_the_wanted_content(tmp_path):
 def test_discard_removes_the_staged_files_and_nothing_else(tmp_path):
     unit = tmp_path / "vllm.service"
     unit.write_text("live\n")
-    Path(f"{unit}{rolling.STAGED_SUFFIX}").write_text("new\n")
-    command = rolling.discard_command([str(unit), str(tmp_path / "vllm.env")])
+    Path(f"{unit}{rolling_util.STAGED_SUFFIX}").write_text("new\n")
+    command = rolling_util.discard_command([str(unit), str(tmp_path / "vllm.env")])
     subprocess.run(["sh", "-c", command.get_raw_value()], check=True, timeout=30)
     assert [p.name for p in tmp_path.iterdir()] == ["vllm.service"]
     assert unit.read_text() == "live\n"
@@ -165,7 +165,7 @@ def test_discard_removes_the_staged_files_and_nothing_else(tmp_path):
 
 def test_the_restart_and_drain_commands():
     staged = [("/etc/systemd/system/vllm.service", "ab" * 32)]
-    assert ops.restart_command(staged, True).get_raw_value() == (
+    assert vllm_service_util.restart_command(staged, True).get_raw_value() == (
         "since=$(date +%s) && { [ ! -e /etc/systemd/system/vllm.service.pyinfra-staged ] || "
         f"{{ if echo '{'ab' * 32}  /etc/systemd/system/vllm.service.pyinfra-staged' | sha256sum "
         "--status -c -; then mv -f /etc/systemd/system/vllm.service.pyinfra-staged "
@@ -177,12 +177,12 @@ def test_the_restart_and_drain_commands():
     )
     # Not started, a failed engine stays failed for the audit: no reset-failed.
     assert "systemctl daemon-reload && systemctl try-restart vllm.service ||" in (
-        ops.restart_command([], False).get_raw_value())
-    assert "reset-failed" not in ops.restart_command([], False).get_raw_value()
-    assert rolling.drain_command().get_raw_value() == (
+        vllm_service_util.restart_command([], False).get_raw_value())
+    assert "reset-failed" not in vllm_service_util.restart_command([], False).get_raw_value()
+    assert rolling_util.drain_command().get_raw_value() == (
         "install -d -m 755 /run/pyinfra-vllm && touch /run/pyinfra-vllm/draining")
-    assert rolling.undrain_command().get_raw_value() == "rm -f /run/pyinfra-vllm/draining"
-    assert ops.idle_command("/opt/vllm/current/bin/python", "http://[::1]:8000/metrics",
+    assert rolling_util.undrain_command().get_raw_value() == "rm -f /run/pyinfra-vllm/draining"
+    assert vllm_service_util.idle_command("/opt/vllm/current/bin/python", "http://[::1]:8000/metrics",
                             120).get_raw_value() == (
         "/opt/vllm/current/bin/python /usr/local/lib/pyinfra-vllm/engine_idle.py --url "
         "'http://[::1]:8000/metrics' --grace 120")
@@ -196,11 +196,11 @@ def test_the_failure_reason_is_the_last_readiness_line_else_the_last_line():
         "ERROR 12-01 08:31:50 engine.py:1] EngineCore failed",
         "",
     ]
-    assert ops.failure_reason(journal) == (
+    assert vllm_service_util.failure_reason(journal) == (
         "wait-ready: the first one-token completion failed (500: Internal Server Error)")
-    assert ops.failure_reason(journal[:1] + journal[3:]) == (
+    assert vllm_service_util.failure_reason(journal[:1] + journal[3:]) == (
         "ERROR 12-01 08:31:50 engine.py:1] EngineCore failed")
-    assert ops.failure_reason([]) == (
+    assert vllm_service_util.failure_reason([]) == (
         "vllm.service did not become active (no line in its journal since the restart)")
 
 

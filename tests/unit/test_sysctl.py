@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from facts.sysctl import KernelParam, normalize, proc_sys_path
-from operations.sysctl import TEMPLATE, drop_in_path, plan_sysctl
 from pyinfra_vllm.core.templating import render
+from pyinfra_vllm.plans.sysctl import TEMPLATE, drop_in_path, plan_sysctl
 
 
 def test_sysctl_plan_per_key():

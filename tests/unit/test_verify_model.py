@@ -15,7 +15,7 @@ import pytest
 from pyinfra_testing.util import get_command_string
 
 from facts.model import ModelContent, silently_changed
-from operations.model import corrupt_reason
+from pyinfra_vllm.plans.model import corrupt_reason
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "files" / "verify_model.py"
