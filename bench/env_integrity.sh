@@ -10,7 +10,7 @@
 #
 # Root, from the repository root. It runs the check on the host's own files through its
 # root file system as this machine sees it (the same files and disk the host reads),
-# with farm-bench: warm page cache (a run every few minutes keeps the inodes cached),
+# with bench/timing.py: warm page cache (a run every few minutes keeps the inodes cached),
 # then once with the caches dropped.
 set -euo pipefail
 PY=.venv/bin/python
@@ -30,6 +30,6 @@ PY
 echo "environment: $ENV: $(du -sh --apparent-size "$DIR" | cut -f1), $(find "$DIR" -xdev | wc -l) entries"
 echo "check: $CHECK" | cut -c1-200
 sh -c "$CHECK"
-farm-bench -n 10 -- sh -c "$CHECK"
+python3 bench/timing.py -n 10 -- sh -c "$CHECK"
 sync; echo 3 > /proc/sys/vm/drop_caches
 /usr/bin/time -f "cold caches: %e s wall, %U s user, %S s sys" sh -c "$CHECK"

@@ -3,7 +3,7 @@
 # (bench/fleet.md has the figures). Every host converges the host layer, the gateway and
 # the metrics stage; the Python environment, the model and the engine are skipped, since
 # 32 environments do not fit this machine's disk (the one-host run with every stage is
-# bench/latency.md). Each count: its sandbox booted, converged once, then farm-bench runs
+# bench/latency.md). Each count: its sandbox booted, converged once, then bench/timing.py runs
 # the no-op run RUNS times; the last no-op run's own CPU (user + sys) is taken with
 # /usr/bin/time.
 #
@@ -31,7 +31,7 @@ for hosts in "${COUNTS[@]}"; do
     noop="$PYINFRA -y $INV deploys/full.py --data $SKIP"
     $noop --json | $PY -c 'import json,sys; t=json.load(sys.stdin)["results"]["totals"]; print("no-op totals:", t); sys.exit(t["success"] != 0)'
     echo "== $hosts host(s)"
-    farm-bench -n "$RUNS" --timeout 1800 -- $noop
+    python3 bench/timing.py -n "$RUNS" --timeout 1800 -- $noop
     # The whole machine's busy CPU over one no-op run (/proc/stat, 100 ticks a second),
     # beside pyinfra's own: the rest is the hosts' side (sshd, sudo, the one read), which
     # runs on these same 2 cores here and on each host's own CPUs in a real fleet.

@@ -9,7 +9,7 @@
 #   bash bench/latency.sh [RUNS]
 #
 # Root, from the repository root. Prints the remote commands of one no-op run, then
-# farm-bench's pairs: 20 ms against 0 ms, and 100 ms against 0 ms (medians and ratios).
+# bench/timing.py's pairs: 20 ms against 0 ms, and 100 ms against 0 ms (medians and ratios).
 set -euo pipefail
 PY=.venv/bin/python
 PYINFRA=.venv/bin/pyinfra
@@ -31,5 +31,5 @@ through() { echo "$PYINFRA -y $INV deploys/full.py --data ssh_hostname=127.0.0.1
 
 echo "remote commands in one no-op run: $($(through "$P0") -vvv 2>&1 | grep -c '>>> ' || true)"
 $(through "$P20") --json | $PY -c 'import json,sys; print("20 ms, totals:", json.load(sys.stdin)["results"]["totals"])'
-farm-bench -n "$RUNS" --timeout 1800 --vs "$(through "$P0")" -- $(through "$P20")
-farm-bench -n "$RUNS" --timeout 1800 --vs "$(through "$P0")" -- $(through "$P100")
+python3 bench/timing.py -n "$RUNS" --timeout 1800 --vs "$(through "$P0")" -- $(through "$P20")
+python3 bench/timing.py -n "$RUNS" --timeout 1800 --vs "$(through "$P0")" -- $(through "$P100")
