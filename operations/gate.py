@@ -4,20 +4,41 @@ pyinfra aborts the whole run when deploy code raises, which is right for bad set
 (an operator error, the same on every host) and wrong for one host's state (a missing
 NVLink bridge on one server must not hold up the fleet). ``refuse`` turns a host's
 problems into one failing operation: the host is marked failed, its later operations
-are skipped, the other hosts go on. The stages refuse through
-``HostContext.refuse`` (pyinfra_vllm/run/context.py), which logs the reasons in red
-while the run is planned and records the refusal for the audit.
+are skipped, the other hosts go on. Every reason is logged once, in red: a stage's while
+the run is planned (``HostContext.refuse``, pyinfra_vllm/run/context.py, which also
+records the refusal for the audit), one made inside another operation when it runs.
 """
 
 from __future__ import annotations
 
+import logging
+from typing import Any
+from weakref import WeakKeyDictionary
+
 from pyinfra.api import FunctionCommand, operation
+
+logger = logging.getLogger("pyinfra")
+
+# The reasons already logged for a host while the run was planned (``log_reasons``, by
+# HostContext.refuse): its refusal does not log them a second time when it runs.
+_LOGGED: WeakKeyDictionary[Any, set[str]] = WeakKeyDictionary()
+
+
+def log_reasons(host: Any, reasons: list[str]) -> None:
+    """Log ``reasons`` for ``host`` now, in red, and not again when its refusal runs."""
+    for reason in reasons:
+        host.log_styled(reason, fg="red", log_func=logger.error)
+    _LOGGED.setdefault(host, set()).update(reasons)
 
 
 def _refuse(state, host, reasons: list[str]) -> bool:
-    # The reasons were logged while the run was planned (HostContext.refuse), so that a
-    # dry run and the audit show them too. False fails the operation, and with it this
-    # host, and nothing else.
+    # A refusal made inside another operation (MIG, the model volume) logs its reasons
+    # here, once, when it runs; a stage's were logged while the run was planned.
+    logged = _LOGGED.get(host, set())
+    for reason in reasons:
+        if reason not in logged:
+            host.log_styled(reason, fg="red", log_func=logger.error)
+    # False fails the operation, and with it this host, and nothing else.
     return False
 
 

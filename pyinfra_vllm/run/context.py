@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from typing import Any
 from weakref import WeakKeyDictionary
 
-from pyinfra import host as pyinfra_host
 from pyinfra import logger
 from pyinfra.api.exceptions import DeployError
+from pyinfra.context import ctx_host
 from pyinfra.facts.server import KernelVersion, LinuxDistribution
 
 from facts.cpu_host import CpuHostState
@@ -64,8 +64,7 @@ def refuse(operation: str, reasons: list[str]) -> Any:
     host when the run executes. What pyinfra returned, for the audit to know it by.
     Stages refuse through ``HostContext.refuse``, which also records it; only a host
     without a context (the audit's, whose settings are invalid) is refused here."""
-    for reason in reasons:
-        pyinfra_host.log_styled(reason, fg="red", log_func=logger.error)
+    gate.log_reasons(ctx_host.get(), reasons)
     return gate.refuse(name=operation, reasons=list(reasons))
 
 

@@ -358,3 +358,17 @@ def test_the_deep_check_that_did_not_run_says_why():
     md = render_markdown({"generated_at": "t", "hosts": {
         "gpu-1": {**entry([], []), "model_integrity": found}}})
     assert "### Model files, re-hashed\n\nNot checked: no python3\n" in md
+
+
+def test_every_refusal_reason_is_logged_once(caplog):
+    """A stage's reasons are logged while the run is planned and not again when its
+    refusal runs; a refusal made inside another operation logs its reasons when it runs."""
+    state, hosts = fleet()
+    planned, inner = hosts["gpu-1"], hosts["gpu-2"]
+    with caplog.at_level("ERROR", logger="pyinfra"):
+        gate.log_reasons(planned, ["preflight nvlink: no bridge; fit it"])
+        assert gate._refuse(state, planned, ["preflight nvlink: no bridge; fit it"]) is False
+        assert gate._refuse(state, inner, ["mig: GPU 0 is busy (pid 42)"]) is False
+    lines = [record.getMessage() for record in caplog.records]
+    assert sum("no bridge" in line for line in lines) == 1
+    assert sum("pid 42" in line for line in lines) == 1
