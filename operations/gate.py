@@ -12,29 +12,17 @@ records the refusal for the audit), one made inside another operation when it ru
 from __future__ import annotations
 
 import logging
-from typing import Any
-from weakref import WeakKeyDictionary
 
 from pyinfra.api import FunctionCommand, operation
 
+from operations.util.refusals import logged_reasons
+
 logger = logging.getLogger("pyinfra")
-
-# The reasons already logged for a host while the run was planned (``log_reasons``, by
-# HostContext.refuse): its refusal does not log them a second time when it runs.
-_LOGGED: WeakKeyDictionary[Any, set[str]] = WeakKeyDictionary()
-
-
-def log_reasons(host: Any, reasons: list[str]) -> None:
-    """Log ``reasons`` for ``host`` now, in red, and not again when its refusal runs."""
-    for reason in reasons:
-        host.log_styled(reason, fg="red", log_func=logger.error)
-    _LOGGED.setdefault(host, set()).update(reasons)
-
 
 def _refuse(state, host, reasons: list[str]) -> bool:
     # A refusal made inside another operation (MIG, the model volume) logs its reasons
     # here, once, when it runs; a stage's were logged while the run was planned.
-    logged = _LOGGED.get(host, set())
+    logged = logged_reasons(host)
     for reason in reasons:
         if reason not in logged:
             host.log_styled(reason, fg="red", log_func=logger.error)

@@ -31,6 +31,7 @@ from facts.gpu_host import GpuHostState
 from facts.model import ModelContent
 from facts.python_env import VllmEnvironments
 from operations import gate
+from operations.util.refusals import log_reasons
 from pyinfra_vllm.core.locks import load_lock
 from pyinfra_vllm.core.settings import Settings, load_settings
 from pyinfra_vllm.core.stack_locks import read_lock
@@ -64,7 +65,7 @@ def refuse(operation: str, reasons: list[str]) -> Any:
     host when the run executes. What pyinfra returned, for the audit to know it by.
     Stages refuse through ``HostContext.refuse``, which also records it; only a host
     without a context (the audit's, whose settings are invalid) is refused here."""
-    gate.log_reasons(ctx_host.get(), reasons)
+    log_reasons(ctx_host.get(), reasons)
     return gate.refuse(name=operation, reasons=list(reasons))
 
 

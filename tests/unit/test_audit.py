@@ -14,6 +14,7 @@ from pyinfra.api.state import StateStage
 from pyinfra.context import ctx_host, ctx_state
 
 from operations import gate
+from operations.util.refusals import log_reasons
 from pyinfra_vllm.core.settings import validate
 from pyinfra_vllm.run.context import HostContext
 from pyinfra_vllm.run.report import (
@@ -366,7 +367,7 @@ def test_every_refusal_reason_is_logged_once(caplog):
     state, hosts = fleet()
     planned, inner = hosts["gpu-1"], hosts["gpu-2"]
     with caplog.at_level("ERROR", logger="pyinfra"):
-        gate.log_reasons(planned, ["preflight nvlink: no bridge; fit it"])
+        log_reasons(planned, ["preflight nvlink: no bridge; fit it"])
         assert gate._refuse(state, planned, ["preflight nvlink: no bridge; fit it"]) is False
         assert gate._refuse(state, inner, ["mig: GPU 0 is busy (pid 42)"]) is False
     lines = [record.getMessage() for record in caplog.records]
