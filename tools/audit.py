@@ -45,6 +45,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from pyinfra_vllm.run.report_text import printable, printable_keeping_colours
+
 ROOT = Path(__file__).resolve().parents[1]
 AUDIT_FILE = "deploys/audit.py"
 DEFAULT_DEPLOY = "deploys/full.py"
@@ -100,7 +102,8 @@ def plan_hosts(plan: Any) -> set[str]:
 
 
 def verdict(report: dict[str, Any], plan: Any) -> tuple[int, list[str]]:
-    """Exit status (0 or 1, or 2 when the audit cannot be trusted) and the stderr lines."""
+    """Exit status (0 or 1, or 2 when the audit cannot be trusted) and the stderr lines,
+    each ``printable``: the operations, refusals and findings in them come from hosts."""
     from pyinfra_vllm.run.report import host_problems
 
     lines: list[str] = []
@@ -109,17 +112,20 @@ def verdict(report: dict[str, Any], plan: Any) -> tuple[int, list[str]]:
         return 2, ["audit: no host was audited"]
     flagged = set()
     for name, entry in sorted(hosts.items()):
+        host = f"host {printable(name)}"
         if entry.get("drift") is None:
-            lines.append(f"audit: host {name}: {entry.get('drift_note') or 'drift not checked'}")
+            lines.append(f"audit: {host}: "
+                         f"{printable(entry.get('drift_note') or 'drift not checked')}")
             continue
         drift, refused = host_problems(entry)
         if drift:
             words = "; ".join(f"{d['operation']} [{d['stage'] or '-'}]" for d in drift)
-            lines.append(f"drift: host {name}: {len(drift)} operation(s) would change: {words}")
+            lines.append(f"drift: {host}: {len(drift)} operation(s) would change: "
+                         f"{printable(words)}")
         for reason in refused:
-            lines.append(f"drift: host {name}: refused: {reason}")
+            lines.append(f"drift: {host}: refused: {printable(reason)}")
         for finding in entry.get("findings") or []:
-            lines.append(f"drift: host {name}: found: {finding}")
+            lines.append(f"drift: {host}: found: {printable(finding)}")
         if drift or refused:
             flagged.add(name)
     if any(entry.get("drift") is None for entry in hosts.values()):
@@ -144,7 +150,7 @@ def verdict(report: dict[str, Any], plan: Any) -> tuple[int, list[str]]:
 
 def _error_lines(stderr: list[str]) -> list[str]:
     """pyinfra's own words for a failure: the host errors, then its final error message."""
-    plain = [_ANSI.sub("", line).rstrip() for line in stderr]
+    plain = [printable(_ANSI.sub("", line)).rstrip() for line in stderr]
     start = next((i for i, line in enumerate(plain) if "--> pyinfra error" in line), len(plain))
     hosts = [
         line.strip() for line in plain[:start]
@@ -194,7 +200,9 @@ def run(argv: list[str]) -> int:
         reader.start()
         stderr = []
         for line in stderr_pipe:  # pyinfra's progress and the audit's table, as they come
-            sys.stderr.write(line)
+            # pyinfra prints what hosts said (a refusal, a command's output) as it is.
+            text, end = (line[:-1], "\n") if line.endswith("\n") else (line, "")
+            sys.stderr.write(printable_keeping_colours(text) + end)
             stderr.append(line)
         proc.wait()
         reader.join()

@@ -7,6 +7,10 @@ reports once, when the last of the run's hosts is recorded (a run cut short writ
 it read when the process exits). The terminal table is printed once, when the process
 exits, after pyinfra's own output.
 
+What hosts report is text of their choosing: the Markdown report escapes every value of
+it and the terminal table strips its control characters (pyinfra_vllm/run/report_text.py);
+the JSON report keeps it exact.
+
 Drift: when deploys/audit.py runs after deploys/full.py in the same ``--dry`` run
 (``python -m tools.audit`` does that), ``host_plan`` reads, from pyinfra's own state,
 which of the host's operations would change: ``OperationMeta.will_change``, pyinfra's
@@ -46,6 +50,7 @@ from pyinfra_vllm.plans.vllm_service import difference_words, engine_differences
 from pyinfra_vllm.run import report_store
 from pyinfra_vllm.run.report_changes import changes, markdown_changes
 from pyinfra_vllm.run.report_html import HEALTH_COLUMNS, render_html
+from pyinfra_vllm.run.report_text import markdown_text, printable
 
 # When set (python -m tools.audit sets it), the paths of the reports are written to
 # this file as JSON, so the wrapper reads the report this run wrote.
@@ -379,54 +384,24 @@ def render_markdown(report: dict[str, Any]) -> str:
         ]
         for name, entry in sorted(report["hosts"].items()):
             drift, refused = host_problems(entry)
-            changes = "<br>".join(_md(f"{d['operation']} [{d['stage']}]") for d in drift)
+            changes = "<br>".join(f"{_md(d['operation'])} [{_md(d['stage'])}]" for d in drift)
             lines.append(
-                f"| {name} | {_drift_words(entry)} | {changes or '-'} | "
+                f"| {_md(name)} | {_drift_words(entry)} | {changes or '-'} | "
                 f"{'<br>'.join(_md(r) for r in refused) or '-'} |"
             )
         lines.append("")
     for name, entry in sorted(report["hosts"].items()):
         s, state = entry["summary"], entry["state"]
-        lines += [f"## {name}", ""]
-        lines += [
-            f"- OS: {s['os']} (kernel {state.get('kernel')})",
-            f"- GPUs: {_gpu_words(s)}",
-            f"- Driver: {s['driver_version'] or 'none'}; CUDA (driver): {s['cuda_version'] or '-'}",
-        ]
-        module = s["kernel_module"]
-        if module:
-            flavour = "open" if module.get("open") else "proprietary"
-            lines.append(f"- Kernel module: {module.get('version')} ({flavour})")
-        toolkit = state.get("cuda_toolkit")
-        lines.append(f"- CUDA toolkit (nvcc): {toolkit['version'] if toolkit else 'not installed'}")
-        lines.append(f"- MIG (current/pending): {_mig_words(s)}")
-        lines.append(f"- Persistence mode: {_persistence_words(s)}")
-        lines.append(f"- Module/package mismatch: {s['module_mismatch'] or 'none'}")
-        lines.append(f"- Tensor-parallel GPUs: {_link_words(s, state)}")
-        nvlink = state.get("nvlink")
-        lines.append(f"- NVLink: {_nvlink_words(state)}")
-        if nvlink:
-            for gpu, links in sorted(nvlink.items(), key=lambda item: int(item[0])):
-                active = [link for link in links if link["active"]]
-                speeds = sorted({link["speed_gbps"] for link in active if link["speed_gbps"]})
-                lines.append(
-                    f"- NVLink GPU{gpu}: {len(active)}/{len(links)} links active"
-                    + (f" at {', '.join(f'{v:g}' for v in speeds)} GB/s" if speeds else "")
-                )
-        topology = state.get("topology")
-        if topology is not None and topology.get("gpus"):
-            labels = topology["gpus"]
-            lines += ["", "| | " + " | ".join(labels) + " |", "|---" * (len(labels) + 1) + "|"]
-            for row in labels:
-                cells = ["X" if row == col else topology["links"][row].get(col, "?") for col in labels]
-                lines.append(f"| {row} | " + " | ".join(cells) + " |")
+        lines += [f"## {_md(name)}", ""]
+        lines += _markdown_host_state(s, state)
         lines += ["", "| check | ok | detail | fix |", "|---|---|---|---|"]
         for check in entry["checks"]:
             ok = {True: "yes", False: "NO", None: "-"}[check["ok"]]
             if check["ok"] is False and check["severity"] == "warning":
                 ok = "warn"
-            lines.append(f"| {check['name']} | {ok} | {check['detail']} | {check['fix']} |")
-        lines += ["", f"Verdict: {s['verdict']}", ""]
+            lines.append(f"| {check['name']} | {ok} | {_md(check['detail'])} | "
+                         f"{_md(check['fix'])} |")
+        lines += ["", f"Verdict: {_md(s['verdict'])}", ""]
         lines += _markdown_gpu_health(entry)
         if "engine" in entry:
             lines += [f"Engine: {_md(engine_words(entry))}", ""]
@@ -440,6 +415,49 @@ def render_markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _markdown_host_state(summary: dict[str, Any], state: dict[str, Any]) -> list[str]:
+    """The start of a host's section: what was read of its OS, driver, GPUs and links
+    (``summary``: the entry's, ``state``: the raw facts)."""
+    # Every value was read from the host: escaped, so none is Markdown syntax.
+    lines = [
+        f"- OS: {_md(summary['os'])} (kernel {_md(state.get('kernel'))})",
+        f"- GPUs: {_md(_gpu_words(summary))}",
+        f"- Driver: {_md(summary['driver_version'] or 'none')}; "
+        f"CUDA (driver): {_md(summary['cuda_version'] or '-')}",
+    ]
+    module = summary["kernel_module"]
+    if module:
+        flavour = "open" if module.get("open") else "proprietary"
+        lines.append(f"- Kernel module: {_md(module.get('version'))} ({flavour})")
+    toolkit = state.get("cuda_toolkit")
+    lines.append("- CUDA toolkit (nvcc): "
+                 + (_md(toolkit["version"]) if toolkit else "not installed"))
+    lines.append(f"- MIG (current/pending): {_md(_mig_words(summary))}")
+    lines.append(f"- Persistence mode: {_md(_persistence_words(summary))}")
+    lines.append(f"- Module/package mismatch: {_md(summary['module_mismatch'] or 'none')}")
+    lines.append(f"- Tensor-parallel GPUs: {_md(_link_words(summary, state))}")
+    nvlink = state.get("nvlink")
+    lines.append(f"- NVLink: {_md(_nvlink_words(state))}")
+    if nvlink:
+        for gpu, links in sorted(nvlink.items(), key=lambda item: int(item[0])):
+            active = [link for link in links if link["active"]]
+            speeds = sorted({link["speed_gbps"] for link in active if link["speed_gbps"]})
+            lines.append(
+                f"- NVLink GPU{_md(gpu)}: {len(active)}/{len(links)} links active"
+                + (f" at {', '.join(f'{v:g}' for v in speeds)} GB/s" if speeds else "")
+            )
+    topology = state.get("topology")
+    if topology is not None and topology.get("gpus"):
+        labels = topology["gpus"]
+        lines += ["", "| | " + " | ".join(_md(label) for label in labels) + " |",
+                  "|---" * (len(labels) + 1) + "|"]
+        for row in labels:
+            cells = ["X" if row == col else _md(topology["links"][row].get(col, "?"))
+                     for col in labels]
+            lines.append(f"| {_md(row)} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def _markdown_gpu_health(entry: dict[str, Any]) -> list[str]:
     """Each GPU's health verdict, its reasons with what to do, and its counters."""
     health = entry.get("gpu_health") or {}
@@ -451,23 +469,25 @@ def _markdown_gpu_health(entry: dict[str, Any]) -> list[str]:
     for bus, gpu in sorted(health.items()):
         counters = gpu.get("counters") or {}
         reasons = "<br>".join(_md(f"{r['detail']}: {r['action']}") for r in gpu["reasons"])
-        cells = [str(counters.get(key, "-")) for key, _ in HEALTH_COLUMNS]
+        cells = [_md(counters.get(key, "-")) for key, _ in HEALTH_COLUMNS]
         index = gpu.get("index")
-        lines.append(f"| {'-' if index is None else index} | {_md(bus)} | {gpu['verdict']} | "
+        lines.append(f"| {'-' if index is None else _md(index)} | {_md(bus)} | "
+                     f"{_md(gpu['verdict'])} | "
                      f"{reasons or '-'} | " + " | ".join(cells) + " |")
     return lines + [""]
 
 
-def _md(text: str) -> str:
-    """Text safe inside a Markdown table cell."""
-    return str(text).replace("|", "\\|").replace("\n", " ")
+def _md(text: Any) -> str:
+    """A value read from a host (or any value shown with it) as Markdown text that stays
+    one table cell or list item, with no link, code span or HTML of its own."""
+    return markdown_text(text)
 
 
 def _markdown_drift(entry: dict[str, Any]) -> list[str]:
     lines = ["### Drift", ""]
     if entry.get("drift") is None:
-        refused = [f"- Refused: {reason}" for reason in entry.get("refused") or []]
-        return lines + [f"{entry.get('drift_note') or 'not checked'}", ""] + (
+        refused = [f"- Refused: {_md(reason)}" for reason in entry.get("refused") or []]
+        return lines + [_md(entry.get("drift_note") or "not checked"), ""] + (
             refused + [""] if refused else [])
     drift, refused = host_problems(entry)
     if drift:
@@ -477,17 +497,18 @@ def _markdown_drift(entry: dict[str, Any]) -> list[str]:
             "| stage | operation |",
             "|---|---|",
         ]
-        lines += [f"| {d['stage'] or '-'} | {_md(d['operation'])} |" for d in drift]
+        lines += [f"| {_md(d['stage'] or '-')} | {_md(d['operation'])} |" for d in drift]
         lines.append("")
     elif not refused:
         lines += ["Converged: `deploys/full.py` would change nothing.", ""]
     if entry.get("conditional"):
-        words = ", ".join(f"{d['operation']} [{d['stage']}]" for d in entry["conditional"])
+        words = ", ".join(f"{_md(d['operation'])} [{_md(d['stage'])}]"
+                          for d in entry["conditional"])
         lines += [f"Only if an operation before them changes: {words}.", ""]
     for reason in refused:
-        lines.append(f"- Refused: {reason}")
+        lines.append(f"- Refused: {_md(reason)}")
     if entry.get("drift_note"):
-        lines.append(f"- Note: {entry['drift_note']}")
+        lines.append(f"- Note: {_md(entry['drift_note'])}")
     return lines + ([""] if refused or entry.get("drift_note") else [])
 
 
@@ -496,7 +517,7 @@ def _markdown_model(entry: dict[str, Any]) -> list[str]:
         return []
     lines = ["### Model", ""]
     if entry.get("compatibility") is None and entry.get("capacity") is None:
-        return lines + [f"Not planned: {entry.get('model_note') or 'no model lock'}", ""]
+        return lines + [f"Not planned: {_md(entry.get('model_note') or 'no model lock')}", ""]
     lines += ["| check | ok | detail | fix |", "|---|---|---|---|"]
     for check in entry.get("compatibility") or []:
         ok = {True: "yes", False: "NO", None: "-"}[check["ok"]]
@@ -512,11 +533,11 @@ def _markdown_model(entry: dict[str, Any]) -> list[str]:
         )
     lines.append("")
     if "error" in capacity:
-        lines.append(f"- Capacity: {capacity['error']}")
+        lines.append(f"- Capacity: {_md(capacity['error'])}")
     elif capacity:
         lines += [
             f"- Capacity at {capacity['gpu_memory_mib']} MiB per GPU "
-            f"({capacity['gpu_memory_source']}): {capacity['sequences']} sequence(s) of "
+            f"({_md(capacity['gpu_memory_source'])}): {capacity['sequences']} sequence(s) of "
             f"{capacity['max_model_len']} tokens at once; KV cache "
             f"{capacity['kv_bytes_per_token']} bytes per token; the longest "
             f"max_model_len that fits: {capacity['max_model_len_that_fits']}",
@@ -593,7 +614,7 @@ def _markdown_integrity(entry: dict[str, Any]) -> list[str]:
                      "and the engine runs with its unit's configuration.")
     note = (entry.get("integrity") or {}).get("engine_note")
     if note:
-        lines.append(f"- Engine: {note}")
+        lines.append(f"- Engine: {_md(note)}")
     return lines + [""]
 
 
@@ -627,7 +648,7 @@ def _markdown_model_integrity(entry: dict[str, Any]) -> list[str]:
     if not found["problems"]:
         return lines + ["Every file matches the lock.", ""]
     lines += ["| file | problem |", "|---|---|"]
-    lines += [f"| {_md(path)} | {problem} |" for path, problem in found["problems"].items()]
+    lines += [f"| {_md(path)} | {_md(problem)} |" for path, problem in found["problems"].items()]
     return lines + [""]
 
 
@@ -682,11 +703,13 @@ def summary_rows(report: dict[str, Any]) -> list[tuple[str, ...]]:
 
 
 def summary_table(report: dict[str, Any]) -> str:
-    rows = summary_rows(report)
+    """The terminal table: ``summary_rows`` in aligned columns, each cell ``printable``
+    (a host's GPU name or model id may hold escape sequences and control characters)."""
+    rows = [[printable(cell) for cell in row] for row in summary_rows(report)]
     header = rows[0]
-    widths = [max(len(str(row[i])) for row in rows) for i in range(len(header))]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     return "\n".join(
-        "  ".join(str(cell).ljust(widths[i]) for i, cell in enumerate(row)).rstrip()
+        "  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip()
         for row in rows
     )
 

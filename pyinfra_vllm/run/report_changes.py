@@ -24,6 +24,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from pyinfra_vllm.run.report_text import markdown_text
+
 # (field, label, where in an entry); the labels are what people read.
 VALUES: tuple[tuple[str, str], ...] = (
     ("verdict", "verdict"),
@@ -163,7 +165,7 @@ def markdown_changes(found: dict[str, Any] | None) -> list[str]:
     """The Markdown section "Changed since the previous audit" ([] without ``changes``)."""
     if found is None:
         return []
-    lines = ["## Changed since the previous audit", "", previous_words(found), ""]
+    lines = ["## Changed since the previous audit", "", _md(previous_words(found)), ""]
     if found.get("previous") is None:
         return lines
     lines += [f"- Host added: {_md(name)}" for name in found["added"]]
@@ -176,6 +178,7 @@ def markdown_changes(found: dict[str, Any] | None) -> list[str]:
     return lines + [""]
 
 
-def _md(text: str) -> str:
-    """Text that stays one Markdown list item."""
-    return str(text).replace("\n", " ")
+def _md(text: Any) -> str:
+    """A value read from a host or an earlier report as Markdown text that stays one list
+    item, with no link, code span or HTML of its own."""
+    return markdown_text(text)

@@ -4,8 +4,9 @@ Markdown ones.
 Self-contained: inline CSS and inline SVG, no script, no font, no image to fetch; its
 Content-Security-Policy (``default-src 'none'``) keeps a browser from loading anything
 else, so it opens the same offline. Every value from the report is escaped
-(``html.escape``), in the page and in the SVG alike: host names, package names,
-findings and refusal reasons come from hosts and settings.
+(``html.escape``), in the page and in the SVG alike, its control characters replaced
+(pyinfra_vllm/run/report_text.py): host names, package names, findings and refusal
+reasons come from hosts and settings.
 
 Rendered from the report as its JSON file holds it (pyinfra_vllm/run/report.py) and the
 rows of the terminal table (``report.summary_rows``), so the fleet table has the
@@ -19,6 +20,7 @@ import re
 from typing import Any
 
 from pyinfra_vllm.run.report_changes import change_words, previous_words
+from pyinfra_vllm.run.report_text import printable
 
 # One colour per link type of `nvidia-smi topo -m`, with its legend's meaning, best
 # first (NVIDIA's legend, printed under the matrix). SOC is the pre-2017 name of SYS.
@@ -52,8 +54,9 @@ ul{margin:4px 0 4px 18px;padding:0}code{background:#f4f4f4;padding:0 3px}
 
 
 def esc(value: Any) -> str:
-    """Any value as HTML text (attribute-safe: quotes escaped too)."""
-    return html.escape("-" if value is None else str(value), quote=True)
+    """Any value as HTML text (attribute-safe: quotes escaped too), ``printable`` first:
+    no control character reaches the page (or a terminal that prints the file)."""
+    return html.escape(printable("-" if value is None else value), quote=True)
 
 
 def link_kind(code: str | None) -> str:

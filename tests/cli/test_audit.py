@@ -170,5 +170,6 @@ def test_a_second_audit_says_what_changed_and_keeps_the_newest_sets(tmp_path):
         ops = next(c for c in found["hosts"]["@local"] if c["field"] == "operations")
         assert ops["added"] == ["Sysctl: kernel parameters persisted and applied [sysctl]"]
         md = json_path.with_suffix(".md").read_text()
+        # The item is text from the host: its brackets escaped in Markdown.
         assert ("- @local: operations that would change, new: Sysctl: kernel parameters "
-                "persisted and applied [sysctl]") in md
+                "persisted and applied \\[sysctl\\]") in md

@@ -233,9 +233,11 @@ def test_changes_since_the_previous_audit():
         "- Host not in this audit (removed from the inventory, or left out by --limit): gpu-old-01",
         "- gpu-dgx-01: driver: 570.172.08 → 580.159.04",
         "- gpu-dgx-01: GPU count: 7 → 8",
-        f"- gpu-dgx-01: operations that would change, new: {SYSCTL['operation']} [sysctl]",
-        f"- gpu-dgx-01: operations that would change, gone: {GATEWAY['operation']} [gateway]",
-        f"- gpu-dgx-01: findings, new: {TORCH}",
+        # Host text, escaped for Markdown: the brackets, and TORCH's "->".
+        f"- gpu-dgx-01: operations that would change, new: {SYSCTL['operation']} \\[sysctl\\]",
+        f"- gpu-dgx-01: operations that would change, gone: {GATEWAY['operation']} "
+        "\\[gateway\\]",
+        f"- gpu-dgx-01: findings, new: {TORCH.replace('>', '&gt;')}",
         f"- gpu-pcie-01: verdict: ok → {verdict}",
         f"- gpu-pcie-01: refused, new: {REBOOT}",
         "",
