@@ -103,7 +103,8 @@ def rollout(state: State, batch: int, host_name: str) -> Rollout:
 
 
 def drain_command() -> StringCommand:
-    """The gateway answers 503 from now on (the flag exists)."""
+    """The gateway answers 503 from now on (the flag exists). ``install -d -m`` sets the
+    mode of a directory that exists too: DRAIN_DIR holds the flag alone, never a secret."""
     return StringCommand("install -d -m 755", DRAIN_DIR, "&& touch", DRAIN_FLAG)
 
 

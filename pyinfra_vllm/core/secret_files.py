@@ -12,17 +12,20 @@ import os
 import re
 import stat
 
-# scheme://user:password@ or scheme://token@ in any text shown to the operator.
-_CREDENTIALS = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<user>[^/@\s:'\"]*)"
-                          r"(?P<password>:[^/@\s'\"]*)?@")
+# scheme://user:password@ or scheme://token@ in any text shown to the operator. The
+# credentials run to the last "@" before the host (urllib splits there too), so an "@"
+# written unencoded in a password ("p@ss") is masked with the rest of it.
+_CREDENTIALS = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>[^/\s'\"]*)@")
 
 
 def mask_credentials(text: str) -> str:
     """``text`` with the credentials of every URL in it masked: ``user:***@``, ``***@``."""
 
     def masked(match: re.Match[str]) -> str:
-        if match.group("password") is not None:
-            return f"{match.group('scheme')}{match.group('user')}:***@"
+        user, colon, _password = match.group("userinfo").partition(":")
+        # A user with an "@" of its own is no plain user name: masked whole.
+        if colon and "@" not in user:
+            return f"{match.group('scheme')}{user}:***@"
         return f"{match.group('scheme')}***@"
 
     return _CREDENTIALS.sub(masked, text)

@@ -315,7 +315,9 @@ class Settings(BaseModel):
     model_base_url: str = "https://huggingface.co"
     """Base URL of the model files (Hugging Face or a mirror with the same layout). https
     whenever a Hugging Face token is set (hf_token, hf_token_file, HF_TOKEN), since the
-    token goes with every request; plain http only for a mirror used without one.
+    token goes with every request; plain http only for a mirror used without one. No
+    credentials in it (user:password@): the URL is on the downloader's command line; the
+    token goes in hf_token_file, hf_token or HF_TOKEN instead.
     """
     model_revision: str = "main"
     """Model revision (branch, tag or commit) to lock and download."""
@@ -390,12 +392,21 @@ class Settings(BaseModel):
     envelope = 1638400 bytes, rounded up to whole MiB: 2 MiB.
     """
     gateway_extra_directives: list[str] = Field(default_factory=list)
-    """Extra nginx directives added to the gateway's server block: trusted operator input,
-    placed as written inside the server block that guards /v1/ with the key check. One
-    simple directive per item, ending in ";" (e.g. "add_header X-Served-By gpu1;"); no
-    block, comment or second line ({, }, #, newline) and none of include, server,
-    location, map, upstream, listen, if or ssl_*. A directive nginx -t rejects leaves the
-    old config live.
+    """Extra nginx directives added to the gateway's server block, which guards /v1/ with
+    the key check. One simple directive per item, ending in ";" (e.g. "add_header
+    X-Served-By gpu1;"); no block, comment or second line ({, }, #, newline), no variable
+    ($) and no debug-level error_log (it logs the Authorization header). Only directives
+    that set a timeout, a buffer size, logging, compression or a response header:
+    access_log, add_header, client_body_buffer_size, client_body_timeout,
+    client_header_buffer_size, client_header_timeout, error_log, gzip, gzip_buffers,
+    gzip_comp_level, gzip_disable, gzip_http_version, gzip_min_length, gzip_proxied,
+    gzip_types, gzip_vary, keepalive_requests, keepalive_timeout,
+    large_client_header_buffers, lingering_close, lingering_time, lingering_timeout,
+    log_not_found, open_log_file_cache, proxy_connect_timeout, reset_timedout_connection,
+    send_timeout. Anything else is refused: "set $vllm_key_ok 1;" or "satisfy any;" turned
+    the key check off. client_max_body_size, proxy_read_timeout and proxy_send_timeout
+    come from gateway_max_body_mib and gateway_proxy_timeout_s. A directive nginx -t
+    rejects leaves the old config live.
     """
     gateway_tls_cert: str | None = None
     """TLS for the gateway: a PEM certificate chain (the server's certificate first), a file
@@ -472,6 +483,7 @@ class Settings(BaseModel):
     )(settings_checks.host_path)
     _device_path = field_validator("model_volume_device")(settings_checks.device_path)
     _url = field_validator("pip_index_url", "http_proxy", "model_base_url")(settings_checks.url)
+    _no_credentials = field_validator("model_base_url")(settings_checks.no_credentials)
     _apt_source = field_validator("nvidia_apt_repo")(settings_checks.apt_source)
     _networks = field_validator("metrics_allow", "prometheus_servers")(settings_checks.networks)
     _reachable_address = field_validator("metrics_address")(settings_checks.reachable_address)

@@ -76,9 +76,29 @@ MODEL_REVISION = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_./-]*")
 # config file reads as syntax ($ ; ' " ` \\ and whitespace); percent-encode them instead.
 URL_CHARS = re.compile(r"[A-Za-z0-9._~:/?#\[\]@!&()*+,=%-]+")
 
-# gateway_extra_directives: directives that would change what the gateway listens on,
-# load other files or route around the key check in location /v1/.
-REFUSED_DIRECTIVES = ("include", "server", "location", "map", "upstream", "listen", "if")
+# gateway_extra_directives: the only directives an item may name. Each sets a timeout, a
+# buffer size, logging, compression or a header added to responses (nginx docs:
+# ngx_http_core_module, ngx_http_proxy_module, ngx_http_log_module, ngx_http_gzip_module,
+# ngx_http_headers_module), in nginx 1.18 (Ubuntu 22.04) and 1.22 (Debian 12) alike; none
+# decides whether a request is let through, where it goes, what the engine is sent or which
+# files nginx reads. A list of refusals is never complete: "set $vllm_key_ok 1;", or
+# "satisfy any;" with "allow all;", each turns the key check off and passes nginx -t.
+GATEWAY_DIRECTIVES = (
+    "access_log", "add_header", "client_body_buffer_size", "client_body_timeout",
+    "client_header_buffer_size", "client_header_timeout", "error_log", "gzip",
+    "gzip_buffers", "gzip_comp_level", "gzip_disable", "gzip_http_version",
+    "gzip_min_length", "gzip_proxied", "gzip_types", "gzip_vary", "keepalive_requests",
+    "keepalive_timeout", "large_client_header_buffers", "lingering_close", "lingering_time",
+    "lingering_timeout", "log_not_found", "open_log_file_cache", "proxy_connect_timeout",
+    "reset_timedout_connection", "send_timeout",
+)
+# Directives the gateway's site sets from a setting: a second one in its server block
+# fails nginx -t ("directive is duplicate").
+DIRECTIVE_SETTINGS = {
+    "client_max_body_size": "gateway_max_body_mib",
+    "proxy_read_timeout": "gateway_proxy_timeout_s",
+    "proxy_send_timeout": "gateway_proxy_timeout_s",
+}
 # apt source options that turn off the signature check.
 INSECURE_APT_OPTIONS = ("trusted=yes", "allow-insecure=yes", "allow-weak=yes",
                         "allow-downgrade-to-insecure=yes")
@@ -157,13 +177,37 @@ def _directive_problem(directive: str) -> str | None:
     if "\\" in text or text.count('"') % 2 or text.count("'") % 2:
         return "has a backslash or an unbalanced quote"
     words = text[:-1].split()
-    name = words[0].lower() if words else ""
-    if not name:
+    if not words:
         return "is not one nginx directive ending in ';'"
-    if name in REFUSED_DIRECTIVES or name.startswith("ssl_"):
-        return (f"uses {name}, which is refused: include, server, listen and ssl_* "
-                "would load other files or change what the gateway listens on; location, "
-                "if, map and upstream would route around the key check")
+    return _directive_name_problem(words[0]) or _directive_value_problem(words)
+
+
+def _directive_name_problem(name: str) -> str | None:
+    """Why the directive ``name`` may not be added to the gateway, or None."""
+    if name in GATEWAY_DIRECTIVES:
+        return None
+    if name in DIRECTIVE_SETTINGS:
+        return (f"uses {name}, which the gateway sets itself: set {DIRECTIVE_SETTINGS[name]} "
+                "instead (a second one fails nginx -t)")
+    if name.startswith("ssl_"):
+        return (f"uses {name}, which is refused: the gateway's TLS comes from "
+                "gateway_tls_cert and gateway_tls_key")
+    return (f"uses {name}, which is refused: an added directive may only set timeouts, "
+            "buffer sizes, logging, compression or response headers; others could turn "
+            "the key check off (set, satisfy, allow, auth_request), route around the key "
+            "check (location, if, return, rewrite, proxy_pass), send the engine's key "
+            "elsewhere (proxy_set_header) or load other files (include)")
+
+
+def _directive_value_problem(words: list[str]) -> str | None:
+    """Why the arguments of an allowed directive may not be added, or None."""
+    if any("$" in word for word in words[1:]):
+        return ("has '$': a variable can carry a secret out (add_header X "
+                "$vllm_upstream_authorization sends the engine's key to every client); write "
+                "the value itself")
+    if words[0] == "error_log" and any(word.strip("\"'") == "debug" for word in words[1:]):
+        return ("logs at the debug level, which writes every request header, the API key's "
+                "Authorization too (Debian's nginx is built --with-debug); use info or above")
     return None
 
 
@@ -352,6 +396,27 @@ def url(value: str | None) -> str | None:
     return value
 
 
+def no_credentials(value: str) -> str:
+    """model_base_url: no user, password or token before its host. The URL is an argument
+    of the downloader on the host, where ``ps`` shows it to every user, and in its
+    messages; and urllib cannot use a URL's credentials anyway. (pip_index_url and
+    http_proxy may carry them: they reach the host in a root-only environment file.)"""
+    # The authority as a person reads it, up to the first "/": an "@" after a "?" or "#"
+    # there is still a credential to the one who wrote it, whatever urllib makes of it.
+    authority = value.partition("://")[2].partition("/")[0]
+    if "@" in authority:
+        raise ValueError(
+            "has credentials in it (user:password@ or token@ before the host): the "
+            "downloader would show them on its command line, which ps lists to every user "
+            "of the host, and in its messages, and cannot use them (urllib reads them as "
+            "part of the host name); allowed: http(s)://HOST[:PORT]/PATH without them. "
+            "Remove them from the URL, and give a Hugging Face token as hf_token_file (a "
+            "file, chmod 600), hf_token or HF_TOKEN on the operator's machine: it is sent "
+            "as a bearer token, over https only"
+        )
+    return value
+
+
 def apt_source(value: str | None, info: ValidationInfo) -> str | None:
     """nvidia_apt_repo; reads nvidia_apt_repo_trusted, declared before it."""
     if value is None:
@@ -441,7 +506,7 @@ def one_directive_each(value: list[str]) -> list[str]:
             raise ValueError(
                 f"gateway_extra_directives[{index}] {directive!r} {problem}; allowed: one "
                 "simple directive per item ending in ';', e.g. \"add_header X-Served-By "
-                "gpu1;\""
+                f"gpu1;\", of these: {', '.join(GATEWAY_DIRECTIVES)}"
             )
     return value
 

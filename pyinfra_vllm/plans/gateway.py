@@ -19,8 +19,11 @@ from pyinfra_vllm.core.templating import render
 from pyinfra_vllm.plans.vllm_service import engine_address
 
 # /run: a tmpfs, so a host rebooted while drained comes back serving. 0755: nginx's
-# workers (www-data) test the flag.
-DRAIN_DIR = "/run/pyinfra-vllm"
+# workers (www-data) test the flag. A directory of its own, holding the flag alone: the
+# secrets' directory (/run/pyinfra-vllm, operations/util/uploads.py) is 0700, and a drain
+# there made it listable, then the next secret upload made it 0700 again and hid the flag
+# from the workers, so the host went on serving while it was restarted.
+DRAIN_DIR = "/run/pyinfra-vllm-drain"
 DRAIN_FLAG = f"{DRAIN_DIR}/draining"
 
 SITE_TEMPLATE = "nginx-vllm.conf.j2"

@@ -128,7 +128,7 @@ def _data(settings: Settings) -> None:
     file_set.absent(
         name="Remove: the Python environments, the engine's state and the suite's tools",
         paths=[settings.python_env_root, vllm_plan.STATE_DIR, driver_plan.CUDA_KEY_DIR,
-               *TOOL_FILES, "/run/pyinfra-vllm"],
+               *TOOL_FILES, "/run/pyinfra-vllm", gateway_plan.DRAIN_DIR],
     )
 
     if settings.remove_model_files:

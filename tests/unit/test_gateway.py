@@ -130,8 +130,30 @@ def test_metrics_allow_list_then_deny_all():
         "allow 127.0.0.1/32;",
         "allow 10.0.0.0/24;",
         "deny all;",
-        "proxy_pass http://vllm_engine;",
+        "proxy_pass http://vllm_engine/metrics;",
     ]
+
+
+def test_every_proxy_pass_names_a_uri_so_the_engine_gets_the_normalised_path():
+    # Without a URI nginx passes the path as the client wrote it ("/metrics/../health"
+    # chose location = /health and vLLM served it its metrics); test_gateway_nginx.py
+    # sends those paths to the real nginx.
+    text = site(node_exporter_port=9100)
+    passes = {}
+    for block in text.split("\n    location ")[1:]:
+        name = block.split("{")[0].removeprefix("= ").strip()
+        passes[name] = re.findall(r"^\s*proxy_pass (\S+);", block, re.M)
+    assert passes == {
+        "/v1/": ["http://vllm_engine/v1/"],
+        "/_vllm_key_check": [],
+        "@vllm_unauthorized": [],
+        "@vllm_too_many_failures": [],
+        "/health": ["http://vllm_engine/health"],
+        "/metrics": ["http://vllm_engine/metrics"],
+        "/node-metrics": ["http://127.0.0.1:9100/metrics"],
+        "/": [],
+    }
+    assert len(re.findall(r"^\s*proxy_pass ", text, re.M)) == 4
 
 
 def test_v1_needs_the_key_health_does_not():
@@ -165,7 +187,7 @@ def test_failed_key_checks_are_counted_per_address_and_limited_on_v1_only():
     # The one return is the drain's 503 (a rolling restart), under its flag only.
     returns = [line.strip() for line in v1.splitlines() if line.strip().startswith("return")]
     assert len(returns) == 1 and returns[0].startswith("return 503 ")
-    assert "if (-f /run/pyinfra-vllm/draining) {" in v1
+    assert "if (-f /run/pyinfra-vllm-drain/draining) {" in v1
 
 
 def test_server_tokens_off_in_every_server():

@@ -27,7 +27,11 @@ from pathlib import Path
 
 import pytest
 
-from pyinfra_vllm.plans.gateway import render_keys_map, render_site
+from operations.util.rolling import drain_command
+from operations.util.uploads import SECRET_DIR
+from pyinfra_vllm.core.settings import SettingsError, validate
+from pyinfra_vllm.core.settings_checks import GATEWAY_DIRECTIVES
+from pyinfra_vllm.plans.gateway import DRAIN_FLAG, render_keys_map, render_site
 
 NGINX = shutil.which("nginx") or next(
     (p for p in ("/usr/sbin/nginx", "/sbin/nginx") if Path(p).exists()), None
@@ -54,7 +58,9 @@ class Gateway:
     def __init__(self, root: Path, *, keys: list[str], upstream_key: str | None = None,
                  vllm_host: str = "127.0.0.1", vllm_port: int = 8000, gateway_port: int = 8001,
                  tls: tuple[Path, Path] | None = None, http_redirect_port: int | None = None,
-                 node_exporter_port: int | None = None, drain_flag: Path | None = None):
+                 node_exporter_port: int | None = None, drain_flag: Path | None = None,
+                 metrics_allow: tuple[str, ...] = ("127.0.0.1/32",),
+                 extra_directives: tuple[str, ...] = ()):
         self.root = root
         self.gateway_port = gateway_port
         self.http_redirect_port = http_redirect_port
@@ -63,7 +69,8 @@ class Gateway:
         keys_path = root / "vllm-api-keys.conf"
         site = render_site(
             vllm_host=vllm_host, vllm_port=vllm_port, gateway_port=gateway_port,
-            metrics_allow=["127.0.0.1/32"], body_mib=2, proxy_timeout_s=60,
+            metrics_allow=list(metrics_allow), body_mib=2, proxy_timeout_s=60,
+            extra_directives=extra_directives,
             keys_path=str(keys_path), tls=tls is not None,
             http_redirect_port=http_redirect_port, node_exporter_port=node_exporter_port,
             drain_flag=str(self.drain_flag),
@@ -111,11 +118,14 @@ class Gateway:
 
 
 @contextlib.contextmanager
-def engine(family: int = socket.AF_INET) -> Iterator[int]:
-    """A stand-in engine on loopback: answers every request with the Authorization it got."""
+def engine(family: int = socket.AF_INET, received: list[str] | None = None) -> Iterator[int]:
+    """A stand-in engine on loopback: answers every request with the path and the
+    Authorization it got; ``received`` collects each request's path as it arrived."""
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def _answer(self) -> None:
+            if received is not None:
+                received.append(self.path)
             self.rfile.read(int(self.headers.get("Content-Length") or 0))
             body = json.dumps({"path": self.path,
                                "authorization": self.headers.get("Authorization")}).encode()
@@ -302,6 +312,76 @@ def test_engine_beyond_loopback_gets_its_own_key(tmp_path):
             assert json.loads(body)["authorization"] == f"Bearer {engine_key}"
 
 
+# Requests whose path nginx normalises (dot segments, percent-encoding, merged slashes:
+# nginx docs, "location") to a public location while the raw path starts with /metrics,
+# or the other way round. vLLM routes "^/metrics(?P<path>.*)$" on the path as it arrives
+# (decoded, never normalised), so a raw /metrics/../health served the engine's metrics
+# through "location = /health". Each: the path sent, the status, the path the engine
+# gets (None: it gets no request).
+AROUND_METRICS = [
+    ("/metrics/../health", 200, "/health"),
+    ("/metrics/%2e%2e/health", 200, "/health"),
+    ("/metrics%2F..%2Fhealth", 200, "/health"),
+    ("/metrics/../v1/models", 401, None),
+    ("/metrics/../nope", 404, None),
+    ("/v1/../metrics", 403, None),
+    ("/v1/%2e%2e/metrics", 403, None),
+    ("/v1/models/..%2F..%2Fmetrics", 403, None),
+    ("/health/../metrics", 403, None),
+    ("/%6detrics", 403, None),
+    ("//metrics", 403, None),
+    ("/./metrics", 403, None),
+    ("/metrics", 403, None),
+]
+
+
+def test_no_path_reaches_the_engines_metrics_from_outside_metrics_allow(tmp_path):
+    received: list[str] = []
+    with engine(received=received) as engine_port:
+        gateway = Gateway(tmp_path, keys=[KEY], vllm_port=engine_port,
+                          gateway_port=free_port(), metrics_allow=("10.0.0.0/8",))
+        with gateway.running():
+            for path, want_status, want_received in AROUND_METRICS:
+                received.clear()
+                status = request(gateway.gateway_port, path, method="GET")[0]
+                assert (path, status, received) == (
+                    path, want_status, [want_received] if want_received else [])
+            # With a good key the /v1/ location passes the normalised path too.
+            for path in ("/v1/%2e%2e/metrics", "/v1/x/../../metrics"):
+                received.clear()
+                assert request(gateway.gateway_port, path, method="GET",
+                               authorization=f"Bearer {KEY}")[0] == 403
+                assert received == []
+            received.clear()
+            assert request(gateway.gateway_port, "/v1/x/%2e%2e/models?a=1", method="GET",
+                           authorization=f"Bearer {KEY}")[0] == 200
+            assert received == ["/v1/models?a=1"]
+
+
+def test_every_location_passes_the_engine_the_normalised_path_and_the_query(tmp_path):
+    received: list[str] = []
+    with engine(received=received) as engine_port:
+        gateway = Gateway(tmp_path, keys=[KEY], vllm_port=engine_port,
+                          gateway_port=free_port())
+        with gateway.running():
+            for method, path, want in (
+                ("GET", "/health", "/health"),
+                ("GET", "/health?probe=1", "/health?probe=1"),
+                ("GET", "/metrics", "/metrics"),
+                ("GET", "/metrics?name[]=vllm:num_requests_running",
+                 "/metrics?name[]=vllm:num_requests_running"),
+                ("GET", "/v1/models", "/v1/models"),
+                ("POST", "/v1/chat/completions", "/v1/chat/completions"),
+                ("POST", "/v1//completions", "/v1/completions"),
+                ("GET", "/v1/models/org%2Fname", "/v1/models/org/name"),
+                ("GET", "/v1/models/a%20b", "/v1/models/a%20b"),
+            ):
+                received.clear()
+                status = request(gateway.gateway_port, path, method=method,
+                                 authorization=f"Bearer {KEY}")[0]
+                assert (path, status, received) == (path, 200, [want])
+
+
 def test_ipv6_engine_is_reached_in_brackets(tmp_path):
     try:
         socket.socket(socket.AF_INET6).close()
@@ -368,6 +448,111 @@ def test_node_metrics_reach_node_exporter_on_loopback_without_the_engines_key(tm
             assert json.loads(body) == {"path": "/metrics", "authorization": None}
             status, _headers, body = request(gateway.gateway_port, "/metrics", method="GET")
             assert json.loads(body)["authorization"] == "Bearer sk-engine.1"
+
+
+# One of each directive gateway_extra_directives allows.
+ALLOWED_DIRECTIVES = [
+    "access_log /var/log/nginx/vllm-extra-access.log vllm_gateway;",
+    "add_header X-Served-By gpu1 always;",
+    "client_body_buffer_size 64k;",
+    "client_body_timeout 120s;",
+    "client_header_buffer_size 4k;",
+    "client_header_timeout 30s;",
+    "error_log /var/log/nginx/vllm-extra-error.log warn;",
+    "gzip on;",
+    "gzip_buffers 16 8k;",
+    "gzip_comp_level 5;",
+    'gzip_disable "msie6";',
+    "gzip_http_version 1.1;",
+    "gzip_min_length 1000;",
+    "gzip_proxied any;",
+    "gzip_types application/json;",
+    "gzip_vary on;",
+    "keepalive_requests 1000;",
+    "keepalive_timeout 75s;",
+    "large_client_header_buffers 4 16k;",
+    "lingering_close on;",
+    "lingering_time 30s;",
+    "lingering_timeout 5s;",
+    "log_not_found off;",
+    "open_log_file_cache max=10;",
+    "proxy_connect_timeout 5s;",
+    "reset_timedout_connection on;",
+    "send_timeout 120s;",
+]
+
+
+def test_every_allowed_extra_directive_passes_nginx_t_and_keeps_the_key_check(tmp_path):
+    assert sorted(d.split()[0] for d in ALLOWED_DIRECTIVES) == sorted(GATEWAY_DIRECTIVES)
+    settings = validate({"api_keys": ["sk-" + "a" * 40],
+                         "gateway_extra_directives": ALLOWED_DIRECTIVES})
+    with engine() as engine_port:
+        gateway = Gateway(tmp_path, keys=[KEY], vllm_port=engine_port, gateway_port=free_port(),
+                          extra_directives=tuple(settings.gateway_extra_directives))
+        result = gateway.test()
+        assert result.returncode == 0, result.stderr
+        with gateway.running():
+            status, headers, _body = request(gateway.gateway_port)
+            assert (status, headers["X-Served-By"]) == (401, "gpu1")
+            assert request(gateway.gateway_port, authorization=f"Bearer {KEY}")[0] == 200
+            assert request(gateway.gateway_port, "/metrics/../health", method="GET")[0] == 200
+
+
+@pytest.mark.parametrize("directives", [
+    ["set $vllm_key_ok 1;"],
+    ["satisfy any;", "allow all;"],
+], ids=["set", "satisfy-any"])
+def test_directives_that_open_v1_without_a_key_are_refused_by_the_settings(tmp_path, directives):
+    # Rendered as they are, nginx -t passes and /v1/ is served without a key: only the
+    # settings stand in their way.
+    with engine() as engine_port:
+        gateway = Gateway(tmp_path, keys=[KEY], vllm_port=engine_port, gateway_port=free_port(),
+                          extra_directives=tuple(directives))
+        assert gateway.test().returncode == 0
+        with gateway.running():
+            assert request(gateway.gateway_port)[0] == 200
+    with pytest.raises(SettingsError, match="which is refused"):
+        validate({"api_keys": ["sk-" + "a" * 40], "gateway_extra_directives": directives})
+
+
+def test_a_debug_error_log_writes_the_key_and_is_refused_by_the_settings(tmp_path):
+    assert NGINX is not None
+    built = subprocess.run([NGINX, "-V"], capture_output=True, text=True, timeout=30).stderr
+    if "--with-debug" not in built:
+        pytest.skip("this nginx is built without --with-debug: it writes no debug lines")
+    directive = "error_log /var/log/nginx/vllm-debug.log debug;"
+    with engine() as engine_port:
+        gateway = Gateway(tmp_path, keys=[KEY], vllm_port=engine_port, gateway_port=free_port(),
+                          extra_directives=(directive,))
+        with gateway.running():
+            assert request(gateway.gateway_port, authorization=f"Bearer {KEY}")[0] == 200
+    assert f"Authorization: Bearer {KEY}" in (tmp_path / "vllm-debug.log").read_text()
+    with pytest.raises(SettingsError, match="logs at the debug level"):
+        validate({"api_keys": ["sk-" + "a" * 40], "gateway_extra_directives": [directive]})
+
+
+def test_the_workers_see_the_drain_flag_while_the_secrets_directory_is_0700(tmp_path):
+    # The drain command itself (operations/util/rolling.py) and a secret upload's 0700
+    # directory (operations/util/uploads.py), with /run moved into a 0755 directory of
+    # this test's. Run as root, nginx's workers run as another user (nobody here,
+    # www-data on a host): a flag inside the 0700 secrets' directory is invisible to them.
+    root = tempfile.mkdtemp(prefix="pyinfra-vllm-root-")
+    Path(root, "run").mkdir()
+    for directory in (Path(root), Path(root, "run")):
+        directory.chmod(0o755)
+    with engine() as engine_port, contextlib.ExitStack() as cleanup:
+        cleanup.callback(shutil.rmtree, root)
+        drain = drain_command().get_raw_value().replace(" /run/", f" {root}/run/")
+        gateway = Gateway(tmp_path, keys=[KEY], vllm_port=engine_port,
+                          gateway_port=free_port(), drain_flag=Path(root + DRAIN_FLAG))
+        with gateway.running():
+            subprocess.run(["sh", "-c", drain], check=True, timeout=30)
+            secrets = Path(root + SECRET_DIR)
+            secrets.mkdir(mode=0o700, exist_ok=True)
+            secrets.chmod(0o700)
+            (secrets / "hf_token").write_text("hf_x\n")
+            assert request(gateway.gateway_port, "/health", method="GET")[0] == 503
+            assert request(gateway.gateway_port, authorization=f"Bearer {KEY}")[0] == 503
 
 
 def test_a_draining_gateway_answers_503_on_health_and_v1_and_serves_again(tmp_path):

@@ -7,6 +7,8 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import http.server
+import posixpath
+import stat
 import subprocess
 import sys
 import threading
@@ -16,10 +18,12 @@ from pathlib import Path
 
 import gevent
 import pytest
-from pyinfra.api import Config, Inventory, OperationValueError, State
+from pyinfra.api import Config, Inventory, OperationValueError, State, StringCommand
 
 from operations.util import rolling as rolling_util
 from operations.util import vllm_service as vllm_service_util
+from operations.util.uploads import SECRET_DIR, UPLOAD_ROOT
+from pyinfra_vllm.plans.gateway import DRAIN_DIR, DRAIN_FLAG
 
 ROOT = Path(__file__).resolve().parents[2]
 METRICS = (ROOT / "tests/fixtures/vllm-cpu/metrics.txt").read_text()
@@ -180,12 +184,48 @@ def test_the_restart_and_drain_commands():
         vllm_service_util.restart_command([], False).get_raw_value())
     assert "reset-failed" not in vllm_service_util.restart_command([], False).get_raw_value()
     assert rolling_util.drain_command().get_raw_value() == (
-        "install -d -m 755 /run/pyinfra-vllm && touch /run/pyinfra-vllm/draining")
-    assert rolling_util.undrain_command().get_raw_value() == "rm -f /run/pyinfra-vllm/draining"
+        "install -d -m 755 /run/pyinfra-vllm-drain && touch /run/pyinfra-vllm-drain/draining")
+    assert rolling_util.undrain_command().get_raw_value() == (
+        "rm -f /run/pyinfra-vllm-drain/draining")
     assert vllm_service_util.idle_command("/opt/vllm/current/bin/python", "http://[::1]:8000/metrics",
                             120).get_raw_value() == (
         "/opt/vllm/current/bin/python /usr/local/lib/pyinfra-vllm/engine_idle.py --url "
         "'http://[::1]:8000/metrics' --grace 120")
+
+
+def test_draining_never_changes_the_secrets_directory_nor_does_a_secret_upload_the_flags(
+        tmp_path):
+    # The drain and undrain commands run by a real shell, their /run moved into tmp_path.
+    # With the flag in the secrets' 0700 directory, draining made it 0755 (the secrets'
+    # names listable), and the next secret upload (install -d -m 700) hid the flag from
+    # nginx's workers again: the host served on through its restart.
+    def sh(command: StringCommand) -> None:
+        raw = command.get_raw_value().replace(" /run/", f" {tmp_path}/run/")
+        subprocess.run(["sh", "-c", raw], check=True, timeout=30)
+
+    for private in (SECRET_DIR, UPLOAD_ROOT):
+        assert posixpath.commonpath([DRAIN_DIR, private]) == "/run", private
+    assert posixpath.dirname(DRAIN_FLAG) == DRAIN_DIR
+    secrets = Path(f"{tmp_path}{SECRET_DIR}")
+    secrets.mkdir(parents=True, mode=0o700)
+    (secrets / "hf_token").write_text("hf_x\n")
+    drain_dir, flag = Path(f"{tmp_path}{DRAIN_DIR}"), Path(f"{tmp_path}{DRAIN_FLAG}")
+
+    sh(rolling_util.drain_command())
+    assert stat.S_IMODE(secrets.stat().st_mode) == 0o700
+    assert [p.name for p in secrets.iterdir()] == ["hf_token"]
+    assert stat.S_IMODE(drain_dir.stat().st_mode) == 0o755
+    assert [p.name for p in drain_dir.iterdir()] == ["draining"] and flag.is_file()
+    # A secret upload while drained sets its own directory's mode, not the flag's.
+    secrets.chmod(0o700)
+    sh(rolling_util.drain_command())  # drained twice: a rerun of the step
+    assert stat.S_IMODE(secrets.stat().st_mode) == 0o700
+    assert stat.S_IMODE(drain_dir.stat().st_mode) == 0o755 and flag.is_file()
+
+    sh(rolling_util.undrain_command())
+    assert not flag.exists()
+    assert stat.S_IMODE(secrets.stat().st_mode) == 0o700
+    assert [p.name for p in secrets.iterdir()] == ["hf_token"]
 
 
 def test_the_failure_reason_is_the_last_readiness_line_else_the_last_line():

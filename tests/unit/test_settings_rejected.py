@@ -33,6 +33,11 @@ PASSWORD = "hunter2-Pw0rd"
 SHORT = "sk-short-1234"
 SIGNED = "deb [signed-by=/usr/share/keyrings/nvidia.gpg] https://repo.example/ubuntu2204/x86_64 /"
 CHARS = "letters, digits and _.~+/=:-"
+# Allowed extra directives (tests/unit/test_gateway_nginx.py runs one of each allowed name
+# under the real nginx).
+GATEWAY_EXTRA_ACCEPTED = ["add_header X-Served-By gpu1;", 'add_header X-Note "a b" always;',
+                          "keepalive_timeout 75s;", "client_body_timeout 120s;",
+                          "error_log /var/log/nginx/vllm-extra.log info;", "gzip off;"]
 
 
 @dataclass
@@ -58,8 +63,10 @@ NOT_IP = ("not an IP address literal", "127.0.0.1 or ::1")
 SYSTEM_DIR = ("is / or a system directory", "use a directory of its own below it")
 NOT_NORMAL = ("not a normalized path", "no '.' or '..' part, no '//', no trailing '/'")
 ONE_DIRECTIVE = "allowed: one simple directive per item ending in ';'"
+DIRECTIVES_ALLOWED = "of these: access_log, add_header, client_body_buffer_size"
 UNSIGNED = "unsigned packages run their scripts as root"
 HOST_URL = "write it as http(s)://HOST[:PORT]/PATH"
+BASE_URL_CREDENTIALS = "has credentials in it (user:password@ or token@ before the host)"
 
 CASES = [
     # --- 1. vllm_host: an IP literal, on loopback unless opted in -----------------------
@@ -320,8 +327,26 @@ CASES = [
          env={"HF_TOKEN": TOKEN}),
     case("base-url-http-credentials-with-token",
          {"model_base_url": f"http://mirror:{PASSWORD}@10.0.0.1:8788", "hf_token": TOKEN},
-         "model_base_url", "'http://mirror:***@10.0.0.1:8788' is plain http",
-         secrets=[TOKEN, PASSWORD]),
+         "model_base_url", "model_base_url = 'http://mirror:***@10.0.0.1:8788'",
+         BASE_URL_CREDENTIALS, secrets=[TOKEN, PASSWORD]),
+    # The URL is the downloader's argument on the host (ps shows it to every user there).
+    case("base-url-credentials",
+         {"model_base_url": f"https://mirror:{PASSWORD}@mirror.example/hf"}, "model_base_url",
+         "model_base_url = 'https://mirror:***@mirror.example/hf'", BASE_URL_CREDENTIALS,
+         "allowed: http(s)://HOST[:PORT]/PATH without them", "Remove them from the URL",
+         "hf_token_file", "HF_TOKEN on the operator's machine",
+         secrets=[PASSWORD]),
+    case("base-url-token-as-user", {"model_base_url": f"https://{TOKEN}@mirror.example"},
+         "model_base_url", "model_base_url = 'https://***@mirror.example'",
+         BASE_URL_CREDENTIALS, secrets=[TOKEN]),
+    case("base-url-at-in-password",
+         {"model_base_url": f"https://mirror:x@{PASSWORD}@mirror.example/"}, "model_base_url",
+         "model_base_url = 'https://mirror:***@mirror.example/'", BASE_URL_CREDENTIALS,
+         secrets=[PASSWORD]),
+    case("base-url-credentials-after-hash",
+         {"model_base_url": f"https://mirror#{PASSWORD}@mirror.example/"}, "model_base_url",
+         "model_base_url = 'https://***@mirror.example/'", BASE_URL_CREDENTIALS,
+         secrets=[PASSWORD]),
     case("base-url-ftp", {"model_base_url": "ftp://mirror.example"}, "model_base_url",
          "its scheme is 'ftp'; allowed: http or https"),
     case("base-url-no-scheme", {"model_base_url": "huggingface.co"}, "model_base_url",
@@ -345,6 +370,9 @@ CASES = [
          "http_proxy", "'http://bob:***@proxy:3128\\n'", "cannot carry", secrets=[PASSWORD]),
     case("proxy-dollar-with-token-user", {"http_proxy": f"http://{PASSWORD}@proxy:3128/$x"},
          "http_proxy", "'http://***@proxy:3128/$x'", "cannot carry", secrets=[PASSWORD]),
+    case("proxy-dollar-with-at-in-password",
+         {"http_proxy": f"http://bob:x@{PASSWORD}@proxy:3128/$x"}, "http_proxy",
+         "'http://bob:***@proxy:3128/$x'", "cannot carry", secrets=[PASSWORD]),
     case("proxy-socks", {"http_proxy": "socks5://proxy:1080"}, "http_proxy",
          "its scheme is 'socks5'; allowed: http or https"),
     case("proxy-no-scheme", {"http_proxy": "proxy.example:3128"}, "http_proxy", "not a URL"),
@@ -367,14 +395,14 @@ CASES = [
     case("directive-include", {"gateway_extra_directives": ["include /etc/nginx/other.conf;"]},
          "gateway_extra_directives", "uses include, which is refused", ONE_DIRECTIVE),
     case("directive-include-upper", {"gateway_extra_directives": ["INCLUDE /x.conf;"]},
-         "gateway_extra_directives", "uses include, which is refused"),
+         "gateway_extra_directives", "uses INCLUDE, which is refused"),
     case("directive-listen", {"gateway_extra_directives": ["listen 80;"]},
          "gateway_extra_directives", "uses listen, which is refused"),
     case("directive-server", {"gateway_extra_directives": ["server 10.0.0.1:8000;"]},
          "gateway_extra_directives", "uses server, which is refused"),
     case("directive-location", {"gateway_extra_directives": ["location /admin;"]},
          "gateway_extra_directives", "uses location, which is refused",
-         "would route around the key check"),
+         "route around the key check (location, if, return"),
     case("directive-map", {"gateway_extra_directives": ["map $a $b;"]},
          "gateway_extra_directives", "uses map, which is refused"),
     case("directive-upstream", {"gateway_extra_directives": ["upstream other;"]},
@@ -387,6 +415,64 @@ CASES = [
          "gateway_extra_directives", "has a backslash or an unbalanced quote"),
     case("directive-backslash", {"gateway_extra_directives": ["add_header X 1\\;"]},
          "gateway_extra_directives", "has a backslash or an unbalanced quote"),
+    # Each of these passes nginx -t; the first three serve /v1/ without a key.
+    case("directive-set-key-ok", {"gateway_extra_directives": ["set $vllm_key_ok 1;"]},
+         "gateway_extra_directives", "'set $vllm_key_ok 1;' uses set, which is refused",
+         "could turn the key check off", ONE_DIRECTIVE, DIRECTIVES_ALLOWED),
+    case("directive-satisfy-any", {"gateway_extra_directives": ["satisfy any;", "allow all;"]},
+         "gateway_extra_directives", "[0] 'satisfy any;' uses satisfy, which is refused",
+         DIRECTIVES_ALLOWED),
+    case("directive-auth-request-off", {"gateway_extra_directives": ["auth_request off;"]},
+         "gateway_extra_directives", "uses auth_request, which is refused"),
+    case("directive-allow", {"gateway_extra_directives": ["allow all;"]},
+         "gateway_extra_directives", "uses allow, which is refused"),
+    case("directive-deny", {"gateway_extra_directives": ["deny 10.0.0.0/8;"]},
+         "gateway_extra_directives", "uses deny, which is refused"),
+    case("directive-quoted-name", {"gateway_extra_directives": ['"set" $vllm_key_ok 1;']},
+         "gateway_extra_directives", "uses \"set\", which is refused"),
+    case("directive-proxy-pass", {"gateway_extra_directives": ["proxy_pass http://10.0.0.9;"]},
+         "gateway_extra_directives", "uses proxy_pass, which is refused",
+         "route around the key check"),
+    case("directive-proxy-set-header",
+         {"gateway_extra_directives": ['proxy_set_header Authorization "Bearer x";']},
+         "gateway_extra_directives", "uses proxy_set_header, which is refused",
+         "send the engine's key elsewhere"),
+    case("directive-return", {"gateway_extra_directives": ["return 200;"]},
+         "gateway_extra_directives", "uses return, which is refused"),
+    case("directive-rewrite", {"gateway_extra_directives": ["rewrite ^/x/(.*) /v1/models;"]},
+         "gateway_extra_directives", "uses rewrite, which is refused"),
+    case("directive-error-page", {"gateway_extra_directives": ["error_page 401 =200 /health;"]},
+         "gateway_extra_directives", "uses error_page, which is refused"),
+    case("directive-root", {"gateway_extra_directives": ["root /etc;"]},
+         "gateway_extra_directives", "uses root, which is refused"),
+    case("directive-alias", {"gateway_extra_directives": ["alias /etc/nginx/;"]},
+         "gateway_extra_directives", "uses alias, which is refused"),
+    case("directive-lua", {"gateway_extra_directives": ["access_by_lua 'return';"]},
+         "gateway_extra_directives", "uses access_by_lua, which is refused"),
+    case("directive-js", {"gateway_extra_directives": ["js_content gate.allow;"]},
+         "gateway_extra_directives", "uses js_content, which is refused"),
+    case("directive-perl", {"gateway_extra_directives": ["perl Gate::handler;"]},
+         "gateway_extra_directives", "uses perl, which is refused"),
+    case("directive-proxy-buffering", {"gateway_extra_directives": ["proxy_buffering on;"]},
+         "gateway_extra_directives", "uses proxy_buffering, which is refused"),
+    case("directive-server-tokens", {"gateway_extra_directives": ["server_tokens on;"]},
+         "gateway_extra_directives", "uses server_tokens, which is refused"),
+    case("directive-variable",
+         {"gateway_extra_directives": ["add_header X-K $vllm_upstream_authorization always;"]},
+         "gateway_extra_directives", "has '$'", "sends the engine's key to every client",
+         DIRECTIVES_ALLOWED),
+    case("directive-variable-in-log-path",
+         {"gateway_extra_directives": ["access_log /var/log/nginx/$http_authorization;"]},
+         "gateway_extra_directives", "has '$'"),
+    case("directive-error-log-debug",
+         {"gateway_extra_directives": ["error_log /var/log/nginx/vllm-debug.log debug;"]},
+         "gateway_extra_directives", "logs at the debug level", "Authorization",
+         "use info or above"),
+    case("directive-proxy-read-timeout", {"gateway_extra_directives": ["proxy_read_timeout 60s;"]},
+         "gateway_extra_directives", "which the gateway sets itself",
+         "set gateway_proxy_timeout_s instead"),
+    case("directive-body-size", {"gateway_extra_directives": ["client_max_body_size 0;"]},
+         "gateway_extra_directives", "set gateway_max_body_mib instead"),
 ]
 
 
@@ -482,11 +568,11 @@ def test_rejected(bad: Case, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
          f"https://bob:{PASSWORD}@pypi.example/simple"),
         ({"http_proxy": "http://proxy.example.internal:3128"}, "http_proxy",
          "http://proxy.example.internal:3128"),
-        ({"gateway_extra_directives": ["add_header X-Served-By gpu1;",
-                                       'add_header X-Note "a b" always;',
-                                       "server_tokens off;"]},
-         "gateway_extra_directives", ["add_header X-Served-By gpu1;",
-                                      'add_header X-Note "a b" always;', "server_tokens off;"]),
+        # Credentials in these reach the host in a root-only environment file: kept.
+        ({"http_proxy": f"http://bob:{PASSWORD}@proxy.example:3128"}, "http_proxy",
+         f"http://bob:{PASSWORD}@proxy.example:3128"),
+        ({"gateway_extra_directives": GATEWAY_EXTRA_ACCEPTED}, "gateway_extra_directives",
+         GATEWAY_EXTRA_ACCEPTED),
     ],
 )
 def test_accepted(data, name, expected, monkeypatch):
