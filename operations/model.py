@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from io import StringIO
 
 from pyinfra import host
 from pyinfra.api import FileUploadCommand, QuoteString, StringCommand, operation
@@ -20,7 +19,7 @@ from pyinfra.api import FileUploadCommand, QuoteString, StringCommand, operation
 from facts.model import ModelFiles, unverified
 from facts.units import SystemdBooted, UnitState
 from operations.util import jobs as job_units
-from operations.util.uploads import SECRET_DIR, env_file_text, secret_file, sourced
+from operations.util.uploads import SECRET_DIR, env_file_text, private_upload, secret_file, sourced
 from pyinfra_vllm.plans.model import (
     TOOL_DIR,
 )
@@ -140,8 +139,9 @@ def downloaded(lock: dict, dest: str, base_url: str, token: str | None = None,
             return
     yield StringCommand("install -d -m 700", QuoteString(f"{TOOL_DIR}/locks"), "&& mkdir -p",
                         QuoteString(dest))
-    yield FileUploadCommand(downloader, script)
-    yield FileUploadCommand(StringIO(json.dumps(lock, indent=1) + "\n"), lock_file)
+    # Root runs both: through the private spool, never a /tmp name another user can take.
+    yield from private_upload(downloader, script, mode="644")
+    yield from private_upload((json.dumps(lock, indent=1) + "\n").encode(), lock_file)
     if detached:
         yield from _job_started(unit, lock, dest, argv, proxy, token)
         yield job_units.watch(unit, "model", meter)

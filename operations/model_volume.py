@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import uuid as uuid_module
 from collections.abc import Iterator
-from io import StringIO
 from typing import Any
 
 from pyinfra import host
@@ -25,6 +24,7 @@ from pyinfra.operations import files
 
 from facts.storage import FSTAB, BlockDevice, Fstab, MountPoint
 from operations import gate
+from operations.util.uploads import private_upload
 from pyinfra_vllm.plans.model_volume import (
     describe_signature,
     fstab_with_entry,
@@ -113,11 +113,11 @@ def _mkfs_command(device: str, fs_uuid: str) -> StringCommand:
 
 
 def _fstab_replaced(content: str) -> Iterator[StringCommand | FileUploadCommand]:
-    """``content`` uploaded beside the fstab, checked with ``findmnt --verify``, and only
-    then moved over the old fstab, which is kept as a backup."""
+    """``content`` uploaded beside the fstab (0644 before a byte arrives), checked with
+    ``findmnt --verify``, and only then moved over the old fstab, which is kept as a
+    backup."""
     new = f"{FSTAB}.pyinfra-vllm.new"
-    yield FileUploadCommand(StringIO(content), new)
-    yield StringCommand("chmod", "644", QuoteString(new))
+    yield from private_upload(content.encode(), new, mode="644")
     yield StringCommand(
         "findmnt", "--verify", "--tab-file", QuoteString(new),
         "|| {", "rm", "-f", QuoteString(new), ";",

@@ -40,7 +40,7 @@ from pyinfra.api import (
 from facts.python_env import MANIFEST, MARKER, VllmEnvironments, listing_command
 from facts.units import SystemdBooted, UnitState
 from operations.util import jobs as job_units
-from operations.util.uploads import SECRET_DIR, env_file_text, secret_file, sourced
+from operations.util.uploads import SECRET_DIR, env_file_text, private_upload, secret_file, sourced
 from pyinfra_vllm.core.stack_locks import StackLock, read_lock
 from pyinfra_vllm.core.stacks import StackRow
 from pyinfra_vllm.plans.python_env import (
@@ -268,9 +268,10 @@ def _build_in_session(root: str, stack: StackRow, manager: str, python: str, pat
     yield from _create_commands(root, path, manager, python, env)
     if clean_cache and manager == "uv":
         yield _clean_cache_command(root)
-    yield FileUploadCommand(lock.local_name, f"{path}/{LOCK_NAME}")
+    # 0644, as the job installs them (_build_steps); root reads the lock and runs the probe.
+    yield from private_upload(lock.local_name, f"{path}/{LOCK_NAME}", mode="644")
     yield _install_command(root, path, manager, env, stack, link_mode=link_mode)
-    yield FileUploadCommand(probe, f"{path}/pyinfra-vllm-probe.py")
+    yield from private_upload(probe, f"{path}/pyinfra-vllm-probe.py", mode="644")
     yield _probe_command(path, stack, manager, lock.sha256)
     yield _manifest_command(path)
 

@@ -110,7 +110,7 @@ def job_script(unit: str, description: str, steps: list[tuple[str, StringCommand
 
 
 def start(unit: str, description: str, steps: list[tuple[str, StringCommand]],
-          env: bytes, payload: list[tuple[Any, str]] | None = None,
+          env: bytes, payload: list[tuple[str | bytes, str]] | None = None,
           ) -> Iterator[StringCommand | FileUploadCommand]:
     """
     The commands that start the job ``unit`` (a previous run's files and failed unit
@@ -121,7 +121,8 @@ def start(unit: str, description: str, steps: list[tuple[str, StringCommand]],
     + steps: (words for the progress line, command), run in order
     + env: the env file's text (``operations.util.uploads.env_file_text``): it holds the
       secrets, uploaded root-only and removed by the job as it starts
-    + payload: (local file, name in the job's directory) the steps read
+    + payload: (local file or content, name in the job's directory) the steps read;
+      root's alone (0600), like the rest of the directory
     """
     base = job_dir(unit)
     script = f"{base}/run.sh"
@@ -129,8 +130,8 @@ def start(unit: str, description: str, steps: list[tuple[str, StringCommand]],
                         "rm -rf", QuoteString(base))
     yield from secret_file(env, f"jobs/{unit}/env")
     yield from private_upload(job_script(unit, description, steps), script, mode="700")
-    for local, name in payload or []:
-        yield FileUploadCommand(local, f"{base}/{name}")
+    for source, name in payload or []:
+        yield from private_upload(source, f"{base}/{name}")
     yield StringCommand(
         "systemd-run", QuoteString(f"--unit={unit}"), "--collect --quiet",
         QuoteString(f"--description={description}"),

@@ -5,9 +5,13 @@ pyinfra's SSH connector uploads a file for a ``_sudo`` operation in two steps: S
 0644: any local user can read it meanwhile, and it stays there if the copy fails), then
 ``cp`` under sudo to the destination (pyinfra 3.10, ``connectors/ssh.py`` ``put_file``).
 ``cp`` onto a new file gives it the temporary file's mode, readable by all until a later
-``chmod``.
+``chmod``. And the sha1 is of the destination: any local user can compute the name
+and create it first, so that root copies their file (a script root then runs), or,
+with ``fs.protected_regular=1``, the upload fails on every run. Every file the suite
+uploads, secret or not, therefore goes through ``private_upload``
+(tests/unit/test_uploads.py).
 
-``private_upload`` closes both gaps: the SFTP step lands in a directory only the login
+``private_upload`` closes these gaps: the SFTP step lands in a directory only the login
 user can enter (under ``/run``, which only root can write, so nobody can plant it), and
 the destination exists with its final mode before a byte is copied into it. Logged in
 as root, pyinfra writes the destination directly, which exists with its mode already.
@@ -33,14 +37,16 @@ def spool_dir(dest: str) -> str:
     return f"{UPLOAD_ROOT}/{hashlib.sha1(dest.encode()).hexdigest()[:16]}"
 
 
-def private_upload(data: bytes, dest: str, mode: str = "600", owner: str = "root:root",
+def private_upload(data: bytes | str, dest: str, mode: str = "600", owner: str = "root:root",
                    parent_mode: str | None = None,
                    ) -> Iterator[StringCommand | FileUploadCommand]:
     """
     The commands that put ``data`` at ``dest`` without it ever being readable by another
     local user. ``dest``'s parent directories are created (0755) when missing.
 
-    + data: the file's content, from memory (it never touches the operator's disk)
+    + data: the file's content, from memory (it never touches the operator's disk); or a
+      ``str``, the local file that pyinfra reads as it uploads (a script or lock of the
+      repository, never a secret)
     + dest: the file on the host; replaced whole
     + mode: its octal mode, set before any content arrives
     + owner: its ``user:group``
@@ -58,7 +64,8 @@ def private_upload(data: bytes, dest: str, mode: str = "600", owner: str = "root
         "&& install -m", QuoteString(mode), "/dev/null", QuoteString(dest),
         "&& chown", QuoteString(owner), QuoteString(dest),
     )
-    yield FileUploadCommand(BytesIO(data), dest, remote_temp_filename=f"{spool}/upload")
+    source = data if isinstance(data, str) else BytesIO(data)
+    yield FileUploadCommand(source, dest, remote_temp_filename=f"{spool}/upload")
     yield StringCommand("rm -rf", QuoteString(spool))
 
 

@@ -6,54 +6,26 @@ a secret.
 The control: pyinfra's own ``files.put`` under sudo, with a copy that fails, leaves its
 upload readable in /tmp (pyinfra 3.10 ``connectors/ssh.py``: SFTP to /tmp as the login
 user, then ``cp`` under sudo) and the watcher finds it. The suite's uploads go through
-operations/util/uploads.py instead.
+operations/util/uploads.py instead: test_serving.py watches its first run, installing
+the host, and finds none staged in /tmp, where a local user could have created its name
+first.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import secrets
 
 import pytest
 
 from tests.e2e.conftest import booted
+from tests.e2e.watch import as_nobody, start_watcher, stop_watcher
 
 pytestmark = pytest.mark.e2e
 
 API_KEY = "sk-" + secrets.token_hex(24)
 DECOY = "decoy-" + secrets.token_hex(16)
-WATCH_SECONDS = 240
-
-# Runs as `nobody` on the host: every readable upload in /tmp and the spool, and every
-# command line, as fast as it can loop, until the deadline or the stop file.
-WATCHER = r"""
-end=$(( $(date +%s) + {seconds} ))
-while [ "$(date +%s)" -lt "$end" ] && [ ! -e /run/watch-stop ]; do
-    cat /tmp/pyinfra-* /run/pyinfra-vllm-upload/*/* 2>/dev/null
-    ps -eo args 2>/dev/null
-done
-"""
-
-
-def as_nobody(sandbox, host, script: str, *, check: bool = True):
-    quoted = script.replace("'", "'\"'\"'")
-    return sandbox.ssh(host, f"setpriv --reuid=nobody --regid=nogroup --clear-groups "
-                             f"sh -c '{quoted}'", check=check, timeout=WATCH_SECONDS + 60)
-
-
-def start_watcher(sandbox, host) -> None:
-    sandbox.ssh(host, "rm -f /run/watch-stop /root/watch.log")
-    quoted = WATCHER.format(seconds=WATCH_SECONDS).replace("'", "'\"'\"'")
-    sandbox.ssh(host, "systemd-run --unit secret-watch -p StandardOutput=file:/root/watch.log "
-                      "-p User=nobody -p Group=nogroup "
-                      f"sh -c '{quoted}'")
-
-
-def stop_watcher(sandbox, host) -> str:
-    sandbox.ssh(host, "touch /run/watch-stop; for i in $(seq 50); do "
-                      "systemctl is-active -q secret-watch || break; sleep 0.1; done")
-    return sandbox.ssh(host, "cat /root/watch.log").stdout
-
 
 @pytest.fixture(scope="module")
 def host_sandbox():
@@ -75,6 +47,8 @@ def test_the_watcher_sees_what_pyinfra_leaves_in_tmp(host_sandbox, tmp_path):
     seen = stop_watcher(sandbox, host)
     assert run.returncode == 1  # the copy failed: the upload stays in /tmp
     assert DECOY in seen
+    # Its stage's name, /tmp/pyinfra-<sha1 of the destination>: what the full run must not make.
+    assert re.search(r"^tmp-name: /tmp/pyinfra-[0-9a-f]{40}$", seen, re.MULTILINE)
     leftover = as_nobody(sandbox, host, "cat /tmp/pyinfra-*").stdout
     assert DECOY in leftover
     sandbox.ssh(host, "rm -f /tmp/pyinfra-*")

@@ -26,8 +26,10 @@ import json
 import pytest
 
 from facts.cpu_host import parse_cpu_list
+from operations.util.uploads import UPLOAD_ROOT
 from pyinfra_vllm.plans.vllm_service import cpu_threads_bind
 from tests.e2e.conftest import SERVED_SEED, SERVING_KEY, booted
+from tests.e2e.watch import TMP_NAMES, as_nobody, start_watcher, stop_watcher
 
 pytestmark = pytest.mark.e2e
 
@@ -76,8 +78,12 @@ print(json.dumps(out))
 '''
 
 
-def run(sandbox, timeout: float = 600):
-    proc = sandbox.pyinfra("--json", *DATA, "deploys/full.py", timeout=timeout)
+# What the served fixture's first run left for its tests: the watcher's lines.
+FIRST_RUN: dict[str, str] = {}
+
+
+def run(sandbox, timeout: float = 600, *verbose: str):
+    proc = sandbox.pyinfra("--json", *verbose, *DATA, "deploys/full.py", timeout=timeout)
     return proc, (json.loads(proc.stdout) if proc.stdout.strip() else None)
 
 
@@ -95,7 +101,13 @@ def served():
     Left up, converged, for test_integrity.py."""
     with booted(["seed"], leave_up_for=SERVED_SEED) as sandbox:
         host = sandbox.hosts[0]
-        proc, data = run(sandbox, timeout=INSTALL_TIMEOUT)
+        # A first run uploads every kind of file the suite has (the downloader and its
+        # lock, the stack lock, the probe, the job scripts, the units, the gateway's):
+        # watched as another local user would, for uploads staged in /tmp (below).
+        start_watcher(sandbox, host, seconds=INSTALL_TIMEOUT, script=TMP_NAMES)
+        # -vv prints every command pyinfra runs, a sudo upload's copy from its stage too.
+        proc, data = run(sandbox, INSTALL_TIMEOUT, "-vv")
+        FIRST_RUN["watched"] = stop_watcher(sandbox, host)
         if data is None or proc.returncode != 0:
             journal = sandbox.ssh(host, "journalctl -u vllm -n 60 --no-pager -o cat",
                                   check=False).stdout
@@ -104,6 +116,22 @@ def served():
         encoded = base64.b64encode(PROBE.encode()).decode()
         sandbox.ssh(host, f"echo {encoded} | base64 -d > /root/serving_probe.py")
         yield sandbox, host, proc, data
+
+
+def test_the_first_run_stages_no_upload_in_tmp(served):
+    """Under sudo, pyinfra stages a plain upload at /tmp/pyinfra-<sha1 of the destination>
+    (pyinfra 3.10 connectors/ssh.py put_file), a name another local user can compute and
+    create first; every upload of the suite goes through its private spool instead
+    (operations/util/uploads.py). test_secrets.py's control shows the watcher sees such
+    a name."""
+    sandbox, host, proc, _ = served
+    printed = proc.stdout + proc.stderr
+    assert f"cp {UPLOAD_ROOT}/" in printed  # uploads were made, staged in the spool
+    assert "/tmp/pyinfra-" not in printed
+    assert [line for line in FIRST_RUN["watched"].splitlines()
+            if line.startswith("tmp-name: ")] == []
+    assert as_nobody(sandbox, host, "ls -d /tmp/pyinfra-* 2>/dev/null; true").stdout == ""
+    assert sandbox.ssh(host, f"ls -A {UPLOAD_ROOT}").stdout.strip() == ""
 
 
 def probe(sandbox, host) -> dict:
