@@ -220,3 +220,78 @@ class VllmEnvironments(FactBase[dict[str, Any]]):
         if section == "env":
             close_env()
         return result
+
+
+# find's %y letters; every other kind of file (a socket, a device) is "other".
+_FIND_KINDS = {"d": "directory", "f": "file", "l": "link"}
+# A name the listing gives by name: one a command may carry unquoted-safe and a line holds
+# whole. Others (a newline, a space in it) are only counted, and so always kept.
+_LISTED_NAMES = "! -name '*[!A-Za-z0-9._+-]*'"
+
+
+class EnvRootEntries(FactBase[dict[str, Any]]):
+    """
+    Returns what a python_env_root holds, one level down and in its ``envs``, for
+    deploys/remove.py to tell the suite's own from the operator's:
+
+    .. code:: python
+
+        {
+            "root": "directory",   # "link" (listed through it), "file", "other"; None: absent
+            "mounted": False,      # the root is a mount point
+            "count": 5,            # its entries, whatever their names
+            "entries": {"envs": "directory", "uv": "directory", "current": "link",
+                        "notes.txt": "file"},
+            "envs_count": 2,       # the entries of envs, when it is a directory (no link)
+            "envs": {"vllm-0.6.3-1a2b3c4d": {"type": "directory", "marker": True},
+                     "my-env": {"type": "link", "marker": False}},
+        }
+
+    ``entries`` and ``envs`` name only entries whose names are letters, digits and
+    ``._+-``; ``count`` and ``envs_count`` count every entry. ``marker``: a directory
+    holding the environment's marker, a plain file. Nothing is read but names and types;
+    no link is followed but the root itself.
+    """
+
+    @override
+    def command(self, root: str) -> StringCommand:
+        return StringCommand(
+            StringCommand("r=", QuoteString(root), _separator=""), ";",
+            'if [ -L "$r" ]; then t=link; elif [ -d "$r" ]; then t=directory;',
+            'elif [ -f "$r" ]; then t=file; elif [ -e "$r" ]; then t=other; else t=-; fi;',
+            'echo "root $t"; [ -d "$r" ] || exit 0;',
+            'mountpoint -q "$r" 2>/dev/null && echo mounted;',
+            'echo "count $(find -H "$r" -mindepth 1 -maxdepth 1 -printf . | wc -c)";',
+            'find -H "$r" -mindepth 1 -maxdepth 1', _LISTED_NAMES, "-printf 'entry %y %f\\n';",
+            'e="$r/envs"; [ -d "$e" ] && [ ! -L "$e" ] || exit 0;',
+            'echo "envs-count $(find "$e" -mindepth 1 -maxdepth 1 -printf . | wc -c)";',
+            'find "$e" -mindepth 1 -maxdepth 1', _LISTED_NAMES, "-printf '%y %f\\n' |",
+            'while read -r t n; do m=-; if [ "$t" = d ] && [ -f "$e/$n/' + MARKER + '" ]',
+            '&& [ ! -L "$e/$n/' + MARKER + '" ]; then m=marker; fi; echo "env $t $n $m"; done',
+        )
+
+    @override
+    @staticmethod
+    def default() -> dict[str, Any]:
+        return {"root": None, "mounted": False, "count": 0, "entries": {}, "envs_count": 0,
+                "envs": {}}
+
+    @override
+    def process(self, output: list[str]) -> dict[str, Any]:
+        result = self.default()
+        for line in output:
+            word, _, rest = line.strip().partition(" ")
+            if word == "root":
+                result["root"] = None if rest == "-" else rest
+            elif word == "mounted":
+                result["mounted"] = True
+            elif word in ("count", "envs-count") and rest.isdigit():
+                result["count" if word == "count" else "envs_count"] = int(rest)
+            elif word == "entry":
+                kind, _, name = rest.partition(" ")
+                result["entries"][name] = _FIND_KINDS.get(kind, "other")
+            elif word == "env" and len(rest.split(" ")) == 3:
+                kind, name, marker = rest.split(" ")
+                result["envs"][name] = {"type": _FIND_KINDS.get(kind, "other"),
+                                        "marker": marker == "marker"}
+        return result

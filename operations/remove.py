@@ -1,10 +1,12 @@
 """Taking off what the suite installed (deploys/remove.py): units, the nginx site, package
-holds, the model volume's fstab line and the suite's running jobs, each read first so that a host with nothing
-left to remove gets no command.
+holds, the model volume's fstab line, the suite's running jobs, its Python environments
+and the model's files, each read first so that a host with nothing left to remove gets
+no command.
 
 Files and directories alone go with ``file_set.absent``; these are the removals that need
 more than a delete: a unit stopped and systemd reloaded, nginx tested before its reload,
-a hold released, a mount let go, a job stopped.
+a hold released, a mount let go, a job stopped, the suite's own entries told from the
+operator's in a directory a setting names.
 """
 
 from __future__ import annotations
@@ -16,9 +18,14 @@ from pyinfra.api import OperationValueError, QuoteString, StringCommand, operati
 
 from facts.driver import HeldPackages
 from facts.files import PathTypes
+from facts.model import ModelFiles
+from facts.python_env import EnvRootEntries
 from facts.storage import Fstab, MountPoint
 from facts.units import JobUnits, UnitActivation
 from operations.util import jobs
+from pyinfra_vllm.core.model_files import model_path
+from pyinfra_vllm.plans.model import DOWNLOADER_NAMES, model_removal
+from pyinfra_vllm.plans.python_env import root_removal
 
 FSTAB = "/etc/fstab"
 # Where the site's files wait while nginx -t runs without them: on /etc's file system, so
@@ -166,6 +173,78 @@ def volume_released(path: str):
         yield StringCommand("umount", QuoteString(path))
     if lines:
         yield StringCommand(_fstab_without(path))
+
+
+@operation()
+def environments_removed(root: str):
+    """
+    Remove what the python_env stage put under python_env_root, and nothing else: the
+    environments it built in ``{root}/envs`` (with its marker, or under the names it
+    gives them: a build cut short has no marker yet), uv's and Miniforge's prefixes,
+    Miniforge's installer and the ``current`` link; then ``envs`` and ``root``
+    themselves, each only when that left it empty.
+
+    + root: python_env_root
+
+    What else is there is the operator's and stays, with the directories holding it
+    (pyinfra_vllm/plans/python_env.py ``root_removal`` says what counts as the suite's).
+    No link is followed and no mount crossed (``rm --one-file-system``); a root that is
+    a link or a mount point stays. Nothing of the suite's left: no command.
+    """
+    if not root.startswith("/") or root.rstrip("/") == "":
+        raise OperationValueError(f"environments_removed: {root!r} is not a directory below /")
+    removal = root_removal(root, host.get_fact(EnvRootEntries, root=root))
+    if not (removal.trees or removal.files or removal.emptied):
+        entries = "entry" if removal.kept == 1 else "entries"
+        kept = f"; {removal.kept} {entries} not the suite's kept" if removal.kept else ""
+        host.noop(f"nothing of the suite's is left under {root}{kept}")
+        return
+    if removal.trees:
+        yield StringCommand("rm -rf --one-file-system --",
+                            *(QuoteString(path) for path in removal.trees))
+    if removal.files:
+        yield StringCommand("rm -f --", *(QuoteString(path) for path in removal.files))
+    if removal.emptied:
+        yield StringCommand("rmdir --", *(QuoteString(path) for path in removal.emptied))
+
+
+@operation()
+def model_files_removed(model_dir: str, model_id: str, files: list[str] | None = None):
+    """
+    Remove the model's files the downloader wrote in ``{model_dir}/{model_id}``, and
+    nothing else: the files of the model lock and of the host's verification record,
+    the download area (``.incoming``), the record and the download's lock file; then
+    the directories of those files, the model's directory and its organisation's, where
+    that left them empty.
+
+    + model_dir: the model volume's mount point, never removed
+    + model_id: the model's Hugging Face id
+    + files: the paths of the model lock's files (empty when the lock is not at hand: the
+      host's record names what was verified)
+
+    A file of another name is the operator's and stays, with the directories holding it;
+    no link is followed (pyinfra_vllm/plans/model.py ``model_removal``). Nothing of the
+    downloader's left: no command.
+    """
+    path = model_path(model_dir, model_id)
+    found = host.get_fact(ModelFiles, path=path)
+    kinds = (host.get_fact(PathTypes, paths=[f"{path}/{name}" for name in DOWNLOADER_NAMES])
+             if found is not None else {})
+    removal = model_removal(model_dir, model_id, found, kinds, files or [])
+    if not (removal.trees or removal.files):
+        kept = f"; {removal.kept} file(s) not the downloader's kept" if removal.kept else ""
+        host.noop(f"nothing of the model's is left in {path}{kept}")
+        return
+    if removal.trees:
+        yield StringCommand("rm -rf --one-file-system --",
+                            *(QuoteString(name) for name in removal.trees))
+    yield StringCommand("rm -f --", *(QuoteString(name) for name in removal.files))
+    # A directory of the lock's that is not there, or is a link, is passed over.
+    yield StringCommand(
+        "for d in", *(QuoteString(name) for name in removal.emptied),
+        '; do if [ -d "$d" ] && [ ! -L "$d" ]; then',
+        'rmdir --ignore-fail-on-non-empty -- "$d" || exit 1; fi; done',
+    )
 
 
 @operation(is_idempotent=False)

@@ -274,7 +274,11 @@ class Settings(BaseModel):
     """
     model_dir: str = "/srv/models"
     """Directory the model is downloaded into (the volume's mount point): an absolute,
-    normalized path, never / nor a system directory such as /srv itself.
+    normalized path of its own. Never / nor a directory holding others' (/srv, /opt,
+    /var/lib itself), nor in or below a system directory (/etc, /usr, /run, /tmp,
+    /var/log...), a home (/home, /root) or the suite's own (/var/lib/pyinfra-vllm,
+    /var/lib/vllm...); apart from python_env_root and textfile_collector_dir (none inside
+    another).
     """
 
     # --- runtime ---------------------------------------------------------------------
@@ -284,7 +288,9 @@ class Settings(BaseModel):
     """
     python_env_root: str = "/opt/vllm"
     """Root under which environments are built, one per stack: an absolute, normalized
-    path, never / nor a system directory such as /opt itself.
+    path of its own, under the same rules as model_dir. deploys/remove.py takes out only
+    what the suite put there (its environments, uv, Miniforge, the current link), and the
+    directory itself once that leaves it empty.
     """
     python_env_link_mode: Literal["hardlink", "copy"] = "hardlink"
     """How uv (python_env_manager uv) puts the files of its wheel cache into a new
@@ -427,7 +433,8 @@ class Settings(BaseModel):
     # --- reports ---------------------------------------------------------------------
     textfile_collector_dir: str = "/var/lib/prometheus/node-exporter"
     """Where the metrics stage writes pyinfra_vllm.prom for node_exporter's textfile
-    collector (the default is Debian's and Ubuntu's prometheus-node-exporter directory).
+    collector (the default is Debian's and Ubuntu's prometheus-node-exporter directory),
+    under the same rules as model_dir; deploys/remove.py deletes the suite's files there.
     """
     audit_report_dir: str = "reports"
     """Directory, on the operator's machine, where the audit writes its reports."""
@@ -460,8 +467,10 @@ class Settings(BaseModel):
 
     # --- removal (deploys/remove.py) ---------------------------------------------------
     remove_model_files: bool = False
-    """deploys/remove.py also deletes the model's files ({model_dir}/{model_id}); without it
-    the weights stay. Never set by the deploy itself.
+    """deploys/remove.py also deletes the model's files: what the downloader wrote in
+    {model_dir}/{model_id} (the lock's files, its record and download area), then that
+    directory where it is left empty; other files there stay. Without it the weights
+    stay. Never set by the deploy itself.
     """
     remove_volume_fstab: bool = False
     """deploys/remove.py also unmounts model_dir and removes its /etc/fstab line (the
@@ -533,6 +542,16 @@ class Settings(BaseModel):
             return self
         settings_checks.driver_branch_serves_stack(self.nvidia_driver_branch, self.stack,
                                                    self.vllm_version)
+        return self
+
+    @model_validator(mode="after")
+    def _dirs_apart(self) -> Settings:
+        # The directories the stages take as their own, none inside another.
+        problems = settings_checks.dirs_apart(
+            {name: getattr(self, name) for name in settings_checks.OWN_DIR_SETTINGS}
+        )
+        if problems:
+            raise settings_checks.rule_errors(problems)
         return self
 
     @model_validator(mode="after")

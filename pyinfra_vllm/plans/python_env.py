@@ -4,14 +4,31 @@
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from pyinfra_vllm.core.stack_locks import distribution, read_lock
-from pyinfra_vllm.core.stacks import StackRow
+from pyinfra_vllm.core.stacks import CPU_STACKS, STACKS, StackRow
 from pyinfra_vllm.core.versions import version_tuple
 
 # The stack lock's name inside an environment: what was installed, kept for the record.
 LOCK_NAME = "requirements.lock"
+
+# What operations/python_env.py puts directly in python_env_root: the environments'
+# directory, uv's and Miniforge's prefixes (each replaced whole when installed again),
+# the link the unit runs through, and Miniforge's installer while it runs.
+ENVS_DIR = "envs"
+TOOL_PREFIXES = ("uv", "miniforge3")
+CURRENT_LINK = "current"
+MINIFORGE_INSTALLER = re.compile(r"Miniforge3-[0-9][A-Za-z0-9._-]*\.sh")
+# The names environment_base gives, of every stack row's distribution, and its
+# rebuilds' (``-g2``).
+ENVIRONMENT_NAME = re.compile(
+    "(?:" + "|".join(sorted({re.escape(row.dist)
+                             for row in (*STACKS.values(), *CPU_STACKS.values())}))
+    + r")-[0-9][A-Za-z0-9.+]*-[0-9a-f]{8}(?:-g[0-9]+)?"
+)
 
 
 def python_problem(found: str | None, python_range: Sequence[str], manager: str) -> str | None:
@@ -120,3 +137,55 @@ def download_env(index_url: str, ca_bundle: str | None, proxy: str | None) -> di
     if proxy:
         pairs.update(HTTPS_PROXY=proxy, HTTP_PROXY=proxy, https_proxy=proxy, http_proxy=proxy)
     return pairs
+
+
+@dataclass(frozen=True)
+class RootRemoval:
+    """What deploys/remove.py takes out of a python_env_root, as paths."""
+
+    # Directories removed with everything in them (never crossing a mount).
+    trees: list[str]
+    # Links and files removed; a link is never followed.
+    files: list[str]
+    # Directories removed once the above left them empty: envs, then the root.
+    emptied: list[str]
+    # Entries that are not the suite's, left in the root and in envs.
+    kept: int
+
+
+def root_removal(root: str, found: dict) -> RootRemoval:
+    """What of python_env_root (facts.python_env.EnvRootEntries) is the suite's to remove:
+    in ``envs``, each directory that carries the marker or has a name environment_base
+    gives (a build cut short has no marker yet); uv's and Miniforge's prefixes,
+    Miniforge's installer and the ``current`` link; then ``envs`` and the root, each
+    only when that leaves it empty.
+
+    Anything else is the operator's and stays, and with it the directories holding it: a
+    file or a directory of another name, a link in ``envs`` or where the suite keeps a
+    directory (never followed), an entry whose name the fact only counts. A root that is
+    a link or a mount point stays too (what the suite put below it goes)."""
+    if found["root"] not in ("directory", "link"):
+        return RootRemoval([], [], [], 0)
+    entries = found["entries"]
+    envs = [name for name, entry in sorted(found["envs"].items())
+            if entry["type"] == "directory"
+            and (entry["marker"] or ENVIRONMENT_NAME.fullmatch(name))]
+    tools = [name for name in TOOL_PREFIXES if entries.get(name) == "directory"]
+    files = [name for name, kind in sorted(entries.items())
+             if (name == CURRENT_LINK and kind == "link")
+             or (kind == "file" and MINIFORGE_INSTALLER.fullmatch(name))]
+    envs_dir = entries.get(ENVS_DIR) == "directory"
+    others_in_envs = found["envs_count"] - len(envs) if envs_dir else 0
+    others_in_root = found["count"] - len(tools) - len(files) - int(envs_dir)
+    emptied = []
+    if envs_dir and not others_in_envs:
+        emptied.append(f"{root}/{ENVS_DIR}")
+    if (found["root"] == "directory" and not found.get("mounted") and not others_in_root
+            and (emptied or not envs_dir)):
+        emptied.append(root)
+    return RootRemoval(
+        trees=[f"{root}/{ENVS_DIR}/{name}" for name in envs] + [f"{root}/{name}" for name in tools],
+        files=[f"{root}/{name}" for name in files],
+        emptied=emptied,
+        kept=others_in_root + others_in_envs,
+    )

@@ -8,10 +8,12 @@ helpers removed, systemd reloaded), the gateway's nginx files (site, API keys, T
 (the suite's drop-in removed, the service stopped and disabled: without the drop-in it
 would listen on every address), the metrics textfile and the old per-host scrape job, the
 sysctl drop-in (then ``sysctl --system``), the persistence daemon's drop-in, the driver's
-package holds, upgrade blacklist and apt sources, the Python environments
-(python_env_root), the engine's state directory and the suite's own files under
+package holds, upgrade blacklist and apt sources, the Python environments (what the
+suite put in python_env_root: the operator's files there stay, and the directory with
+them), the engine's state directory and the suite's own files under
 /var/lib/pyinfra-vllm. With ``remove_model_files`` the model's files, with
-``remove_volume_fstab`` the volume's mount and fstab line.
+``remove_volume_fstab`` the volume's mount and fstab line. A directory with the suite's
+own fixed name goes whole; in one a setting names, only what the suite put there.
 
 Kept: the distribution packages (nginx, prometheus-node-exporter, the NVIDIA driver),
 which the host may need and another user may rely on; the vllm account; what the suite
@@ -32,6 +34,8 @@ from pyinfra.operations import systemd
 
 from operations import file_set
 from operations import remove as remove_ops
+from operations.util.uploads import SECRET_DIR
+from pyinfra_vllm.core.locks import LockFileError, load_lock
 from pyinfra_vllm.core.settings import Settings, load_settings
 from pyinfra_vllm.plans import driver as driver_plan
 from pyinfra_vllm.plans import gateway as gateway_plan
@@ -125,16 +129,25 @@ def _system(settings: Settings) -> None:
 def _data(settings: Settings) -> None:
     """The environments and the suite's tools; the model's files and volume only when
     the settings say so."""
+    # python_env_root is the operator's choice, and may hold the operator's files: only
+    # what the python_env stage put there goes.
+    remove_ops.environments_removed(
+        name="Remove: the suite's Python environments, uv and Miniforge (python_env_root)",
+        root=settings.python_env_root,
+    )
     file_set.absent(
-        name="Remove: the Python environments, the engine's state and the suite's tools",
-        paths=[settings.python_env_root, vllm_plan.STATE_DIR, driver_plan.CUDA_KEY_DIR,
-               *TOOL_FILES, "/run/pyinfra-vllm", gateway_plan.DRAIN_DIR],
+        name="Remove: the engine's state and the suite's tools",
+        paths=[vllm_plan.STATE_DIR, driver_plan.CUDA_KEY_DIR, *TOOL_FILES, SECRET_DIR,
+               gateway_plan.DRAIN_DIR],
     )
 
     if settings.remove_model_files:
-        file_set.absent(
+        # model_dir/model_id may hold the operator's files too: only the downloader's go.
+        remove_ops.model_files_removed(
             name="Remove: the model's files (remove_model_files)",
-            paths=[settings.model_path],
+            model_dir=settings.model_dir,
+            model_id=settings.model_id,
+            files=_lock_files(settings),
         )
     if settings.remove_volume_fstab:
         remove_ops.volume_released(
@@ -147,3 +160,14 @@ def _data(settings: Settings) -> None:
             f"remove: the model's files under {settings.model_dir} are kept (set "
             "remove_model_files=true to delete them)", log_func=logger.info)
 
+
+def _lock_files(settings: Settings) -> list[str]:
+    """The paths of the model lock's files, when the lock is at hand and is this model's;
+    without it the host's own record names the files it verified."""
+    try:
+        lock = load_lock(settings, required=False)
+    except LockFileError as exc:
+        host.log_styled(f"remove: {exc}; the model's files are those the host's record "
+                        "names", fg="yellow", log_func=logger.warning)
+        return []
+    return [entry["path"] for entry in lock["files"]] if lock else []

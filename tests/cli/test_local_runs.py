@@ -56,7 +56,8 @@ def test_bad_setting_stops_the_run_before_any_operation(data, words):
          ["api_keys = <secret>: api_keys[0] is shorter than 32 characters"], "SECRET1"),
         ([], ["api_keys is empty: the gateway would serve /v1/ to anyone; set api_keys or "
               "api_keys_file, or gateway_open=true to serve without a key"], None),
-        (["model_dir=/etc"], ["model_dir = '/etc': is / or a system directory"], None),
+        (["model_dir=/etc"], ["model_dir = '/etc': is /etc, the distribution's",
+                              "use a directory of its own outside them"], None),
         (['sysctl={"vm.swappiness": "1; reboot"}'],
          ["the value of vm.swappiness is not words of letters"], None),
         (['metrics_allow=["all"]'], ["metrics_allow[0] 'all' is not an IPv4 or IPv6 network"],

@@ -6,8 +6,10 @@ SERVING_DATA), the engine not started (vllm_start=false: this module is about wh
 suite installs and removes, not serving). After deploys/full.py, node_exporter listens
 on 127.0.0.1 only and exposes the suite's textfile. deploys/remove.py with
 remove_model_files=true then takes off the unit, the gateway's files, the environments,
-the metrics files, the drop-ins and the model's directory; nginx stays installed and
-working. A second removal changes nothing.
+the metrics files, the drop-ins and the model's files; nginx stays installed and
+working. What the operator put beside them stays: a file and a link to a directory
+outside in python_env_root (the link and what it points at untouched), a file in the
+model's directory; only those are left there. A second removal changes nothing.
 
 Then deploys/full.py builds the environment again and downloads the model, a transient
 systemd unit (operations/util/jobs.py), with the mirror's `slow` fault on the model's largest
@@ -49,6 +51,13 @@ DATA = ["--data", "vllm_start=false", "--data", f'api_keys=["{KEY}"]']
 REMOVE_DATA = [*DATA, "--data", "remove_model_files=true"]
 INSTALL_TIMEOUT = 2400  # a cold uv cache downloads about 8.5 GB of wheels
 MODEL_DIR = "/srv/models/sandbox/tiny-qwen2"  # model_dir / model_id (operations/model.py)
+ENV_ROOT = "/opt/vllm"  # python_env_root
+# What the operator puts beside the suite's files before the removal, and where its link
+# points (outside python_env_root and model_dir).
+OPERATOR_NOTES = f"{ENV_ROOT}/operator-notes.txt"
+OPERATOR_LINK = f"{ENV_ROOT}/operator-data"
+OPERATOR_DATA = "/srv/operator-data"
+OPERATOR_TEMPLATE = f"{MODEL_DIR}/operator-template.jinja"
 SLOW_SECONDS = 30  # the largest file's download under the slow fault
 OP_JOBS_STOPPED = ("remove | Remove: the suite's running jobs stopped (a model download, an "
                    "environment's build)")
@@ -93,12 +102,28 @@ def test_remove_then_a_run_killed_mid_download_is_attached_to(converged, tmp_pat
     present = sandbox.ssh(host, f"ls -A {MODEL_DIR}").stdout.split()
     assert {f["path"] for f in lock["files"]} <= set(present)
 
+    envs = sandbox.ssh(host, f"ls -A {ENV_ROOT}/envs").stdout.split()
+    assert envs and {"envs", "current"} <= set(sandbox.ssh(host, f"ls -A {ENV_ROOT}").stdout.split())
+    sandbox.ssh(host, f"mkdir -p {OPERATOR_DATA} && echo precious > {OPERATOR_DATA}/precious && "
+                      f"echo mine > {OPERATOR_NOTES} && ln -sfn {OPERATOR_DATA} {OPERATOR_LINK} && "
+                      f"echo mine > {OPERATOR_TEMPLATE}")
+
     data = run(sandbox, *REMOVE_DATA, "deploys/remove.py")
     assert data["results"]["totals"]["error"] == 0
-    gone = sandbox.ssh(host, "for p in /etc/systemd/system/vllm.service /opt/vllm "
+    gone = sandbox.ssh(host, "for p in /etc/systemd/system/vllm.service "
+                             f"{ENV_ROOT}/envs {ENV_ROOT}/current {ENV_ROOT}/uv "
+                             f"{ENV_ROOT}/miniforge3 "
                              "/etc/nginx/conf.d/vllm.conf /etc/sysctl.d/60-vllm.conf "
-                             f"{MODEL_DIR}; do test -e $p && echo $p; done; true").stdout.split()
+                             f"{MODEL_DIR}/config.json {MODEL_DIR}/.verified.json; "
+                             "do test -e $p && echo $p; done; true").stdout.split()
     assert gone == []
+    # The operator's files stay, alone; the link is still a link, and its target whole.
+    assert sorted(sandbox.ssh(host, f"ls -A {ENV_ROOT}").stdout.split()) == \
+        ["operator-data", "operator-notes.txt"]
+    assert sandbox.ssh(host, f"readlink {OPERATOR_LINK}").stdout.strip() == OPERATOR_DATA
+    assert sandbox.ssh(host, f"cat {OPERATOR_NOTES} {OPERATOR_DATA}/precious").stdout.split() == \
+        ["mine", "precious"]
+    assert sandbox.ssh(host, f"ls -A {MODEL_DIR}").stdout.split() == ["operator-template.jinja"]
     state = sandbox.ssh(host, "nginx -t 2>&1 | tail -1; systemctl is-active nginx; "
                               "systemctl is-active prometheus-node-exporter; true").stdout
     assert "test is successful" in state and "\nactive\n" in state
@@ -106,6 +131,11 @@ def test_remove_then_a_run_killed_mid_download_is_attached_to(converged, tmp_pat
 
     again = run(sandbox, *REMOVE_DATA, "deploys/remove.py")
     assert again["results"]["totals"]["success"] == 0, changed(again)
+    # The operator takes them away: what follows finds the host as a removal leaves it
+    # without them.
+    sandbox.ssh(host, f"rm -rf {OPERATOR_NOTES} {OPERATOR_LINK} {OPERATOR_DATA} "
+                      f"{OPERATOR_TEMPLATE} && rmdir {ENV_ROOT} {MODEL_DIR} "
+                      f"{MODEL_DIR.rsplit('/', 1)[0]}")
 
     largest, key = largest_file_slowed(lock)
     try:
