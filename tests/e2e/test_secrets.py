@@ -14,7 +14,6 @@ first.
 from __future__ import annotations
 
 import json
-import re
 import secrets
 
 import pytest
@@ -47,8 +46,6 @@ def test_the_watcher_sees_what_pyinfra_leaves_in_tmp(host_sandbox, tmp_path):
     seen = stop_watcher(sandbox, host)
     assert run.returncode == 1  # the copy failed: the upload stays in /tmp
     assert DECOY in seen
-    # Its stage's name, /tmp/pyinfra-<sha1 of the destination>: what the full run must not make.
-    assert re.search(r"^tmp-name: /tmp/pyinfra-[0-9a-f]{40}$", seen, re.MULTILINE)
     leftover = as_nobody(sandbox, host, "cat /tmp/pyinfra-*").stdout
     assert DECOY in leftover
     sandbox.ssh(host, "rm -f /tmp/pyinfra-*")

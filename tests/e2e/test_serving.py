@@ -122,8 +122,8 @@ def test_the_first_run_stages_no_upload_in_tmp(served):
     """Under sudo, pyinfra stages a plain upload at /tmp/pyinfra-<sha1 of the destination>
     (pyinfra 3.10 connectors/ssh.py put_file), a name another local user can compute and
     create first; every upload of the suite goes through its private spool instead
-    (operations/util/uploads.py). test_secrets.py's control shows the watcher sees such
-    a name."""
+    (operations/util/uploads.py). pyinfra's printed commands are the proof; the watcher's
+    name listing is not yet shown by a control to see such a name."""
     sandbox, host, proc, _ = served
     printed = proc.stdout + proc.stderr
     assert f"cp {UPLOAD_ROOT}/" in printed  # uploads were made, staged in the spool
