@@ -9,6 +9,7 @@ starting engine is a state the audit reports, never a failed host.
 from __future__ import annotations
 
 import json
+import urllib.parse
 from typing import Any
 
 from pyinfra.api import QuoteString, StringCommand
@@ -26,7 +27,6 @@ METRICS = (
     "vllm:prompt_tokens_total",
     "vllm:generation_tokens_total",
 )
-ENV_FILE = "/etc/vllm/vllm.env"
 
 
 def parse_engine(lines: list[str]) -> dict[str, Any] | None:
@@ -69,37 +69,103 @@ class EngineServing(FactBase[dict[str, Any] | None]):
          "metrics": {"vllm:num_requests_running": 0.0, "vllm:kv_cache_usage_perc": 0.0,
                      "vllm:prompt_tokens_total": 6176.0, ...}}
 
-    An engine that demands a key (one that listens beyond loopback) gets the one in its
-    own environment file, handed to curl on its standard input: never on a command line.
+    + url: the engine's base URL (with ``socket``, its host is only the Host header)
+    + socket: the engine's Unix socket, or None for TCP (the URL's port)
+    + user: the engine's user: a listener another user owns is not asked at all, and the
+      fact is ``{"models": [], "metrics": {}, "listener_uid": "65534"}``
+    + key_file: the engine's own key (``VLLM_API_KEY='...'``), handed to curl on its
+      standard input, never on a command line; a missing file sends no key
     """
 
     @override
-    def requires_command(self, url: str) -> str:
+    def requires_command(self, url: str, socket: str | None = None, user: str = "",
+                         key_file: str = "") -> str:
         return "curl"
 
     @override
-    def command(self, url: str) -> StringCommand:
+    def command(self, url: str, socket: str | None = None, user: str = "",
+                key_file: str = "") -> StringCommand:
         base = QuoteString(url.rstrip("/"))
+        via = ["--unix-socket", QuoteString(socket)] if socket else []
         return StringCommand(
-            "{ ! test -r", ENV_FILE, "|| { set -a; .", ENV_FILE, "; set +a; }; };",
+            "key=; want=;",
+            *([] if not key_file else [
+                "[ -r", QuoteString(key_file), "] && key=$(sed -n",
+                QuoteString("s/^VLLM_API_KEY='\\(.*\\)'$/\\1/p"), QuoteString(key_file), ");"]),
+            *([] if not user else ["want=$(id -u", QuoteString(user), "2>/dev/null);",
+                                   "owner=$(", listener_owner(url, socket), ");",
+                                   'if [ -n "$owner" ] && [ "$owner" != "$want" ]; then',
+                                   'echo "## listener $owner"; else']),
             "echo '## models';",
-            'printf \'%s\' "${VLLM_API_KEY:+header = \\"Authorization: Bearer $VLLM_API_KEY\\"}"',
-            "| curl -s -m 10 -K - ", StringCommand(base, "/v1/models", _separator=""),
+            'printf \'%s\' "${key:+header = \\"Authorization: Bearer $key\\"}"',
+            "| curl -s -m 10 -K -", *via, StringCommand(base, "/v1/models", _separator=""),
             "; echo; echo '## metrics';",
-            "curl -s -m 10", StringCommand(base, "/metrics", _separator=""),
-            "| grep '^vllm:' ; true",
+            "curl -s -m 10", *via, StringCommand(base, "/metrics", _separator=""),
+            "| grep '^vllm:';", *(["fi;"] if user else []), "true",
         )
 
     @override
     def process(self, output: list[str]) -> dict[str, Any] | None:
+        for line in output:
+            if line.startswith("## listener "):
+                return {"models": [], "metrics": {},
+                        "listener_uid": line.removeprefix("## listener ").strip()}
         return parse_engine(output)
 
 
+def listener_owner(url: str, socket: str | None) -> StringCommand:
+    """Shell printing the uid(s) that own the engine's listener: the socket file's owner,
+    or every uid with a TCP socket listening on the URL's port (``/proc/net/tcp`` and
+    ``tcp6``: state 0A, the port in hex, the uid in column 8); nothing when none."""
+    if socket:
+        return StringCommand("stat -c %u", QuoteString(socket), "2>/dev/null")
+    port = urllib.parse.urlsplit(url).port or 80
+    return StringCommand(
+        "awk", QuoteString(f'$4 == "0A" && $2 ~ /:{port:04X}$/ {{ print $8 }}'),
+        "/proc/net/tcp /proc/net/tcp6 2>/dev/null | sort -u | tr '\\n' ' ' | sed 's/ $//'",
+    )
+
+
+class EngineKey(FactBase[str | None]):
+    """
+    Returns the sha256 of the engine's own key, computed on the host, when its two files
+    (the engine's ``VLLM_API_KEY='<43 characters>'`` and nginx's ``default "Bearer ...";``)
+    hold the same valid key; None when either is missing or they differ. The key itself
+    never leaves the host: printf is a builtin, so it is on no command line either.
+
+    .. code:: python
+
+        "3f1a...e9"
+    """
+
+    @override
+    def command(self, env_path: str, nginx_path: str) -> StringCommand:
+        return StringCommand(
+            "a=$(sed -n", QuoteString("s/^VLLM_API_KEY='\\([A-Za-z0-9_-]\\{43\\}\\)'$/\\1/p"),
+            QuoteString(env_path), "2>/dev/null);",
+            "b=$(sed -n", QuoteString('s/^ *default "Bearer \\(.*\\)";$/\\1/p'),
+            QuoteString(nginx_path), "2>/dev/null);",
+            'if [ -n "$a" ] && [ "$a" = "$b" ]; then printf \'%s\' "$a" | sha256sum | cut -c1-64;'
+            " fi; true",
+        )
+
+    @override
+    def process(self, output: list[str]) -> str | None:
+        digest = "".join(output).strip()
+        return digest if len(digest) == 64 else None
+
+
+# The lines of /proc/PID/status that show the process's hardening: no_new_privs, the
+# seccomp mode, and its effective, permitted, bounding and ambient capability sets.
+STATUS_KEYS = ("NoNewPrivs", "Seccomp", "CapEff", "CapPrm", "CapBnd", "CapAmb")
+
+
 def process_snippet(keys: list[str], secret_keys: list[str]) -> StringCommand:
-    """Shell that prints the process ``$pid``'s argv (``arg`` lines) and, of its initial
-    environment, the ``keys`` (``env`` lines) and the sha256 of the ``secret_keys``
-    (``secret`` lines). A secret's value stays in the shell: printf is a builtin, so it is
-    in no process's argv, and only its digest is printed."""
+    """Shell that prints the process ``$pid``'s argv (``arg`` lines), the ``STATUS_KEYS``
+    of its ``/proc/PID/status`` (``status`` lines, none when it cannot be read) and, of
+    its initial environment, the ``keys`` (``env`` lines) and the sha256 of the
+    ``secret_keys`` (``secret`` lines). A secret's value stays in the shell: printf is a
+    builtin, so it is in no process's argv, and only its digest is printed."""
     cases: list[str | StringCommand] = []
     if keys:
         cases += [StringCommand(*_alternatives(keys), _separator="|"),
@@ -111,6 +177,8 @@ def process_snippet(keys: list[str], secret_keys: list[str]) -> StringCommand:
     return StringCommand(
         'echo "pid $pid";',
         "tr '\\000' '\\n' < \"/proc/$pid/cmdline\" | sed 's/^/arg /';",
+        f"sed -n -E 's/^({'|'.join(STATUS_KEYS)}):[[:space:]]*/status \\1 /p'",
+        '"/proc/$pid/status" 2>/dev/null;',
         "tr '\\000' '\\n' < \"/proc/$pid/environ\" | while IFS= read -r kv; do",
         'case "${kv%%=*}" in', *cases, "esac; done",
     )
@@ -122,7 +190,8 @@ def _alternatives(names: list[str]) -> list[QuoteString]:
 
 def parse_process(output: list[str]) -> dict[str, Any] | None:
     """EngineProcess' lines as its value; None without a ``pid`` line."""
-    found: dict[str, Any] = {"pid": None, "argv": [], "env": {}, "secret_sha256": {}}
+    found: dict[str, Any] = {"pid": None, "argv": [], "env": {}, "secret_sha256": {},
+                             "status": {}}
     for line in output:
         kind, _, rest = line.partition(" ")
         if kind == "pid" and rest.strip().isdigit():
@@ -135,14 +204,20 @@ def parse_process(output: list[str]) -> dict[str, Any] | None:
         elif kind == "secret":
             key, _, digest = rest.partition(" ")
             found["secret_sha256"][key] = digest.strip()
+        elif kind == "status":
+            key, _, value = rest.partition(" ")
+            if key in STATUS_KEYS and value.strip():
+                found["status"][key] = value.strip()
     return found if found["pid"] is not None else None
 
 
 class EngineProcess(FactBase[dict[str, Any] | None]):
     """
-    Returns the command line of a unit's main process and the ``keys`` of its initial
-    environment, the ``secret_keys`` only as sha256 digests computed on the host; None
-    when the unit has no main process (stopped, or still in ExecStartPre):
+    Returns the command line of a unit's main process, the ``keys`` of its initial
+    environment, the ``secret_keys`` only as sha256 digests computed on the host, and
+    the hardening lines of its ``/proc/PID/status`` (``STATUS_KEYS``, as read; a line the
+    kernel does not print is absent); None when the unit has no main process (stopped,
+    or still in ExecStartPre):
 
     .. code:: python
 
@@ -150,7 +225,10 @@ class EngineProcess(FactBase[dict[str, Any] | None]):
          "argv": ["/opt/vllm/envs/x/bin/python", "-m", "vllm.entrypoints.openai.api_server",
                   "--model", "/srv/models/m", ...],
          "env": {"CUDA_VISIBLE_DEVICES": "0,1", "HF_HUB_OFFLINE": "1", ...},
-         "secret_sha256": {"VLLM_API_KEY": "9f86d081..."}}
+         "secret_sha256": {"VLLM_API_KEY": "9f86d081..."},
+         "status": {"NoNewPrivs": "1", "Seccomp": "2", "CapEff": "0000000000000000",
+                    "CapPrm": "0000000000000000", "CapBnd": "0000000000000000",
+                    "CapAmb": "0000000000000000"}}
 
     The main process only (``MainPID``): vLLM's engine core and workers are its children
     and rename themselves (``VLLM::EngineCore``). ``/proc/PID/environ`` is the environment
@@ -174,3 +252,36 @@ class EngineProcess(FactBase[dict[str, Any] | None]):
     @override
     def process(self, output: list[str]) -> dict[str, Any] | None:
         return parse_process(output)
+
+
+class EngineHealth(FactBase[int | None]):
+    """
+    Returns the HTTP status of the engine's ``/health``, asked on the host and given 5
+    seconds; 0 when nothing answered in time (stopped, starting, or alive and hung: a
+    process stopped with SIGSTOP accepts connections in the kernel and answers nothing);
+    None where curl is missing.
+
+    + url: the engine's base URL (with ``socket``, its host is only the Host header)
+    + socket: the engine's Unix socket, or None for TCP
+
+    .. code:: python
+
+        200
+    """
+
+    @override
+    def requires_command(self, url: str, socket: str | None = None) -> str:
+        return "curl"
+
+    @override
+    def command(self, url: str, socket: str | None = None) -> StringCommand:
+        via = ["--unix-socket", QuoteString(socket)] if socket else []
+        return StringCommand(
+            "curl -s -o /dev/null -m 5 -w '%{http_code}'", *via,
+            StringCommand(QuoteString(url.rstrip("/")), "/health", _separator=""), "; true",
+        )
+
+    @override
+    def process(self, output: list[str]) -> int | None:
+        text = "".join(output).strip()
+        return int(text) if text.isdigit() else 0

@@ -2,6 +2,7 @@
 """Wait until a drained vLLM engine has no request left, or the grace period ends.
 
     python engine_idle.py --url http://127.0.0.1:8000/metrics --grace 120 [--interval 1]
+        [--unix-socket PATH]
 
 Reads the engine's Prometheus metrics every ``--interval`` seconds and adds up every
 sample of ``vllm:num_requests_running`` and ``vllm:num_requests_waiting`` (one per
@@ -18,8 +19,8 @@ import argparse
 import re
 import sys
 import time
-import urllib.error
-import urllib.request
+
+from engine_client import request
 
 METRICS = ("vllm:num_requests_running", "vllm:num_requests_waiting")
 # A sample line: name, optional {labels}, value (Prometheus text format 0.0.4).
@@ -42,13 +43,15 @@ def in_flight(text: str) -> int | None:
     return round(total) if seen else None
 
 
-def read(url: str, timeout: float) -> tuple[int | None, str]:
+def read(url: str, unix_socket: str | None, timeout: float) -> tuple[int | None, str]:
     """(requests in flight or None, why None)."""
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
-            count = in_flight(response.read().decode("utf-8", "replace"))
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        return None, str(exc)
+    status, body = request(url, unix_socket, timeout)
+    text = body.decode("utf-8", "replace")
+    if status is None:
+        return None, text
+    if status != 200:
+        return None, f"HTTP {status}"
+    count = in_flight(text)
     return count, "" if count is not None else "no vllm:num_requests_* metric"
 
 
@@ -57,11 +60,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--url", required=True)
     parser.add_argument("--grace", type=float, required=True)
     parser.add_argument("--interval", type=float, default=1.0)
+    parser.add_argument("--unix-socket", help="reach the engine through this socket")
     args = parser.parse_args(argv)
 
     start = time.monotonic()
     while True:
-        count, why = read(args.url, timeout=max(args.interval, 2.0))
+        count, why = read(args.url, args.unix_socket, timeout=max(args.interval, 2.0))
         waited = time.monotonic() - start
         if count is None:
             print(f"engine-idle: {args.url} unreadable ({why}): not waiting", flush=True)

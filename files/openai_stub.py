@@ -12,12 +12,18 @@ has a real upstream that streams. Standard library only (the host has bare pytho
   any size are read (the gateway decides what is too big).
 
     python3 openai_stub.py --port 8000 [--chunks 10] [--interval 0.2]
+    python3 openai_stub.py --uds /run/vllm-engine/engine.sock ...
+
+With ``--uds`` it listens on that Unix socket instead (as the engine does where its
+stack's server has one), made connectable (0666): its directory decides who gets in.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import socket
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -119,9 +125,29 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--chunks", type=int, default=10)
     parser.add_argument("--interval", type=float, default=0.2)
+    parser.add_argument("--uds", help="listen on this Unix socket instead")
     args = parser.parse_args()
     Handler.chunks, Handler.interval = args.chunks, args.interval
-    ThreadingHTTPServer((args.host, args.port), Handler).serve_forever()
+    if args.uds is None:
+        ThreadingHTTPServer((args.host, args.port), Handler).serve_forever()
+        return
+    if os.path.exists(args.uds):
+        os.unlink(args.uds)
+    server = _UnixServer(args.uds, Handler)
+    os.chmod(args.uds, 0o666)
+    server.serve_forever()
+
+
+class _UnixServer(ThreadingHTTPServer):
+    address_family = socket.AF_UNIX
+
+    def server_bind(self) -> None:
+        self.socket.bind(self.server_address)
+        self.server_name, self.server_port = "localhost", 0
+
+    def get_request(self):
+        conn, _ = self.socket.accept()
+        return conn, ("local", 0)  # http.server logs client_address[0]
 
 
 if __name__ == "__main__":

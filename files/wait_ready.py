@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Wait until the vLLM server answers: the unit's ``ExecStartPost``.
 
-    python wait_ready.py --url http://127.0.0.1:8000/health [--interval 5] [--timeout S]
-        [--model NAME [--warmups 3] [--request-timeout 300]]
+    python wait_ready.py --url http://127.0.0.1:8000/health [--unix-socket PATH]
+        [--interval 5] [--timeout S] [--model NAME [--warmups 3] [--request-timeout 300]]
 
 Polls ``--url`` until it answers 200 and exits 0 with one line on stdout,
 ``wait-ready: <url> answered 200 after N s``. vLLM 0.6.3's OpenAI server binds its port
@@ -22,6 +22,13 @@ passes while a broken tokenizer or chat template fails every request), then
 number and by ``--request-timeout`` each; a failed warm-up is reported, not fatal).
 An engine that demands a key (``VLLM_API_KEY`` in the unit's environment file, which
 systemd gives ExecStartPost too) gets it as ``Authorization: Bearer``.
+
+Only the engine is asked: a listener another user owns (a TCP port taken while the
+engine was down) is never sent a request, so it never gets the key nor passes for the
+engine (one line on stderr says whose it is; the wait goes on). With ``--unix-socket``
+the engine is reached through its socket, and once this wait (the engine's own user)
+finds it owns the socket it makes it connectable for the socket directory's group,
+nginx's workers: the directory (0750) keeps everyone else out.
 """
 
 from __future__ import annotations
@@ -31,22 +38,12 @@ import json
 import os
 import sys
 import time
-import urllib.error
-import urllib.request
+
+from engine_client import foreign_listener, request
 
 
-def probe(url: str, timeout: float) -> int | None:
-    """The HTTP status of one GET, or None when nothing answered."""
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
-            return response.status
-    except urllib.error.HTTPError as exc:
-        return exc.code
-    except (urllib.error.URLError, OSError):
-        return None
-
-
-def complete(base: str, model: str, prompt: str, timeout: float) -> tuple[int | None, str]:
+def complete(base: str, unix_socket: str | None, model: str, prompt: str,
+             timeout: float) -> tuple[int | None, str]:
     """One ``max_tokens=1`` completion: (HTTP status or None, a short reason)."""
     body = json.dumps({"model": model, "prompt": prompt, "max_tokens": 1,
                        "temperature": 0}).encode()
@@ -54,22 +51,21 @@ def complete(base: str, model: str, prompt: str, timeout: float) -> tuple[int | 
     key = os.environ.get("VLLM_API_KEY")
     if key:
         headers["Authorization"] = f"Bearer {key}"
-    request = urllib.request.Request(f"{base}/v1/completions", data=body, headers=headers)
+    status, data = request(f"{base}/v1/completions", unix_socket, timeout, body, headers)
+    if status != 200:
+        return status, data[:300].decode("utf-8", "replace").strip()
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            answer = json.load(response)
-            if not answer.get("choices"):
-                return None, "no choices in the answer"
-            return response.status, "ok"
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read(300).decode("utf-8", "replace").strip()
-    except (urllib.error.URLError, OSError, ValueError) as exc:
+        if not json.loads(data).get("choices"):
+            return None, "no choices in the answer"
+    except (ValueError, AttributeError) as exc:
         return None, str(exc)
+    return status, "ok"
 
 
-def serve_checks(base: str, model: str, warmups: int, timeout: float) -> int:
+def serve_checks(base: str, unix_socket: str | None, model: str, warmups: int,
+                 timeout: float) -> int:
     start = time.monotonic()
-    status, reason = complete(base, model, "Hello", timeout)
+    status, reason = complete(base, unix_socket, model, "Hello", timeout)
     if status != 200:
         print(f"wait-ready: the first one-token completion failed ({status}: {reason})",
               file=sys.stderr, flush=True)
@@ -77,7 +73,7 @@ def serve_checks(base: str, model: str, warmups: int, timeout: float) -> int:
     first = time.monotonic() - start
     failed = 0
     for _ in range(warmups):
-        status, _ = complete(base, model, "Warm up. " * 256, timeout)
+        status, _ = complete(base, unix_socket, model, "Warm up. " * 256, timeout)
         failed += status != 200
     print(f"wait-ready: first completion in {first:.1f} s; {warmups} warm-up(s) in "
           f"{time.monotonic() - start - first:.1f} s" + (f", {failed} failed" if failed else ""),
@@ -98,29 +94,47 @@ def main_pid_gone(pid: int | None) -> bool:
     return False
 
 
+def ask_engine(url: str, unix_socket: str | None, timeout: float, told: set[str]) -> int | None:
+    """The status of one GET of ``url`` from the engine; None when nothing answered or
+    the listener is not the engine's (said once on stderr: ``told``)."""
+    foreign = foreign_listener(url, unix_socket, os.getuid())
+    if foreign is not None:
+        if foreign not in told:
+            told.add(foreign)
+            print(f"wait-ready: {foreign}: not asked", file=sys.stderr, flush=True)
+        return None
+    if unix_socket and os.path.exists(unix_socket):
+        try:
+            os.chmod(unix_socket, 0o666)
+        except OSError:
+            pass  # not there any more: the next poll sees it
+    return request(url, unix_socket, timeout)[0]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="wait_ready.py", description=__doc__.splitlines()[0])
     parser.add_argument("--url", required=True)
+    parser.add_argument("--unix-socket", help="reach the engine through this socket")
     parser.add_argument("--interval", type=float, default=5.0)
     parser.add_argument("--timeout", type=float, default=None)
     parser.add_argument("--model", help="served model name: also require a completion")
     parser.add_argument("--warmups", type=int, default=3)
     parser.add_argument("--request-timeout", type=float, default=300.0)
     args = parser.parse_args(argv)
-    # Never go through a proxy for the engine on this host.
-    urllib.request.install_opener(urllib.request.build_opener(urllib.request.ProxyHandler({})))
     main_pid = int(os.environ["MAINPID"]) if os.environ.get("MAINPID", "").isdigit() else None
     start = time.monotonic()
     last = None
+    told = set()
     while True:
-        last = probe(args.url, timeout=max(args.interval, 1.0))
+        last = ask_engine(args.url, args.unix_socket, max(args.interval, 1.0), told)
         waited = time.monotonic() - start
         if last == 200:
             print(f"wait-ready: {args.url} answered 200 after {waited:.0f} s", flush=True)
             if args.model is None:
                 return 0
             base = args.url.rsplit("/", 1)[0]
-            return serve_checks(base, args.model, args.warmups, args.request_timeout)
+            return serve_checks(base, args.unix_socket, args.model, args.warmups,
+                                args.request_timeout)
         if main_pid_gone(main_pid):
             print(f"wait-ready: the engine (PID {main_pid}) exited after {waited:.0f} s, "
                   f"before {args.url} answered 200: its journal says why",

@@ -10,10 +10,10 @@ command lines is quoted for systemd (``systemd_quote``). The flags come from set
 (``unknown_flags``) before the unit is written, so a flag the installed vLLM does not know
 fails the deploy instead of crash-looping the service.
 
-Secrets (HF_TOKEN, VLLM_API_KEY) go to ``/etc/vllm/vllm.env`` (0600, root), never into the
-unit, which any user can read with ``systemctl cat``, nor onto the command line (``--api-key``
-would show in ``ps``). VLLM_API_KEY is set when the engine listens beyond loopback
-(``engine_api_key``).
+Secrets go to root-only 0600 files, never into the unit, which any user can read with
+``systemctl cat``, nor onto the command line (``--api-key`` would show in ``ps``): HF_TOKEN
+to ``/etc/vllm/vllm.env``, the engine's own key (VLLM_API_KEY, made on the host inside
+the restart's slot) to ``/etc/vllm/engine-key.env`` (pyinfra_vllm/plans/engine_access.py).
 
 The render helpers are pure, so unit tests call them without a pyinfra host; the
 operations (below them) install nothing themselves: the deploy writes the files with
@@ -28,16 +28,19 @@ from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, QuoteString, StringCommand, operation
 
 from facts.units import UnitActivation
-from facts.vllm_service import EngineProcess
+from facts.vllm_service import EngineKey, EngineProcess
 from operations.util import rolling as rolling_util
 from operations.util.jobs import connector_arguments
 from operations.util.vllm_service import (
     JOURNAL_LINES,
+    engine_key_command,
     failure_reason,
+    gateway_reload_command,
     idle_command,
     limit_reset_then,
     restart_command,
 )
+from pyinfra_vllm.plans.engine_access import KEY_READ
 from pyinfra_vllm.plans.vllm_service import (
     ENGINE_PROCESS_READ,
     UNIT,
@@ -68,7 +71,8 @@ def _report_ready(state, host) -> bool:
 
 
 def _roll(state, host, staged: list[list[str]], start: bool, serving: bool, batch: int,
-          grace_s: int, python: str, metrics_url: str) -> bool:
+          grace_s: int, python: str, metrics_url: str, client: list[str],
+          new_key: bool) -> bool:
     pairs = [(path, digest) for path, digest in staged]
     arguments = connector_arguments(host)
 
@@ -81,13 +85,23 @@ def _roll(state, host, staged: list[list[str]], start: bool, serving: bool, batc
             ok, output = run(rolling_util.drain_command())
             if not ok:
                 return "to drain: " + (" ".join(output.stderr_lines) or "touch failed")
-            _, output = run(idle_command(python, metrics_url, grace_s))
+            _, output = run(idle_command(python, metrics_url, grace_s, client))
             host.log_styled(f"drained: {' '.join(output.stdout_lines)}", log_func=logger.info)
+        if new_key:
+            ok, output = run(engine_key_command())
+            if not ok:
+                return "the engine's key: " + (" ".join(output.stderr_lines) or "not made")
         ok, output = run(restart_command(pairs, start))
         if not ok:
             # Still drained (a failed engine serves nothing); rolling.not_draining puts
             # the host back once a later run has its engine running.
             return "readiness: " + failure_reason(output.stderr_lines)
+        if new_key:
+            # nginx sends the engine its new key before the host serves again.
+            ok, output = run(gateway_reload_command())
+            if not ok:
+                return "nginx reload for the engine's new key: " + failure_reason(
+                    output.stderr_lines)
         if serving:
             run(rolling_util.undrain_command())
         if start:
@@ -107,7 +121,8 @@ def _roll(state, host, staged: list[list[str]], start: bool, serving: bool, batc
 @operation(is_idempotent=False)
 def restarted(start: bool = True, staged: dict[str, str] | None = None, batch: int = 1,
               grace_s: int = 0, python: str = "python3",
-              metrics_url: str = "http://127.0.0.1:8000/metrics"):
+              metrics_url: str = "http://127.0.0.1:8000/metrics",
+              client: list[str] | None = None, new_key: bool = False):
     """
     Restart the engine after its unit or environment changed, rolling: at most ``batch``
     hosts of the run at once, each drained first, and none once a host failed readiness
@@ -120,6 +135,9 @@ def restarted(start: bool = True, staged: dict[str, str] | None = None, batch: i
     + grace_s: drain_grace_s, the longest wait for in-flight requests
     + python: the interpreter that runs files/engine_idle.py (the environment's)
     + metrics_url: the engine's /metrics
+    + client: how files/engine_idle.py reaches it (``--unix-socket PATH``, or nothing)
+    + new_key: make the engine's own key first (its files missing or disagreeing), and
+      reload nginx for it once the engine is ready, before the host serves again
 
     An engine that runs (``UnitActivation`` when the operation executes) takes a slot, is
     drained (the gateway answers 503), waits until no request is in flight or the grace
@@ -134,7 +152,8 @@ def restarted(start: bool = True, staged: dict[str, str] | None = None, batch: i
     found = host.get_fact(UnitActivation, unit=UNIT) or {}
     serving = found.get("active") == "active"
     yield FunctionCommand(_roll, (sorted([path, digest] for path, digest in (staged or {}).items()),
-                                  start, serving, batch, grace_s, python, metrics_url), {})
+                                  start, serving, batch, grace_s, python, metrics_url,
+                                  list(client or []), new_key), {})
 
 
 @operation()
@@ -162,6 +181,44 @@ def running(start: bool = True):
         changed = True
     if not changed:
         host.noop(f"{UNIT} is enabled" + (" and active" if start else ""))
+
+
+def _report_hung(state, host, status: int) -> bool:
+    host.log_styled(f"vLLM is active but did not answer /health within 5 s "
+                    f"({'no answer' if status == 0 else f'HTTP {status}'}): restarted",
+                    fg="yellow", log_func=logger.warning)
+    return True
+
+
+@operation()
+def answering(active: bool = False, status: int | None = None):
+    """
+    Name an engine that is active yet does not answer ``/health`` (alive and hung: stopped
+    with SIGSTOP, or wedged); ``restarted``, with this operation's result in its ``_if``,
+    then restarts it and waits for its readiness again.
+
+    + active: the unit is active (its readiness passed: a starting engine is not hung)
+    + status: ``facts.vllm_service.EngineHealth`` (0: no answer within 5 s; None: no curl)
+    """
+    if not active or status in (200, None):
+        host.noop("the engine answers /health" if active else f"{UNIT} is not active")
+        return
+    yield FunctionCommand(_report_hung, (status,), {})
+
+
+@operation()
+def engine_key():
+    """
+    Make the engine's own key where its files are missing or disagree (both from one
+    value, a valid engine file kept; operations/util/vllm_service.py), and reload nginx
+    for it where nginx runs. For the gateway stage, whose site includes nginx's file: the
+    vllm_service stage makes the key inside the engine's restart instead.
+    """
+    if host.get_fact(EngineKey, **KEY_READ) is not None:
+        host.noop("the engine's key is in place")
+        return
+    yield engine_key_command()
+    yield gateway_reload_command()
 
 
 @operation()
@@ -202,22 +259,23 @@ def _report_stale(state, host, words: str) -> bool:
 @operation()
 def engine_current(expected: dict[str, Any]):
     """
-    Find an engine that runs with another command line or environment than its unit
-    and environment file give (a unit edited without a restart, a drop-in, a changed
-    environment file): then log what differs. Use before ``restarted`` with
+    Find an engine that runs with another command line, environment or hardening than
+    its unit and environment file give (a unit edited without a restart, a drop-in, a
+    changed environment file): then log what differs. Use before ``restarted`` with
     ``_if=any_changed(..., this)``, which restarts it.
 
     + expected: ``engine_expected`` for the unit this run renders
 
     No engine running, or one that agrees: no command. Compared on the main process
-    only (facts.vllm_service.EngineProcess); secrets by sha256, never shown.
+    only (facts.vllm_service.EngineProcess); secrets by sha256, never shown; hardening
+    by its ``/proc/PID/status`` lines (NoNewPrivs, Seccomp, the capability sets).
     """
     found = host.get_fact(EngineProcess, **ENGINE_PROCESS_READ)
     differences = engine_differences(found, expected)
     if differences is None:
         host.noop(f"{UNIT} has no running main process")
         return
-    if not differences["argv"] and not differences["env"]:
-        host.noop(f"{UNIT} runs with its unit's command line and environment")
+    if not differences["argv"] and not differences["env"] and not differences["hardening"]:
+        host.noop(f"{UNIT} runs with its unit's command line, environment and hardening")
         return
     yield FunctionCommand(_report_stale, (difference_words(differences),), {})

@@ -3,11 +3,13 @@ until it is idle, and say why a restart failed."""
 
 from __future__ import annotations
 
+import posixpath
 from collections.abc import Sequence
 
 from pyinfra.api import QuoteString, StringCommand
 
 from operations.util import rolling as rolling_util
+from pyinfra_vllm.plans.engine_access import KEY_ENV_PATH, KEY_NGINX_PATH, KEY_RE
 from pyinfra_vllm.plans.vllm_service import (
     IDLE_PATH,
     SERVICE,
@@ -40,10 +42,44 @@ def restart_command(staged: Sequence[tuple[str, str]], start: bool) -> StringCom
     )
 
 
-def idle_command(python: str, metrics_url: str, grace_s: int) -> StringCommand:
-    """files/engine_idle.py: until no request is in flight, at most ``grace_s``."""
+def idle_command(python: str, metrics_url: str, grace_s: int,
+                 client: Sequence[str] = ()) -> StringCommand:
+    """files/engine_idle.py: until no request is in flight, at most ``grace_s``;
+    ``client``: how it reaches the engine (``engine_access.client_args``)."""
     return StringCommand(QuoteString(python), QuoteString(IDLE_PATH), "--url",
-                         QuoteString(metrics_url), "--grace", QuoteString(str(grace_s)))
+                         QuoteString(metrics_url), "--grace", QuoteString(str(grace_s)),
+                         *(QuoteString(arg) for arg in client))
+
+
+def engine_key_command(env_path: str = KEY_ENV_PATH,
+                       nginx_path: str = KEY_NGINX_PATH) -> StringCommand:
+    """The engine's own key, made on the host when its files are missing or disagree
+    (pyinfra_vllm/plans/engine_access.py): both files written from one value, a valid
+    engine file kept, so a lost nginx file comes back without a new key. The value stays
+    in the shell (printf is a builtin: on no command line); umask 077: 0600 from the first
+    byte."""
+    return StringCommand(
+        "umask 077;",
+        "key=$(sed -n \"s/^VLLM_API_KEY='\\(" + KEY_RE + "\\)'$/\\1/p\"", env_path,
+        "2>/dev/null);",
+        '[ -n "$key" ] || key=$(head -c 32 /dev/urandom | base64 -w0 | tr "+/" "-_" | tr -d "=");',
+        "for dir in", posixpath.dirname(env_path), posixpath.dirname(nginx_path),
+        "; do [ -d $dir ] || install -d -m 0755 $dir; done;",
+        "printf \"VLLM_API_KEY='%s'\\n\" \"$key\" >", f"{env_path}.new", "&&",
+        "mv -f", f"{env_path}.new", env_path, "&&",
+        "printf 'map \"\" $vllm_upstream_authorization {\\n    default \"Bearer %s\";\\n}\\n'",
+        '"$key" >', f"{nginx_path}.new", "&&",
+        "mv -f", f"{nginx_path}.new", nginx_path,
+    )
+
+
+def gateway_reload_command() -> StringCommand:
+    """nginx reloaded for a new engine key, where it runs and its configuration passes
+    ``nginx -t`` (a host whose gateway is not installed yet: nothing to do)."""
+    return StringCommand(
+        "if systemctl is-active -q nginx.service; then nginx -t -q && systemctl reload "
+        "nginx.service; fi"
+    )
 
 
 def failure_reason(lines: Sequence[str]) -> str:

@@ -152,8 +152,10 @@ class Settings(BaseModel):
     # Before vllm_host: its check reads this one (pydantic validates fields in order).
     vllm_listen_beyond_loopback: bool = False
     """Let vllm_host be an address other than loopback (127.0.0.0/8, ::1): the engine is
-    then reachable from the network, around the gateway, so it requires an API key (the
-    first of api_keys; at least one must be set).
+    then reachable from the network, around the gateway, on TCP (no Unix socket). It
+    demands its own key, made on the host, on paths under /v1 only (vLLM's check: /health,
+    /metrics, /tokenize, /detokenize, /pooling, /score, /invocations stay open on its
+    port); the gateway's client keys are required too (at least one of api_keys).
     """
     vllm_host: str = "127.0.0.1"
     """Address the engine listens on: an IP address literal (127.0.0.1, ::1), never a host

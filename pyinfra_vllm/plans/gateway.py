@@ -16,7 +16,7 @@ from pyinfra.api import (
 
 from pyinfra_vllm.core.settings_checks import API_KEY_ALPHABET, API_KEY_CHARS
 from pyinfra_vllm.core.templating import render
-from pyinfra_vllm.plans.vllm_service import engine_address
+from pyinfra_vllm.plans.engine_access import KEY_NGINX_PATH
 
 # /run: a tmpfs, so a host rebooted while drained comes back serving. 0755: nginx's
 # workers (www-data) test the flag. A directory of its own, holding the flag alone: the
@@ -96,26 +96,17 @@ def check_keys(keys: list[str]) -> None:
         seen[key] = index
 
 
-def render_keys_map(keys: list[str], upstream_key: str | None = None) -> str:
-    """The secret file: the map from the Authorization header to ``$vllm_key_ok``, and the
-    Authorization header nginx sends the engine (``$vllm_upstream_authorization``).
+def render_keys_map(keys: list[str]) -> str:
+    """The secret file: the map from the Authorization header to ``$vllm_key_ok``.
 
     + keys: the API keys clients may send; none: every request is let through
-    + upstream_key: the key the engine itself demands (VLLM_API_KEY, when it listens beyond
-      loopback), sent as ``Bearer <key>``; None sends the engine no Authorization at all
 
+    The Authorization header nginx sends the engine (``$vllm_upstream_authorization``,
+    the engine's own key) is in a file made on the host (``engine_access.KEY_NGINX_PATH``).
     A bad key is named by its position only: its value is never printed.
     """
     check_keys(keys)
-    if upstream_key is not None and not API_KEY_CHARS.fullmatch(upstream_key):
-        raise OperationValueError(
-            f"the engine's key has characters other than {API_KEY_ALPHABET}"
-        )
-    return render(
-        KEYS_TEMPLATE,
-        patterns=[key_regex(key) for key in keys],
-        upstream_key=upstream_key,
-    )
+    return render(KEYS_TEMPLATE, patterns=[key_regex(key) for key in keys])
 
 
 def redactions(secrets: list[str]) -> list[str]:
@@ -141,14 +132,14 @@ def metrics_networks(cidrs: list[str]) -> list[str]:
 
 def render_site(
     *,
-    vllm_host: str,
-    vllm_port: int,
+    upstream: str,
     gateway_port: int,
     metrics_allow: list[str],
     body_mib: int,
     proxy_timeout_s: int,
     extra_directives: list[str] | tuple[str, ...] = (),
     keys_path: str = KEYS_PATH,
+    engine_key_path: str = KEY_NGINX_PATH,
     tls: bool = False,
     http_redirect_port: int | None = None,
     tls_cert_path: str = TLS_CERT_PATH,
@@ -157,6 +148,10 @@ def render_site(
     drain_flag: str = DRAIN_FLAG,
 ) -> str:
     """The site file (``conf.d/vllm.conf``): upstream, server, locations.
+
+    + upstream: the engine, as nginx's ``server`` argument (``engine_access.Endpoint``:
+      ``unix:/run/vllm-engine/engine.sock`` or ``127.0.0.1:8000``)
+    + engine_key_path: the file that sets the engine's own Authorization
 
     + tls: the server speaks TLS on gateway_port with the files at tls_cert_path and
       tls_key_path; False keeps plain HTTP
@@ -173,7 +168,8 @@ def render_site(
         raise OperationValueError("http_redirect_port must differ from gateway_port")
     return render(
         SITE_TEMPLATE,
-        upstream=engine_address(vllm_host, vllm_port),
+        upstream=upstream,
+        engine_key_path=engine_key_path,
         gateway_port=gateway_port,
         metrics_allow=metrics_networks(metrics_allow),
         body_mib=body_mib,

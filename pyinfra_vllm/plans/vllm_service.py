@@ -4,8 +4,6 @@ settings; operations/vllm_service.py writes and starts it)."""
 
 from __future__ import annotations
 
-import hashlib
-import ipaddress
 import re
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -15,6 +13,7 @@ from pyinfra.api import OperationValueError
 from facts.cpu_host import cpu_ranges
 from pyinfra_vllm.core.settings import Settings
 from pyinfra_vllm.core.templating import render
+from pyinfra_vllm.plans import engine_access
 
 UNIT_TEMPLATE = "vllm.service.j2"
 ENV_TEMPLATE = "vllm.env.j2"
@@ -31,6 +30,8 @@ HELPER_DIR = "/usr/local/lib/pyinfra-vllm"
 GUARD_PATH = f"{HELPER_DIR}/gpu_guard.py"
 READY_PATH = f"{HELPER_DIR}/wait_ready.py"
 IDLE_PATH = f"{HELPER_DIR}/engine_idle.py"
+# What both import: HTTP to the engine over TCP or its socket, and whose listener it is.
+CLIENT_PATH = f"{HELPER_DIR}/engine_client.py"
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 
 # SIGTERM, then SIGKILL to the whole cgroup after this long (the unit's comment says why).
@@ -124,8 +125,7 @@ def server_flags(settings: Settings, model_path: str, accepted: set[str] | None 
     flags = [
         "--model", model_path,
         "--served-model-name", settings.model_name,
-        "--host", settings.vllm_host,
-        "--port", str(settings.vllm_port),
+        *engine_access.server_listen_flags(settings),
         "--tensor-parallel-size", str(settings.tensor_parallel_size),
         "--dtype", settings.dtype,
         "--max-model-len", str(settings.max_model_len),
@@ -172,26 +172,6 @@ def unknown_flags(flags: Iterable[str], accepted: set[str]) -> list[str]:
 
 
 # --- unit and environment file -------------------------------------------------------
-def engine_address(host: str, port: int) -> str:
-    """``host:port`` where a client on the host reaches the engine listening on ``host``:
-    an IPv6 address in brackets, a wildcard bind (every address) reached on loopback."""
-    if host in ("", "0.0.0.0"):
-        host = "127.0.0.1"
-    elif host == "::":
-        host = "::1"
-    try:
-        if ipaddress.ip_address(host).version == 6:
-            host = f"[{host}]"
-    except ValueError:
-        pass  # a host name
-    return f"{host}:{port}"
-
-
-def health_url(host: str, port: int) -> str:
-    """The URL the readiness wait polls."""
-    return f"http://{engine_address(host, port)}/health"
-
-
 def cpu_threads_bind(cpus: Sequence[int], numa_nodes: int | None, tp: int) -> str | None:
     """VLLM_CPU_OMP_THREADS_BIND for ``tp`` CPU workers on a host with online ``cpus``.
 
@@ -311,8 +291,9 @@ def render_unit(
              "--devices", ",".join(str(d) for d in devices)]
     if not settings.allow_pcie_tensor_parallel and tp > 1:
         guard.append("--require-nvlink")
-    ready = [python, ready_path, "--url", health_url(settings.vllm_host, settings.vllm_port),
-             "--model", settings.model_name,
+    place = engine_access.endpoint(settings)
+    ready = [python, ready_path, "--url", place.url("/health"),
+             *engine_access.client_args(place), "--model", settings.model_name,
              "--warmups", str(settings.vllm_warmup_requests),
              "--request-timeout", str(settings.vllm_warmup_timeout_s)]
     start = [python, "-m", SERVER_MODULE, *server_flags(settings, model_path, accepted)]
@@ -325,6 +306,10 @@ def render_unit(
         state_dir=STATE_DIR,
         state_dir_name=STATE_DIR.removeprefix("/var/lib/"),
         env_path=env_path,
+        key_env_path=engine_access.KEY_ENV_PATH,
+        socket_dir=place.socket and engine_access.SOCKET_DIR,
+        socket_path=place.socket,
+        socket_group=engine_access.SOCKET_GROUP,
         environment=unit_environment(settings, devices, threads_bind),
         cpu=cpu,
         guard_command=exec_command(guard),
@@ -360,24 +345,24 @@ def engine_expected(
     devices: Sequence[int] | None = None,
     accepted: set[str] | None = None,
     threads_bind: str | None = None,
+    key_sha256: str | None = None,
 ) -> dict[str, Any]:
     """What the engine's main process runs with when it was started from the unit and
     environment file this run renders (same arguments as ``render_unit``):
     ``{"argv", "env", "secret_sha256"}``.
 
     ``ExecStart`` runs the interpreter itself (Type=exec, no shell or wrapper), so the
-    main process's argv is exactly its words; the secrets are the environment file's
-    (``render_env``: VLLM_API_KEY only, and only beyond loopback), as sha256 digests.
+    main process's argv is exactly its words; its one secret is its own key
+    (VLLM_API_KEY, pyinfra_vllm/plans/engine_access.py), as its sha256 (``key_sha256``:
+    facts.vllm_service.EngineKey; None while the host has none yet: then any key differs).
     """
     cpu = settings.vllm_device == "cpu"
     tp = settings.tensor_parallel_size
     devices = list(range(tp)) if devices is None or cpu else list(devices)
-    api_key = engine_api_key(settings)
     return {
         "argv": [python, "-m", SERVER_MODULE, *server_flags(settings, model_path, accepted)],
         "env": dict(environment_pairs(settings, devices, threads_bind)),
-        "secret_sha256": {} if api_key is None else {
-            "VLLM_API_KEY": hashlib.sha256(api_key.encode()).hexdigest()},
+        "secret_sha256": {} if key_sha256 is None else {"VLLM_API_KEY": key_sha256},
     }
 
 
@@ -404,16 +389,57 @@ def _secret_flag(name: str) -> bool:
     return "key" in name or "token" in name
 
 
+# What the unit (templates/vllm.service.j2) makes of its main process, as
+# /proc/PID/status shows it (facts.vllm_service.STATUS_KEYS): NoNewPrivileges=yes sets
+# NoNewPrivs; SystemCallFilter= puts it in seccomp's filter mode (2; 0 is none, 1
+# strict); CapabilityBoundingSet= and AmbientCapabilities= are empty and User= is not
+# root, so every capability set is empty. The sets are hex masks, compared as numbers:
+# their width depends on the kernel.
+HARDENING_EXPECTED = {
+    "NoNewPrivs": "1",
+    "Seccomp": "2",
+    "CapEff": "0000000000000000",
+    "CapPrm": "0000000000000000",
+    "CapBnd": "0000000000000000",
+    "CapAmb": "0000000000000000",
+}
+
+
+def _same_status(key: str, running: str, unit: str) -> bool:
+    if not key.startswith("Cap"):
+        return running.strip() == unit
+    try:
+        return int(running, 16) == int(unit, 16)
+    except ValueError:
+        return False
+
+
+def hardening_differences(status: dict[str, str] | None) -> list[dict[str, Any]]:
+    """Where the engine's main process (EngineProcess' ``status``) lacks the hardening
+    its unit gives: ``[{"key", "running", "unit"}]`` in ``HARDENING_EXPECTED``'s order,
+    [] when they agree."""
+    differences: list[dict[str, Any]] = []
+    for key, unit in HARDENING_EXPECTED.items():
+        running = (status or {}).get(key)
+        # A line not read (an older reader's output, /proc/PID/status unreadable, a
+        # kernel that does not print it) is nothing read, not drift: no restart would
+        # ever make it agree.
+        if running is not None and not _same_status(key, running, unit):
+            differences.append({"key": key, "running": running, "unit": unit})
+    return differences
+
+
 def engine_differences(found: dict[str, Any] | None,
                        expected: dict[str, Any]) -> dict[str, list[dict[str, Any]]] | None:
     """Where the running engine (facts.vllm_service.EngineProcess) differs from
     ``expected`` (``engine_expected``); None when no engine runs.
 
-    ``{"argv": [{"flag", "running", "unit"}], "env": [{"key", "running", "unit"}]}``,
-    both ``[]`` when they agree. ``"(command)"`` is the interpreter and module; a value
-    is None where one side lacks the flag or key. Secret keys, and flags named like a
-    key or token, show ``(secret)`` for a value, never the value. Option order does
-    not count (argparse reads them in any order).
+    ``{"argv": [{"flag", "running", "unit"}], "env": [{"key", "running", "unit"}],
+    "hardening": [{"key", "running", "unit"}]}``, each ``[]`` when they agree.
+    ``"(command)"`` is the interpreter and module; a value is None where one side lacks
+    the flag or key. Secret keys, and flags named like a key or token, show ``(secret)``
+    for a value, never the value. Option order does not count (argparse reads them in
+    any order). ``hardening``: ``hardening_differences`` of the main process's status.
     """
     if found is None:
         return None
@@ -442,56 +468,31 @@ def engine_differences(found: dict[str, Any] | None,
         if have != want:
             env.append({"key": key, "running": None if have is None else MASK,
                         "unit": None if want is None else MASK})
-    return {"argv": argv, "env": env}
+    return {"argv": argv, "env": env, "hardening": hardening_differences(found.get("status"))}
 
 
 def difference_words(differences: dict[str, list[dict[str, Any]]]) -> str:
-    """The differing flags and keys, named: ``--max-model-len (4096, unit 8192)``."""
+    """The differing flags, keys and hardening lines, named: ``--max-model-len (4096,
+    unit 8192)``, ``NoNewPrivs (0, unit 1)``."""
     return ", ".join(
         [f"{d['flag']} ({d['running']}, unit {d['unit']})" for d in differences["argv"]]
         + [f"{d['key']} ({d['running']}, unit {d['unit']})" for d in differences["env"]]
+        + [f"{d['key']} ({d['running']}, unit {d['unit']})"
+           for d in differences.get("hardening") or []]
     )
 
 
-def listens_beyond_loopback(address: str) -> bool:
-    """Is the engine's listen address reachable from other machines? Only a loopback
-    address (127.0.0.0/8, ::1) or "localhost" is not; a wildcard, any other address or a
-    host name is."""
-    if address == "localhost":
-        return False
-    try:
-        return not ipaddress.ip_address(address).is_loopback
-    except ValueError:
-        return True  # a host name: it may resolve to anything
-
-
-def engine_api_key(settings: Settings) -> str | None:
-    """The key the engine itself demands (VLLM_API_KEY), or None.
-
-    On loopback the gateway is the only way in and checks the keys itself. An engine that
-    listens beyond loopback can be reached around the gateway, so it demands the first of
-    api_keys on /v1 (vLLM checks only /v1; /health and /metrics stay open on its port), and
-    the gateway sends it that key (operations/gateway.py, the key file). None without keys
-    (settings refuse an engine beyond loopback without api_keys).
-    """
-    if not listens_beyond_loopback(settings.vllm_host) or not settings.api_keys:
-        return None
-    return settings.api_keys[0].get_secret_value()
-
-
-def render_env(hf_token: str | None = None, api_key: str | None = None) -> str:
+def render_env(hf_token: str | None = None) -> str:
     """The EnvironmentFile (``/etc/vllm/vllm.env``, mode 0600): secrets only.
 
     + hf_token: HF_TOKEN (the weights are local and HF_HUB_OFFLINE=1, so only needed by
       a server that reaches the Hub itself); None leaves it out
-    + api_key: VLLM_API_KEY, the key the engine itself demands on /v1 (``engine_api_key``):
-      None while it listens on loopback (nginx checks the keys and strips Authorization)
 
     A value is written in single quotes (no expansion); one that holds a quote, a
     backslash or a control character is refused, naming the variable, never the value.
     """
     secrets = []
-    for name, value in (("HF_TOKEN", hf_token), ("VLLM_API_KEY", api_key)):
+    for name, value in (("HF_TOKEN", hf_token),):
         if value is None:
             continue
         if not value or "'" in value or "\\" in value or _CONTROL_RE.search(value):

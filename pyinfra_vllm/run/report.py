@@ -563,7 +563,8 @@ def integrity(
       stage rendered (None when it did not plan in this run)
 
     ``{"drop_ins": {unit: [path]}, "nginx": [foreign file] | None, "engine": {"argv",
-    "env"} | None, "engine_note": why engine is None}``: secrets only as ``(secret)``.
+    "env", "hardening"} | None, "engine_note": why engine is None}``: secrets only as
+    ``(secret)``.
     """
     foreign = {
         unit: [d["path"] for d in foreign_drop_ins(found, tuple(own_drop_ins.get(unit, ())))]
@@ -596,7 +597,7 @@ def integrity_problems(entry: dict[str, Any]) -> list[str]:
               + (f" (cannot be set aside: {item['unsafe']})" if item["unsafe"] else "")
               for item in found["nginx"] or []]
     engine = found["engine"]
-    if engine and (engine["argv"] or engine["env"]):
+    if engine and (engine["argv"] or engine["env"] or engine.get("hardening")):
         lines.append(f"engine runs with another configuration than its unit: "
                      f"{difference_words(engine)}")
     return lines
@@ -659,6 +660,10 @@ def engine_words(entry: dict[str, Any]) -> str:
     engine = entry["engine"]
     if engine is None:
         return "not answering"
+    if engine.get("listener_uid"):
+        # Not asked: the engine's key goes to no one else.
+        return (f"not the engine: uid {engine['listener_uid']} holds its address "
+                "(not asked)")
     served = ", ".join(f"{m['id']} ({m['max_model_len']})" for m in engine["models"])
     metrics = engine["metrics"]
     kv = metrics.get("vllm:kv_cache_usage_perc", metrics.get("vllm:gpu_cache_usage_perc"))

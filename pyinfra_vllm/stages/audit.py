@@ -34,10 +34,10 @@ from facts.nginx import NginxServers
 from facts.units import UnitDropIns
 from facts.vllm_service import EngineProcess, EngineServing
 from pyinfra_vllm.core.settings import Settings, SettingsError
+from pyinfra_vllm.plans import engine_access
 from pyinfra_vllm.plans import persistence as persistence_plan
 from pyinfra_vllm.plans import vllm_service as vllm_service_plan
 from pyinfra_vllm.plans.gates import installed_registry
-from pyinfra_vllm.plans.vllm_service import engine_address
 from pyinfra_vllm.run import host_reads
 from pyinfra_vllm.run.context import collect, context, refuse
 from pyinfra_vllm.run.host_reads import Read
@@ -63,14 +63,20 @@ from pyinfra_vllm.stages.vllm_service import vllm_service_reads
 
 def audit_reads(settings: Settings) -> list[Read]:
     """deploys/audit.py on its own: what the audit stage reads besides the preflight's."""
-    ops = vllm_service_plan
     reads = [*vllm_service_reads(settings), *persistence_reads(settings)]
     if "gateway" not in settings.skip_stages:
         reads.append(Read(NginxServers))
     if settings.vllm_start and "vllm_service" not in settings.skip_stages:
-        url = "http://" + ops.engine_address(settings.vllm_host, settings.vllm_port)
-        reads.append(Read(EngineServing, {"url": url}))
+        reads.append(Read(EngineServing, engine_serving_read(settings)))
     return reads
+
+
+def engine_serving_read(settings: Settings) -> dict:
+    """EngineServing's arguments: the engine's endpoint, its user (a listener of anyone
+    else's is not asked) and its own key's file."""
+    place = engine_access.endpoint(settings)
+    return {"url": place.url(""), "socket": place.socket,
+            "user": vllm_service_plan.SERVICE_USER, "key_file": engine_access.KEY_ENV_PATH}
 
 
 @deploy("audit")
@@ -100,8 +106,7 @@ def audit() -> None:
     if settings.vllm_start and "vllm_service" not in settings.skip_stages:
         # What the engine itself says it serves, asked on the host (in the audit only:
         # one more command after deploys/full.py, in the one read on its own).
-        url = "http://" + engine_address(settings.vllm_host, settings.vllm_port)
-        entry["engine"] = host.get_fact(EngineServing, url=url)
+        entry["engine"] = host.get_fact(EngineServing, **engine_serving_read(settings))
     if settings.deep_model_check and ctx.lock:
         # The model stage's deep check when it ran in this process, else read here.
         path = settings.model_path

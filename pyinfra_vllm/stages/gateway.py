@@ -33,11 +33,13 @@ from pyinfra.operations import apt
 
 from facts.nginx import NginxServers
 from facts.units import UnitActivation
+from facts.vllm_service import EngineKey
 from operations import gateway as gateway_ops
 from operations import units
+from operations import vllm_service as vllm_service_ops
 from pyinfra_vllm.core.settings import Settings
+from pyinfra_vllm.plans import engine_access
 from pyinfra_vllm.plans import gateway as gateway_plan
-from pyinfra_vllm.plans import vllm_service as vllm_service_plan
 from pyinfra_vllm.run.context import HostContext
 from pyinfra_vllm.run.host_reads import Read
 from pyinfra_vllm.run.stage import stage
@@ -56,6 +58,7 @@ def gateway_reads(settings: Settings) -> list[Read]:
     return [
         Read(DebPackage, {"package": "nginx"}),
         Read(NginxServers),
+        Read(EngineKey, engine_access.KEY_READ),
         *(Read(Sha1File, {"path": path}) for path in live),
         *(Read(File, {"path": path}) for path in secret),
         Read(UnitActivation, {"unit": "nginx.service"}),
@@ -92,11 +95,13 @@ def gateway(ctx: HostContext) -> None:
     if not _foreign_set_aside(ctx):
         return
     tls_files = _tls_files(settings, warn_clear=bool(keys))
+    # The site sends the engine its own key from a file made on the host: there before
+    # nginx -t reads the site.
+    vllm_service_ops.engine_key(name="Gateway: the engine's own key, for nginx to send it")
     gateway_ops.site(
         name="Gateway: nginx site and API keys (nginx -t before going live)",
         site_content=gateway_plan.render_site(
-            vllm_host=settings.vllm_host,
-            vllm_port=settings.vllm_port,
+            upstream=engine_access.endpoint(settings).nginx_server,
             gateway_port=settings.gateway_port,
             metrics_allow=settings.metrics_networks,
             node_exporter_port=(settings.node_exporter_port
@@ -108,11 +113,7 @@ def gateway(ctx: HostContext) -> None:
             tls=bool(tls_files),
             http_redirect_port=settings.gateway_http_redirect_port,
         ),
-        # An engine beyond loopback demands a key itself: nginx sends it the one the
-        # vllm_service stage put in its environment file.
-        keys_content=gateway_plan.render_keys_map(
-            keys, upstream_key=vllm_service_plan.engine_api_key(settings)
-        ),
+        keys_content=gateway_plan.render_keys_map(keys),
         extra_files=tls_files,
         secrets=keys,
     )

@@ -1,8 +1,9 @@
 """vLLM service: the OpenAI server under systemd, tensor parallel on the NVLink-joined GPUs.
 
 A dedicated ``vllm`` user runs ``python -m vllm.entrypoints.openai.api_server`` from the
-stack's environment on 127.0.0.1, behind the gateway (on another address it demands the
-first API key itself). Every flag comes from settings and is checked against the installed
+stack's environment behind the gateway: on a Unix socket only nginx's workers can reach
+where the stack's server has one, else on 127.0.0.1 (or beyond loopback where asked). It
+demands a key of its own, made on the host (pyinfra_vllm/plans/engine_access.py). Every flag comes from settings and is checked against the installed
 server's ``--help`` before the unit is written. Before
 each start the GPU guard checks GPU count, MIG, foreign processes and NVLink (one line in
 the journal when it refuses); after it, the unit stays "activating" until /health, a
@@ -23,6 +24,7 @@ read, or vllm_cpu_threads_bind) and no GPU guard runs.
 from __future__ import annotations
 
 import hashlib
+import logging
 from typing import Any
 
 from pyinfra import host, state
@@ -34,21 +36,24 @@ from facts.python_env import MARKER
 from facts.storage import FilesystemSize
 from facts.topology import tp_link_verdict
 from facts.units import UnitActivation, UnitDropIns
-from facts.vllm_service import EngineProcess
+from facts.vllm_service import EngineHealth, EngineKey, EngineProcess
 from operations import accounts, file_set, rolling, units
 from operations import vllm_service as vllm_service_ops
 from operations.util import rolling as rolling_util
 from pyinfra_vllm.core.settings import Settings
+from pyinfra_vllm.plans import engine_access
 from pyinfra_vllm.plans import vllm_service as vllm_service_plan
 from pyinfra_vllm.run.context import HostContext
 from pyinfra_vllm.run.host_reads import Read
 from pyinfra_vllm.run.stage import stage
 
+logger = logging.getLogger("pyinfra")
+
 
 def vllm_service_reads(settings: Settings) -> list[Read]:
     """What the vllm_service stage reads of a converged host: the run's one read."""
     ops = vllm_service_plan
-    helpers = [ops.READY_PATH, ops.IDLE_PATH]
+    helpers = [ops.READY_PATH, ops.IDLE_PATH, ops.CLIENT_PATH]
     if settings.vllm_device != "cpu":
         helpers.append(ops.GUARD_PATH)
     return [
@@ -58,9 +63,17 @@ def vllm_service_reads(settings: Settings) -> list[Read]:
         Read(UnitDropIns, {"unit": ops.UNIT}),
         Read(FileDigests, {"paths": sorted([ops.UNIT_PATH, ops.ENV_PATH])}),
         Read(EngineProcess, ops.ENGINE_PROCESS_READ),
+        Read(EngineKey, engine_access.KEY_READ),
+        Read(EngineHealth, engine_health_read(settings)),
         Read(UnitActivation, {"unit": ops.UNIT}),
         Read(PathTypes, {"paths": [rolling.DRAIN_FLAG]}),
     ]
+
+
+def engine_health_read(settings: Settings) -> dict[str, Any]:
+    """EngineHealth's arguments: the engine's endpoint."""
+    place = engine_access.endpoint(settings)
+    return {"url": place.url(""), "socket": place.socket}
 
 
 @stage("vllm_service", reads=vllm_service_reads)
@@ -108,17 +121,37 @@ def vllm_service(ctx: HostContext) -> None:
         },
         stage=True,
     )
-    ctx.engine_expected = vllm_service_plan.engine_expected(settings, **engine)
+    key_sha256 = host.get_fact(EngineKey, **engine_access.KEY_READ)
+    ctx.engine_expected = vllm_service_plan.engine_expected(settings, **engine,
+                                                            key_sha256=key_sha256)
     stale = vllm_service_ops.engine_current(
-        name="vLLM service: the running engine has its unit's command line and "
-        "environment",
+        name="vLLM service: the running engine has its unit's command line, "
+        "environment and hardening",
         expected=ctx.engine_expected,
     )
-    _restarted(ctx, python, unit_files, [unit, foreign, stale])
+    answering = _answering(settings)
+    _restarted(ctx, python, unit_files, [unit, foreign, stale, answering],
+               new_key=key_sha256 is None)
     vllm_service_ops.running(name="vLLM service: enabled and running"
                              if settings.vllm_start else "vLLM service: enabled",
                              start=settings.vllm_start)
     rolling.not_draining(name="vLLM service: the gateway serves (no drain left)")
+
+
+def _answering(settings: Settings) -> Any:
+    """The engine active and answering /health within 5 s, or named (plan time, for the
+    audit, and when the run executes) and restarted: alive but not answering (stopped with
+    SIGSTOP, or wedged), it would pass every other check."""
+    active = (host.get_fact(UnitActivation, unit=vllm_service_plan.UNIT) or {}).get(
+        "active") == "active"
+    status = host.get_fact(EngineHealth, **engine_health_read(settings))
+    if active and status not in (200, None):
+        host.log_styled(
+            f"vLLM service: active, but /health did not answer 200 within 5 s "
+            f"({'no answer' if status == 0 else f'HTTP {status}'}): restarted",
+            fg="yellow", log_func=logger.warning)
+    return vllm_service_ops.answering(
+        name="vLLM service: the active engine answers /health", active=active, status=status)
 
 
 def _engine_placement(ctx: HostContext) -> tuple[list[int] | None, str | None]:
@@ -164,6 +197,7 @@ def _helpers(device: str) -> None:
     files: dict[str, tuple[str | bytes, str]] = {
         vllm_service_plan.READY_PATH: ("files/wait_ready.py", "755"),
         vllm_service_plan.IDLE_PATH: ("files/engine_idle.py", "755"),
+        vllm_service_plan.CLIENT_PATH: ("files/engine_client.py", "644"),
     }
     if device == "cpu":
         file_set.present(name="vLLM service: readiness wait", files=files)
@@ -179,32 +213,33 @@ def _unit_files(settings: Settings, engine: dict[str, Any]) -> dict[str, bytes]:
 
     The environment file holds no secret by default: the weights are local
     (HF_HUB_OFFLINE=1) and the gateway checks the API keys, so the engine on loopback
-    needs neither HF_TOKEN nor VLLM_API_KEY. An engine that listens beyond loopback
-    demands the first API key itself (VLLM_API_KEY: in this 0600 file, never on its
-    command line, which ps shows to every user). Both are staged beside the live files
+    needs no HF_TOKEN. The engine's own key is in a file of its own, made on the host
+    (``engine_access.KEY_ENV_PATH``), never on its command line, which ps shows to every
+    user. Both are staged beside the live files
     and moved into place inside the rolling restart's slot: a host the rollout never
     reaches (another failed readiness) keeps its unit, and its engine the configuration
     it runs with."""
     return {
         vllm_service_plan.UNIT_PATH: vllm_service_plan.render_unit(settings, **engine).encode(),
-        vllm_service_plan.ENV_PATH: vllm_service_plan.render_env(
-            api_key=vllm_service_plan.engine_api_key(settings),
-        ).encode(),
+        vllm_service_plan.ENV_PATH: vllm_service_plan.render_env().encode(),
     }
 
 
 def _restarted(ctx: HostContext, python: str, unit_files: dict[str, bytes],
-               changes: list) -> None:
+               changes: list, new_key: bool) -> None:
     """One rolling restart for every reason: the unit or its environment file changed, a
     foreign drop-in set aside, the running engine stale, or model files the model stage
-    fetched again (model_repair: an engine started before may hold their bad bytes).
+    fetched again (model_repair: an engine started before may hold their bad bytes), or
+    the engine's own key to be made (``new_key``: made inside the host's slot, nginx
+    reloaded for it before the host is put back), or an engine active but not answering.
     ``vllm_start`` False: try-restart, so an engine that is not running stays stopped."""
     settings = ctx.settings
     repaired = [] if ctx.model_repair is None else [ctx.model_repair]
     # Here, while the run is planned: hosts with another rolling_batch stop the run
     # before any change.
     rolling_util.rollout(state, settings.rolling_batch, host.name)
-    address = vllm_service_plan.engine_address(settings.vllm_host, settings.vllm_port)
+    place = engine_access.endpoint(settings)
+    changed = any_changed(*changes, *repaired)
     vllm_service_ops.restarted(
         name="vLLM service: restarted for its new unit" if not repaired else
         "vLLM service: restarted for its new unit or repaired model files",
@@ -213,6 +248,8 @@ def _restarted(ctx: HostContext, python: str, unit_files: dict[str, bytes],
         batch=settings.rolling_batch,
         grace_s=settings.drain_grace_s,
         python=python,
-        metrics_url=f"http://{address}/metrics",
-        _if=any_changed(*changes, *repaired),
+        metrics_url=place.url("/metrics"),
+        client=engine_access.client_args(place),
+        new_key=new_key,
+        _if=lambda: new_key or changed(),
     )

@@ -286,7 +286,11 @@ def test_the_cpu_unit_has_no_gpu_part_and_the_cpu_variables():
     assert "# vllm_device=cpu: vLLM's CPU build" in text  # the template says why no guard
     parser = configparser.ConfigParser(strict=False, interpolation=None)
     parser.read_string(re.sub(r"\\\n\s*", " ", text))
-    assert not parser.has_option("Service", "ExecStartPre")
+    # No guard: the start steps make the socket's directory and remove a stale socket.
+    starts = [line for line in lines if line.startswith("ExecStartPre=")]
+    assert starts == [
+        "ExecStartPre=+/usr/bin/install -d -o vllm -g www-data -m 0750 /run/vllm-engine",
+        "ExecStartPre=+/usr/bin/rm -f /run/vllm-engine/engine.sock"]
     assert parser.get("Service", "ExecStartPost").split()[1] == (
         '"/usr/local/lib/pyinfra-vllm/wait_ready.py"')
 

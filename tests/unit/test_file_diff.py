@@ -24,7 +24,15 @@ from facts.files import SecretFileLines
 from operations import file_set, gateway
 from operations.util import file_diff
 from pyinfra_vllm.plans import gateway as gateway_plan
-from pyinfra_vllm.plans.vllm_service import render_env
+from pyinfra_vllm.core.templating import render
+from pyinfra_vllm.plans.vllm_service import ENV_TEMPLATE
+
+
+def render_env(hf_token: str | None = None, api_key: str | None = None) -> str:
+    """An environment file of the unit's format with up to two secrets: the diff's
+    masking is the same for any secret file the suite writes."""
+    pairs = [("HF_TOKEN", hf_token), ("VLLM_API_KEY", api_key)]
+    return render(ENV_TEMPLATE, secrets=[(n, v) for n, v in pairs if v is not None])
 
 OLD_KEY = "sk-old-Zq8vN3rT5yU7iO9pA1sD3fG5hJ7kL9mx"
 NEW_KEY = "sk-new-Wc2eR4tY6uI8oP0aS2dF4gH6jK8lZ0vb"
@@ -201,18 +209,18 @@ def test_no_secret_at_vvv_for_the_env_file(tmp_path, caplog):
 def test_no_secret_at_vvv_for_the_api_keys_file_and_tls_key(tmp_path, caplog):
     site_path, keys_path, tls_key = (tmp_path / "vllm.conf", tmp_path / "keys.conf",
                                      tmp_path / "key.pem")
-    site_text = gateway_plan.render_site(vllm_host="127.0.0.1", vllm_port=8000, gateway_port=8001,
+    site_text = gateway_plan.render_site(upstream="127.0.0.1:8000", gateway_port=8001,
                                     metrics_allow=["127.0.0.1/32"], body_mib=2,
                                     proxy_timeout_s=3600, keys_path=str(keys_path))
     site_path.write_text(site_text.replace("3600", "600"))
-    keys_path.write_text(gateway_plan.render_keys_map([OLD_KEY], upstream_key=OLD_KEY))
+    keys_path.write_text(gateway_plan.render_keys_map([OLD_KEY]))
     pem_old = "-----BEGIN PRIVATE KEY-----\nMIIEvQIBADANBgkqhkiG9w0BAQEFAASCBKcwggSjAgEAAoIBAQC7old\n"
     pem_new = "-----BEGIN PRIVATE KEY-----\nMIIEvgIBADANBgkqhkiG9w0BAQEFAASCBKgwggSkAgEAAoIBAQDnew0\n"
     tls_key.write_text(pem_old)
     caplog.set_level(logging.DEBUG)
     _commands, host = _verbose_run(
         gateway.site, site_content=site_text,
-        keys_content=gateway_plan.render_keys_map([NEW_KEY], upstream_key=NEW_KEY),
+        keys_content=gateway_plan.render_keys_map([NEW_KEY]),
         site_path=str(site_path), keys_path=str(keys_path),
         staging_dir=str(tmp_path / "staging"),
         extra_files={str(tls_key): (pem_new, "600")}, secrets=[NEW_KEY])

@@ -20,13 +20,12 @@ from pyinfra_vllm.plans.gateway import (
     render_keys_map,
     render_site,
 )
-from pyinfra_vllm.plans.vllm_service import engine_address
+from pyinfra_vllm.plans.engine_access import KEY_NGINX_PATH, SOCKET_PATH, engine_address
 
 
 def site(**overrides) -> str:
     args = dict(
-        vllm_host="127.0.0.1",
-        vllm_port=8000,
+        upstream="127.0.0.1:8000",
         gateway_port=8001,
         metrics_allow=["127.0.0.1/32", "10.0.0.7/24"],
         body_mib=2,
@@ -83,15 +82,13 @@ def test_no_keys_turns_the_check_off():
     assert "~^Bearer" not in text
 
 
-def test_upstream_authorization_is_empty_unless_the_engine_needs_its_key():
-    loopback = render_keys_map(["sk-a"])
-    assert re.search(r'map "" \$vllm_upstream_authorization \{\s*(#[^\n]*\n\s*)*default "";',
-                     loopback)
-    beyond = render_keys_map(["sk-a", "sk-b"], upstream_key="sk-a")
-    assert 'default "Bearer sk-a";' in beyond
-    with pytest.raises(OperationValueError) as raised:
-        render_keys_map(["sk-a"], upstream_key='sk"x')
-    assert 'sk"x' not in str(raised.value)
+def test_the_engine_gets_its_own_key_from_the_hosts_file_never_a_clients():
+    # The client keys' map sets no upstream Authorization: the site includes the file
+    # made on the host, which does.
+    assert "vllm_upstream_authorization" not in render_keys_map(["sk-a", "sk-b"])
+    text = site()
+    assert f"include {KEY_NGINX_PATH};" in text
+    assert "proxy_set_header Authorization $vllm_upstream_authorization;" in text
 
 
 @pytest.mark.parametrize("bad", ['sk"x', "sk x", "sk;x", "sk{x", "", "sk\\x"])
@@ -212,7 +209,11 @@ def test_the_engine_gets_the_key_files_authorization_not_the_clients():
 ])
 def test_upstream_server_brackets_ipv6_and_reaches_a_wildcard_on_loopback(host, server):
     assert engine_address(host, 8000) == server
-    assert f"    server {server};" in site(vllm_host=host)
+    assert f"    server {server};" in site(upstream=engine_address(host, 8000))
+
+
+def test_upstream_server_can_be_the_engines_socket():
+    assert f"    server unix:{SOCKET_PATH};" in site(upstream=f"unix:{SOCKET_PATH}")
 
 
 def test_plain_http_by_default_is_todays_server():

@@ -31,6 +31,8 @@ from operations.util.rolling import drain_command
 from operations.util.uploads import SECRET_DIR
 from pyinfra_vllm.core.settings import SettingsError, validate
 from pyinfra_vllm.core.settings_checks import GATEWAY_DIRECTIVES
+from operations.util.vllm_service import engine_key_command
+from pyinfra_vllm.plans.engine_access import engine_address
 from pyinfra_vllm.plans.gateway import DRAIN_FLAG, render_keys_map, render_site
 
 NGINX = shutil.which("nginx") or next(
@@ -43,6 +45,8 @@ pytestmark = pytest.mark.skipif(
 )
 
 KEY = "sk-Live.Key+1"  # "." and "+" are regex operators: escaped, they match themselves
+# The engine's own key, as the host makes it (43 characters of base64url).
+ENGINE_KEY = "EngineOwnKey_0123456789-abcdefghijklmnopqrs"
 LONG_KEYS = ["K" * 64, "k" * 64, "sk-" + "Ab.+/=:~_-9" * 6]  # 64+ chars, two differ in case
 
 
@@ -55,8 +59,9 @@ def free_port(family: int = socket.AF_INET) -> int:
 class Gateway:
     """A rendered gateway in ``root``: nginx.conf, the site, the key file, the TLS files."""
 
-    def __init__(self, root: Path, *, keys: list[str], upstream_key: str | None = None,
+    def __init__(self, root: Path, *, keys: list[str], engine_key: str = ENGINE_KEY,
                  vllm_host: str = "127.0.0.1", vllm_port: int = 8000, gateway_port: int = 8001,
+                 upstream: str | None = None,
                  tls: tuple[Path, Path] | None = None, http_redirect_port: int | None = None,
                  node_exporter_port: int | None = None, drain_flag: Path | None = None,
                  metrics_allow: tuple[str, ...] = ("127.0.0.1/32",),
@@ -67,8 +72,10 @@ class Gateway:
         # The rolling restart's drain flag (test_a_draining_gateway_...).
         self.drain_flag = drain_flag or root / "draining"
         keys_path = root / "vllm-api-keys.conf"
+        engine_key_path = self._engine_key(root, engine_key)
         site = render_site(
-            vllm_host=vllm_host, vllm_port=vllm_port, gateway_port=gateway_port,
+            upstream=upstream or engine_address(vllm_host, vllm_port),
+            gateway_port=gateway_port, engine_key_path=str(engine_key_path),
             metrics_allow=list(metrics_allow), body_mib=2, proxy_timeout_s=60,
             extra_directives=extra_directives,
             keys_path=str(keys_path), tls=tls is not None,
@@ -78,7 +85,7 @@ class Gateway:
         )
         # The logs go where the test can write them.
         self.site = site.replace("/var/log/nginx/", f"{root}/")
-        self.keys = render_keys_map(keys, upstream_key=upstream_key)
+        self.keys = render_keys_map(keys)
         (root / "vllm.conf").write_text(self.site)
         keys_path.write_text(self.keys)
         temp = " ".join(f"{kind}_temp_path {root}/{kind};"
@@ -88,6 +95,16 @@ class Gateway:
             f"error_log {root}/error.log;\npid {root}/nginx.pid;\nevents {{}}\n"
             f"http {{\n    {temp}\n    access_log off;\n    include {root}/vllm.conf;\n}}\n"
         )
+
+    @staticmethod
+    def _engine_key(root: Path, key: str) -> Path:
+        """nginx's file of the engine's key, made by the host's own command from an engine
+        file that holds ``key`` (the command keeps a valid one)."""
+        env, conf = root / "engine-key.env", root / "vllm-engine-key.conf"
+        env.write_text(f"VLLM_API_KEY='{key}'\n")
+        command = engine_key_command(str(env), str(conf)).get_raw_value()
+        subprocess.run(["sh", "-c", command], check=True, timeout=30)
+        return conf
 
     def command(self, *args: str) -> list[str]:
         assert NGINX is not None
@@ -118,9 +135,11 @@ class Gateway:
 
 
 @contextlib.contextmanager
-def engine(family: int = socket.AF_INET, received: list[str] | None = None) -> Iterator[int]:
-    """A stand-in engine on loopback: answers every request with the path and the
-    Authorization it got; ``received`` collects each request's path as it arrived."""
+def engine(family: int = socket.AF_INET, received: list[str] | None = None,
+           path: str | None = None) -> Iterator:
+    """A stand-in engine on loopback (its port), or with AF_UNIX on the socket ``path``
+    (yielded): answers every request with the path and the Authorization it got;
+    ``received`` collects each request's path as it arrived."""
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def _answer(self) -> None:
@@ -143,11 +162,20 @@ def engine(family: int = socket.AF_INET, received: list[str] | None = None) -> I
     class Server(http.server.ThreadingHTTPServer):
         address_family = family
 
-    server = Server(("::1" if family == socket.AF_INET6 else "127.0.0.1", 0), Handler)
+        def server_bind(self) -> None:
+            if family != socket.AF_UNIX:
+                super().server_bind()
+                return
+            self.socket.bind(self.server_address)
+            self.server_name, self.server_port = "localhost", 0
+
+    address = path if family == socket.AF_UNIX else (
+        "::1" if family == socket.AF_INET6 else "127.0.0.1", 0)
+    server = Server(address, Handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        yield server.server_address[1]
+        yield path if family == socket.AF_UNIX else server.server_address[1]
     finally:
         server.shutdown()
         server.server_close()
@@ -204,8 +232,9 @@ def test_without_keys_with_tls_redirect_and_ipv6_engine_nginx_t_passes(tmp_path,
     for keys, extra in (
         ([], {}),
         ([KEY], {"tls": certificate, "http_redirect_port": 8080}),
-        ([KEY], {"upstream_key": KEY, "vllm_host": "::1"}),
-        ([KEY], {"upstream_key": KEY, "vllm_host": "fd00::5", "tls": certificate}),
+        ([KEY], {"vllm_host": "::1"}),
+        ([KEY], {"vllm_host": "fd00::5", "tls": certificate}),
+        ([KEY], {"upstream": "unix:/run/vllm-engine/engine.sock"}),
     ):
         root = tmp_path / str(len(list(tmp_path.iterdir())))
         root.mkdir()
@@ -284,22 +313,30 @@ def test_no_version_in_server_header_or_error_pages(tmp_path):
                 assert b"nginx/" not in body
 
 
-def test_engine_on_loopback_gets_no_authorization(tmp_path):
-    with engine() as engine_port:
-        gateway = Gateway(tmp_path, keys=[KEY], vllm_port=engine_port,
-                          gateway_port=free_port())
-        with gateway.running():
-            status, _headers, body = request(gateway.gateway_port,
-                                             authorization=f"Bearer {KEY}")
-            assert status == 200
-            assert json.loads(body)["authorization"] is None
+def test_the_engine_on_its_socket_gets_its_own_key_never_the_clients(tmp_path):
+    # nginx's workers (nobody, under a root master) reach the socket as the engine's
+    # readiness wait leaves it: connectable, in a directory they may enter.
+    where = Path(tempfile.mkdtemp(prefix="engine-"))
+    where.chmod(0o755)
+    try:
+        with engine(socket.AF_UNIX, path=str(where / "engine.sock")) as engine_socket:
+            Path(engine_socket).chmod(0o666)
+            gateway = Gateway(tmp_path, keys=[KEY], upstream=f"unix:{engine_socket}",
+                              gateway_port=free_port())
+            with gateway.running():
+                status, _headers, body = request(gateway.gateway_port,
+                                                 authorization=f"Bearer {KEY}")
+                assert status == 200
+                assert json.loads(body)["authorization"] == f"Bearer {ENGINE_KEY}"
+    finally:
+        shutil.rmtree(where)
 
 
-def test_engine_beyond_loopback_gets_its_own_key(tmp_path):
+def test_engine_gets_its_own_key(tmp_path):
     # The client's key is replaced by the engine's, on /v1 and on /metrics alike.
-    engine_key = "sk-engine.1"
+    engine_key = ENGINE_KEY
     with engine() as engine_port:
-        gateway = Gateway(tmp_path, keys=[KEY], upstream_key=engine_key,
+        gateway = Gateway(tmp_path, keys=[KEY], engine_key=engine_key,
                           vllm_port=engine_port, gateway_port=free_port())
         with gateway.running():
             status, _headers, body = request(gateway.gateway_port,
@@ -437,7 +474,7 @@ def test_node_metrics_reach_node_exporter_on_loopback_without_the_engines_key(tm
     # node_exporter is a stand-in on loopback: it gets /metrics, and never the
     # Authorization header nginx sends the engine.
     with engine() as engine_port, engine() as node_port:
-        gateway = Gateway(tmp_path, keys=[KEY], upstream_key="sk-engine.1",
+        gateway = Gateway(tmp_path, keys=[KEY],
                           vllm_port=engine_port, gateway_port=free_port(),
                           node_exporter_port=node_port)
         assert gateway.test().returncode == 0
@@ -447,7 +484,7 @@ def test_node_metrics_reach_node_exporter_on_loopback_without_the_engines_key(tm
             assert status == 200
             assert json.loads(body) == {"path": "/metrics", "authorization": None}
             status, _headers, body = request(gateway.gateway_port, "/metrics", method="GET")
-            assert json.loads(body)["authorization"] == "Bearer sk-engine.1"
+            assert json.loads(body)["authorization"] == f"Bearer {ENGINE_KEY}"
 
 
 # One of each directive gateway_extra_directives allows.

@@ -19,15 +19,18 @@ from pathlib import Path
 import pytest
 
 from facts.nginx import NginxServers
-from facts.vllm_service import EngineProcess, parse_process, process_snippet
+from facts.vllm_service import STATUS_KEYS, EngineProcess, parse_process, process_snippet
 from pyinfra_vllm.core.settings import validate
 from pyinfra_vllm.plans.gateway import foreign_servers, listen_port, server_ports
 from pyinfra_vllm.plans.vllm_service import (
     ENGINE_ENV_KEYS,
+    HARDENING_EXPECTED,
     SECRET_ENV_KEYS,
+    difference_words,
     engine_differences,
     engine_expected,
     environment_pairs,
+    hardening_differences,
     render_unit,
 )
 from pyinfra_vllm.run.report import integrity, integrity_problems, render_markdown
@@ -139,6 +142,9 @@ def test_the_proc_reader_prints_watched_variables_and_only_digests_of_secrets():
         snippet = process_snippet(list(ENGINE_ENV_KEYS), list(SECRET_ENV_KEYS))
         out = subprocess.run(["sh", "-c", f"pid={child.pid}; {snippet.get_raw_value()}"],
                              capture_output=True, text=True, check=True).stdout
+        lines = Path(f"/proc/{child.pid}/status").read_text().splitlines()
+        status = {name: value.strip() for name, _, value in
+                  (line.partition(":") for line in lines) if name in STATUS_KEYS}
     finally:
         child.kill()
         child.wait()
@@ -148,7 +154,18 @@ def test_the_proc_reader_prints_watched_variables_and_only_digests_of_secrets():
         "argv": [sys.executable, "-c", "import time; time.sleep(60)", "--model", MODEL],
         "env": {"CUDA_VISIBLE_DEVICES": "1"},  # PATH is not watched
         "secret_sha256": {"VLLM_API_KEY": hashlib.sha256(secret.encode()).hexdigest()},
+        "status": status,
     }
+    assert {"NoNewPrivs", "Seccomp", "CapEff", "CapBnd"} <= set(status)
+
+
+def test_the_proc_reader_prints_nothing_of_a_status_it_cannot_read():
+    snippet = process_snippet(["HOME"], ["VLLM_API_KEY"]).get_raw_value()
+    done = subprocess.run(["sh", "-c", f"pid=999999999; {snippet}"],
+                          capture_output=True, text=True)
+    assert done.returncode == 0
+    assert "status" not in done.stdout and "status" not in done.stderr
+    assert parse_process(done.stdout.splitlines())["status"] == {}
 
 
 def test_the_fact_reads_nothing_without_a_main_process():
@@ -208,7 +225,7 @@ def _engine(settings):
 
 def test_an_engine_started_from_its_unit_agrees():
     expected, running = _engine(validate({"gateway_open": True}))
-    assert engine_differences(running, expected) == {"argv": [], "env": []}
+    assert engine_differences(running, expected) == {"argv": [], "env": [], "hardening": []}
     assert engine_differences(None, expected) is None
 
 
@@ -217,8 +234,8 @@ def test_differences_name_flags_and_keys_and_mask_secrets():
     settings = validate({"vllm_listen_beyond_loopback": True, "vllm_host": "10.0.0.5",
                          "api_keys": keys})
     expected, running = _engine(settings)
-    assert expected["secret_sha256"] == {
-        "VLLM_API_KEY": hashlib.sha256(keys[0].encode()).hexdigest()}
+    # The engine's own key, by its digest (facts.vllm_service.EngineKey); never a client's.
+    expected["secret_sha256"] = {"VLLM_API_KEY": hashlib.sha256(b"engine-own").hexdigest()}
     index = running["argv"].index("--max-model-len")
     running["argv"][index + 1] = "4096"
     running["argv"] += ["--api-key", "sk-typed-by-hand"]
@@ -238,6 +255,7 @@ def test_differences_name_flags_and_keys_and_mask_secrets():
             {"key": "HF_TOKEN", "running": "(secret)", "unit": None},
             {"key": "VLLM_API_KEY", "running": "(secret)", "unit": "(secret)"},
         ],
+        "hardening": [],
     }
     assert "sk-" not in json.dumps(differences)
 
@@ -249,6 +267,103 @@ def test_another_interpreter_is_a_command_difference():
         "flag": "(command)",
         "running": "/opt/vllm/envs/old/bin/python -m vllm.entrypoints.openai.api_server",
         "unit": f"{PYTHON} -m vllm.entrypoints.openai.api_server"}]
+
+
+# --- the engine's hardening (/proc/PID/status) -------------------------------------------
+HARDENED = {"NoNewPrivs": "1", "Seccomp": "2", "CapEff": "0000000000000000",
+            "CapPrm": "0000000000000000", "CapBnd": "0000000000000000",
+            "CapAmb": "0000000000000000"}
+
+
+def test_the_unit_promises_no_new_privileges_a_seccomp_filter_and_no_capabilities():
+    unit = render_unit(validate({"gateway_open": True}), python=PYTHON, model_path=MODEL,
+                       devices=[0, 1])
+    for line in ("NoNewPrivileges=yes", "CapabilityBoundingSet=", "AmbientCapabilities="):
+        assert line in unit.splitlines()
+    assert any(line.startswith("SystemCallFilter=") for line in unit.splitlines())
+    assert HARDENING_EXPECTED == HARDENED
+    assert tuple(HARDENING_EXPECTED) == STATUS_KEYS
+
+
+def test_a_hardened_process_agrees_whatever_the_width_of_its_masks():
+    assert hardening_differences(HARDENED) == []
+    narrow = dict(HARDENED, CapEff="0", CapPrm="00000000", CapBnd="0", CapAmb="0000")
+    assert hardening_differences(narrow) == []
+
+
+def test_a_process_without_no_new_privs_differs():
+    assert hardening_differences(dict(HARDENED, NoNewPrivs="0")) == [
+        {"key": "NoNewPrivs", "running": "0", "unit": "1"}]
+
+
+def test_a_process_without_a_seccomp_filter_differs():
+    assert hardening_differences(dict(HARDENED, Seccomp="0")) == [
+        {"key": "Seccomp", "running": "0", "unit": "2"}]
+    assert hardening_differences(dict(HARDENED, Seccomp="1")) == [
+        {"key": "Seccomp", "running": "1", "unit": "2"}]
+
+
+def test_a_capability_in_a_set_differs():
+    # cap_net_bind_service (bit 10) effective; the full bounding set of a 6.x kernel.
+    assert hardening_differences(dict(HARDENED, CapEff="0000000000000400",
+                                      CapBnd="000001ffffffffff")) == [
+        {"key": "CapEff", "running": "0000000000000400", "unit": "0000000000000000"},
+        {"key": "CapBnd", "running": "000001ffffffffff", "unit": "0000000000000000"},
+    ]
+    assert hardening_differences(dict(HARDENED, CapAmb="not-hex")) == [
+        {"key": "CapAmb", "running": "not-hex", "unit": "0000000000000000"}]
+
+
+def test_a_status_not_read_is_no_difference():
+    assert hardening_differences({}) == []
+    assert hardening_differences(None) == []
+    # A kernel that does not print a line: the others are still compared.
+    assert hardening_differences({"Seccomp": "0"}) == [
+        {"key": "Seccomp", "running": "0", "unit": "2"}]
+    expected, running = _engine(validate({"gateway_open": True}))
+    assert "status" not in running  # as an older EngineProcess gave it
+    assert engine_differences(running, expected)["hardening"] == []
+    running["status"] = {}
+    assert engine_differences(running, expected)["hardening"] == []
+
+
+def test_the_engine_differs_from_its_unit_by_its_hardening():
+    expected, running = _engine(validate({"gateway_open": True}))
+    running["status"] = dict(HARDENED, NoNewPrivs="0")
+    differences = engine_differences(running, expected)
+    assert differences == {"argv": [], "env": [], "hardening": [
+        {"key": "NoNewPrivs", "running": "0", "unit": "1"}]}
+    assert difference_words(differences) == "NoNewPrivs (0, unit 1)"
+    running["status"] = dict(HARDENED)
+    assert engine_differences(running, expected)["hardening"] == []
+
+
+def test_the_audit_names_a_hardening_difference():
+    expected, running = _engine(validate({"gateway_open": True}))
+    running["status"] = dict(HARDENED, CapBnd="000001ffffffffff")
+    found = integrity({"vllm.service": []}, {}, None, None, running, expected)
+    assert found["engine"]["hardening"] == [
+        {"key": "CapBnd", "running": "000001ffffffffff", "unit": "0000000000000000"}]
+    problems = integrity_problems({"integrity": found})
+    assert problems == ["engine runs with another configuration than its unit: CapBnd "
+                        "(000001ffffffffff, unit 0000000000000000)"]
+    from tests.unit.test_audit import entry
+
+    md = render_markdown({"generated_at": "t", "hosts": {"gpu-1": {
+        **entry([], []), "integrity": found}}})
+    section = md.split("### Hand changes\n\n", 1)[1].split("\n\n", 1)[0]
+    assert section.startswith("- engine runs with another configuration than its unit: "
+                              "CapBnd (000001ffffffffff, unit 0000000000000000)")
+
+
+def test_a_report_written_before_hardening_was_read_still_renders():
+    expected, running = _engine(validate({"gateway_open": True}))
+    running["env"]["CUDA_VISIBLE_DEVICES"] = "1"
+    found = integrity({"vllm.service": []}, {}, None, None, running, expected)
+    del found["engine"]["hardening"]
+    assert integrity_problems({"integrity": found}) == [
+        "engine runs with another configuration than its unit: CUDA_VISIBLE_DEVICES "
+        "(1, unit 0,1)"]
 
 
 # --- the audit's field -------------------------------------------------------------------

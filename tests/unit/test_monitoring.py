@@ -26,7 +26,7 @@ OPEN = {"gateway_open": True}
 
 
 def _site(**extra):
-    return gateway_plan.render_site(vllm_host="127.0.0.1", vllm_port=8000, gateway_port=8001,
+    return gateway_plan.render_site(upstream="127.0.0.1:8000", gateway_port=8001,
                                    metrics_allow=["127.0.0.1/32", "10.9.0.5"], body_mib=2,
                                    proxy_timeout_s=3600, **extra)
 

@@ -290,7 +290,13 @@ def idle(url: str, grace: str) -> tuple[str, float]:
 
 
 def test_idle_counts_running_and_waiting_from_recorded_metrics():
-    from files import engine_idle  # noqa: PLC0415 (a host script, imported for its parser)
+    # A host script, imported for its parser, from its own directory as on the host
+    # (it imports engine_client.py beside it).
+    sys.path.insert(0, str(ROOT / "files"))
+    try:
+        import engine_idle  # noqa: PLC0415
+    finally:
+        sys.path.remove(str(ROOT / "files"))
 
     assert engine_idle.in_flight(METRICS) == 0
     assert engine_idle.in_flight(METRICS.replace("} 0.0", "} 3.0")) == 6

@@ -34,10 +34,43 @@ def test_the_recorded_unit_is_the_one_the_code_renders():
     unit = vllm_service_plan.render_unit(settings, python="/var/tmp/vllm-cpu-env/bin/python",
                                     model_path="/var/tmp/tiny", accepted=accepted,
                                     threads_bind=bind)
-    # Added after the recording: the idle workers' polling (the only difference).
-    idle = 'Environment="VLLM_SLEEP_WHEN_IDLE=1"\n'
-    assert idle in unit
-    assert unit.replace(idle, "") == (HERE / "unit.service").read_text()
+    # Added after the recording: the idle workers' polling, and the engine's Unix socket
+    # and own key (pyinfra_vllm/plans/engine_access.py) in place of TCP on loopback.
+    recorded = (HERE / "unit.service").read_text()
+    for before, after in AFTER_THE_RECORDING:
+        assert before in recorded and after in unit, (before, after)
+        recorded = recorded.replace(before, after)
+    assert unit == recorded
+
+
+SOCKET_LINES = """\
+# The engine listens on a Unix socket in /run/vllm-engine: the engine's user's, group
+# www-data (nginx's workers), 0750, so no other local user can connect to the
+# engine or put a socket in its place. Made here as root, the socket removed before a
+# start and after a stop (not a RuntimeDirectory=: systemd gives that back to User/Group
+# before every command). The
+# readiness wait, as the engine's user, makes the socket connectable once it checked that
+# user owns it: the directory keeps everyone outside the group out.
+ExecStartPre=+/usr/bin/install -d -o vllm -g www-data -m 0750 /run/vllm-engine
+ExecStartPre=+/usr/bin/rm -f /run/vllm-engine/engine.sock
+ExecStopPost=+/usr/bin/rm -f /run/vllm-engine/engine.sock
+"""
+# (what the recorded unit has, what the code renders now) for each change since.
+AFTER_THE_RECORDING = [
+    ('Environment="TORCH_COMPILE_DISABLE=1"\n',
+     'Environment="TORCH_COMPILE_DISABLE=1"\nEnvironment="VLLM_SLEEP_WHEN_IDLE=1"\n'),
+    ("# Secrets (HF_TOKEN, VLLM_API_KEY) only here: a root-only 0600 file, never in this unit.\n"
+     "EnvironmentFile=/etc/vllm/vllm.env\n",
+     "# Secrets only in root-only 0600 files, never in this unit: HF_TOKEN where set, and the\n"
+     "# engine's own key (VLLM_API_KEY), made on this host, no client's key.\n"
+     "EnvironmentFile=/etc/vllm/vllm.env\nEnvironmentFile=/etc/vllm/engine-key.env\n"),
+    ("\n# vllm_device=cpu:", "\n" + SOCKET_LINES + "# vllm_device=cpu:"),
+    ('"--host" "127.0.0.1" \\\n    "--port" "18080"',
+     '"--uds" "/run/vllm-engine/engine.sock"'),
+    ("ReadWritePaths=/var/lib/vllm\n", "ReadWritePaths=/var/lib/vllm -/run/vllm-engine\n"),
+    ('"--url" "http://127.0.0.1:18080/health"',
+     '"--url" "http://localhost/health" "--unix-socket" "/run/vllm-engine/engine.sock"'),
+]
 
 
 def test_it_ran_with_the_units_argv_and_environment():

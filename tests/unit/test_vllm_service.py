@@ -13,9 +13,14 @@ from pyinfra.api import OperationValueError
 
 from files.vllm_probe import server_flags as help_server_flags
 from pyinfra_vllm.core.settings import Settings, validate
-from pyinfra_vllm.plans.vllm_service import (
-    engine_api_key,
+from pyinfra_vllm.plans.engine_access import (
+    KEY_ENV_PATH,
+    SOCKET_DIR,
+    SOCKET_PATH,
     listens_beyond_loopback,
+)
+from pyinfra_vllm.plans.vllm_service import (
+    engine_expected,
     render_env,
     render_unit,
     server_flags,
@@ -109,7 +114,7 @@ def test_guard_ready_and_environment_lines():
                    '"HF_HOME=/var/lib/vllm/cache/huggingface"'):
         assert wanted in env
     assert not any("NCCL_P2P_LEVEL" in line for line in env)
-    assert values(text, "EnvironmentFile") == ["/etc/vllm/vllm.env"]
+    assert values(text, "EnvironmentFile") == ["/etc/vllm/vllm.env", KEY_ENV_PATH]
     assert values(text, "User") == ["vllm"] and values(text, "Group") == ["vllm"]
     assert values(text, "TimeoutStartSec") == ["1800"]
     assert values(text, "TimeoutStopSec") == ["120"]
@@ -215,9 +220,10 @@ def test_env_file_without_and_with_secrets():
     empty = render_env()
     assert [line for line in empty.splitlines() if not line.startswith("#")] == []
     assert "No secrets configured." in empty
-    text = render_env(hf_token="hf_abc123", api_key="sk-engine-1")
+    text = render_env(hf_token="hf_abc123")
     assert "HF_TOKEN='hf_abc123'\n" in text
-    assert "VLLM_API_KEY='sk-engine-1'\n" in text
+    # The engine's own key is made on the host, in a file of its own.
+    assert "VLLM_API_KEY" not in text
     with pytest.raises(OperationValueError) as raised:
         render_env(hf_token="it's")
     assert "HF_TOKEN" in str(raised.value) and "it's" not in str(raised.value)
@@ -238,17 +244,39 @@ def beyond_loopback(**data):
     return validate({"vllm_listen_beyond_loopback": True, **data})
 
 
-def test_engine_key_only_when_the_engine_listens_beyond_loopback():
+def test_the_engine_never_gets_a_client_key_only_its_own_file():
     keys = ["sk-first-" + "1" * 32, "sk-second-" + "2" * 32]
-    assert engine_api_key(validate({"api_keys": keys})) is None
-    assert engine_api_key(validate({"api_keys": keys, "vllm_host": "::1"})) is None
-    settings = beyond_loopback(vllm_host="10.0.0.5", api_keys=keys)
-    assert engine_api_key(settings) == keys[0]
-    # In the 0600 environment file, never on the command line (ps shows it to everyone).
-    env = render_env(api_key=engine_api_key(settings))
-    assert f"VLLM_API_KEY='{keys[0]}'\n" in env
-    unit = render_unit(settings, python=PYTHON, model_path=MODEL)
-    assert keys[0] not in unit and "--api-key" not in unit
+    for settings in (validate({"api_keys": keys}),
+                     beyond_loopback(vllm_host="10.0.0.5", api_keys=keys)):
+        text = render_unit(settings, python=PYTHON, model_path=MODEL)
+        assert not any(key in text for key in keys) and "--api-key" not in text
+        assert f"EnvironmentFile={KEY_ENV_PATH}\n" in text
+        assert engine_expected(settings, python=PYTHON, model_path=MODEL)[
+            "secret_sha256"] == {}
+        assert engine_expected(settings, python=PYTHON, model_path=MODEL, key_sha256="ab")[
+            "secret_sha256"] == {"VLLM_API_KEY": "ab"}
+
+
+def test_a_stack_with_a_unix_socket_serves_on_it_in_a_directory_for_nginx_alone():
+    settings = validate({"vllm_version": "0.17.0", "gateway_open": True,
+                         "nvidia_driver_branch": "570-server"})
+    text = render_unit(settings, python=PYTHON, model_path=MODEL)
+    assert f'"--uds" "{SOCKET_PATH}"' in text
+    assert '"--host"' not in text and '"--port"' not in text
+    assert (f"ExecStartPre=+/usr/bin/install -d -o vllm -g www-data -m 0750 {SOCKET_DIR}\n"
+            f"ExecStartPre=+/usr/bin/rm -f {SOCKET_PATH}\n"
+            f"ExecStopPost=+/usr/bin/rm -f {SOCKET_PATH}\n") in text
+    assert f"ReadWritePaths=/var/lib/vllm -{SOCKET_DIR}\n" in text
+    # The readiness wait reaches it through the socket.
+    assert f'"--url" "http://localhost/health" "--unix-socket" "{SOCKET_PATH}"' in text
+    # Beyond loopback it is TCP, as on a stack without --uds (0.6.3).
+    for tcp in (beyond_loopback(vllm_version="0.17.0", vllm_host="10.0.0.5",
+                                nvidia_driver_branch="570-server",
+                                api_keys=["sk-first-" + "1" * 32]),
+                validate({"gateway_open": True})):
+        text = render_unit(tcp, python=PYTHON, model_path=MODEL)
+        assert '"--uds"' not in text and SOCKET_DIR not in text
+        assert '"--host"' in text and '"--port" "8000"' in text
 
 
 def test_unit_parses_as_ini_with_the_expected_sections():

@@ -235,3 +235,62 @@ def test_without_mainpid_only_the_timeout_ends_the_wait():
                      mainpid=None)
     assert run.returncode == 1
     assert "not ready after" in run.stderr
+
+
+# The engine's endpoint: its Unix socket, and a listener of another user never asked.
+
+class _UnixServer(ThreadingHTTPServer):
+    address_family = __import__("socket").AF_UNIX
+
+    def server_bind(self) -> None:
+        self.socket.bind(self.server_address)
+        self.server_name, self.server_port = "localhost", 0
+
+
+def test_the_engine_is_reached_through_its_socket_made_connectable(tmp_path):
+    path = str(tmp_path / "engine.sock")
+    server = _UnixServer(path, Health)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    os.chmod(path, 0o700)  # as vLLM binds it under the unit's UMask=0077
+    try:
+        run = wait_ready("--url", "http://localhost/health", "--unix-socket", path,
+                         "--interval", "0.2", "--timeout", "5", mainpid=os.getpid())
+    finally:
+        server.shutdown()
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.startswith("wait-ready: http://localhost/health answered 200 after ")
+    # Connectable for nginx's workers: the socket's directory (0750) keeps others out.
+    assert os.stat(path).st_mode & 0o777 == 0o666
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to listen as another user")
+def test_a_listener_of_another_user_is_never_asked_nor_sent_the_key(tmp_path):
+    # nobody takes a free port and logs every request it receives.
+    seen = tmp_path / "seen"
+    seen.touch()
+    os.chmod(seen, 0o666)
+    impostor = subprocess.Popen(
+        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c",
+         "import http.server, sys\n"
+         "class H(http.server.BaseHTTPRequestHandler):\n"
+         "    def do_GET(self):\n"
+         f"        open({str(seen)!r}, 'a').write(str(self.headers.get('Authorization')))\n"
+         "        self.send_response(200); self.end_headers()\n"
+         "s = http.server.HTTPServer(('127.0.0.1', 0), H)\n"
+         "print(s.server_address[1], flush=True); s.serve_forever()\n"],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(impostor.stdout.readline())
+        env = {**os.environ, "VLLM_API_KEY": "sk-engine-own"}
+        run = subprocess.run(
+            [sys.executable, str(SCRIPT), "--url", f"http://127.0.0.1:{port}/health",
+             "--interval", "0.2", "--timeout", "1.5", "--model", "m"],
+            capture_output=True, text=True, timeout=60, env=env)
+    finally:
+        impostor.kill()
+    assert run.returncode == 1
+    assert run.stderr.splitlines()[0] == (
+        f"wait-ready: http://127.0.0.1:{port}/health is held by uid 65534, not the "
+        f"engine's ({os.getuid()}): not asked")
+    assert "not ready after" in run.stderr
+    assert seen.read_text() == ""

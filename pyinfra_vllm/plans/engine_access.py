@@ -1,0 +1,109 @@
+"""How the engine is reached, and by whom only.
+
+On loopback, a stack whose server takes ``--uds`` listens on a Unix socket in
+``/run/vllm-engine``: a directory of the engine's user, group nginx's workers, mode 0750.
+No other local user can connect to the engine, nor create a socket in its place while it
+is down (a TCP port is anyone's to bind once its owner let go of it). A stack without
+``--uds`` (vLLM 0.6.3), and an engine that listens beyond loopback, use TCP; every client
+the suite runs (the readiness wait, the audit) then first checks that the listener belongs
+to the engine's user.
+
+The engine demands a key of its own, one per host: made on the host from 32 random bytes
+(operations/util/vllm_service.py ``engine_key_command``), never a client's key, never on the operator's machine, in two root-only
+files, the engine's (``KEY_ENV_PATH``) and the one nginx sends it from
+(``KEY_NGINX_PATH``). vLLM checks it only on paths that start with ``/v1``.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+
+from pyinfra_vllm.core.settings import Settings
+
+SOCKET_DIR = "/run/vllm-engine"
+SOCKET_PATH = f"{SOCKET_DIR}/engine.sock"
+# nginx's workers' group on Debian and Ubuntu (base-passwd's www-data, the nginx
+# package's "user www-data;"): the only group that may enter SOCKET_DIR.
+SOCKET_GROUP = "www-data"
+
+# The engine's key: VLLM_API_KEY='<43 characters>' for the unit's EnvironmentFile, and
+# the map nginx's site sends it from, both root's, 0600.
+KEY_ENV_PATH = "/etc/vllm/engine-key.env"
+KEY_NGINX_PATH = "/etc/nginx/vllm-engine-key.conf"
+# base64url of 32 random bytes, without padding (a sed pattern).
+KEY_RE = "[A-Za-z0-9_-]\\{43\\}"
+# facts.vllm_service.EngineKey's arguments: the stages that need the key read the same.
+KEY_READ = {"env_path": KEY_ENV_PATH, "nginx_path": KEY_NGINX_PATH}
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where clients on the host reach the engine."""
+
+    # The Unix socket's path, or None for TCP.
+    socket: str | None
+    # host:port (TCP), or "localhost" (a Unix socket: the Host header clients send).
+    address: str
+
+    def url(self, path: str) -> str:
+        """An http URL for ``path``; with ``socket``, the transport is the socket."""
+        return f"http://{self.address}{path}"
+
+    @property
+    def nginx_server(self) -> str:
+        """The upstream's ``server`` argument."""
+        return f"unix:{self.socket}" if self.socket else self.address
+
+    @property
+    def port(self) -> int | None:
+        return None if self.socket else int(self.address.rsplit(":", 1)[1])
+
+
+def endpoint(settings: Settings) -> Endpoint:
+    """The engine's endpoint for ``settings``: the Unix socket where its stack has one and
+    it listens on loopback, else ``engine_address``."""
+    if settings.stack.unix_socket and not listens_beyond_loopback(settings.vllm_host):
+        return Endpoint(socket=SOCKET_PATH, address="localhost")
+    return Endpoint(socket=None, address=engine_address(settings.vllm_host, settings.vllm_port))
+
+
+def engine_address(host: str, port: int) -> str:
+    """``host:port`` where a client on the host reaches the engine listening on ``host``:
+    an IPv6 address in brackets, a wildcard bind (every address) reached on loopback."""
+    if host in ("", "0.0.0.0"):
+        host = "127.0.0.1"
+    elif host == "::":
+        host = "::1"
+    try:
+        if ipaddress.ip_address(host).version == 6:
+            host = f"[{host}]"
+    except ValueError:
+        pass  # a host name
+    return f"{host}:{port}"
+
+
+def listens_beyond_loopback(address: str) -> bool:
+    """Is the engine's listen address reachable from other machines? Only a loopback
+    address (127.0.0.0/8, ::1) or "localhost" is not; a wildcard, any other address or a
+    host name is."""
+    if address == "localhost":
+        return False
+    try:
+        return not ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return True  # a host name: it may resolve to anything
+
+
+def server_listen_flags(settings: Settings) -> list[str]:
+    """The server's listen options: ``--uds`` or ``--host`` and ``--port``."""
+    place = endpoint(settings)
+    if place.socket:
+        return ["--uds", place.socket]
+    return ["--host", settings.vllm_host, "--port", str(settings.vllm_port)]
+
+
+def client_args(place: Endpoint) -> list[str]:
+    """The arguments files/wait_ready.py and files/engine_idle.py reach it with."""
+    return ["--unix-socket", place.socket] if place.socket else []
+
