@@ -1,7 +1,7 @@
 """The gateway on a real sandbox host: nginx from Debian in front of a streaming stub.
 
-One `seed` host. files/openai_stub.py stands in for the engine on 127.0.0.1:8000 (a
-transient systemd unit); deploys/gateway.py installs nginx and the site with one API key.
+One `seed` host. files/openai_stub.py stands in for the engine on its Unix socket,
+/run/vllm-engine/engine.sock in a directory of group www-data (a transient systemd unit); deploys/gateway.py installs nginx and the site with one API key.
 Checked from inside the host against 127.0.0.1:8001: SSE chunks pass through unbuffered,
 the key check, the body limit, /health and /metrics; from this machine, /metrics is
 refused. Then: a second run changes nothing and does not reload nginx, and a config that
@@ -36,11 +36,18 @@ CHUNKS, INTERVAL = 10, 0.2  # the stub's stream: 2 s in all
 
 # Runs inside the host: first-byte times and status codes, printed as one JSON line.
 PROBE = r'''
-import http.client, json, sys, time
+import http.client, json, socket, sys, time
 KEY, LIMIT = sys.argv[1], int(sys.argv[2])
 
+class UnixConnection(http.client.HTTPConnection):
+    def connect(self):
+        self.sock = socket.socket(socket.AF_UNIX)
+        self.sock.settimeout(30)
+        self.sock.connect("/run/vllm-engine/engine.sock")
+
 def first_chunk(port, key):
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    conn = (UnixConnection("localhost", timeout=30) if port is None else
+            http.client.HTTPConnection("127.0.0.1", port, timeout=30))
     body = json.dumps({"model": "m", "stream": True,
                        "messages": [{"role": "user", "content": "hi"}]})
     start = time.monotonic()
@@ -77,7 +84,7 @@ def status(method, path, key=None, size=None):
 
 out = {
     "nginx": first_chunk(8001, KEY),
-    "direct": first_chunk(8000, KEY),
+    "direct": first_chunk(None, KEY),
     "no_key": status("POST", "/v1/completions", size=100),
     "wrong_key": status("POST", "/v1/completions", key="sk-wrong", size=100),
     "wrong_case": status("POST", "/v1/completions", key=KEY.upper(), size=100),
@@ -116,7 +123,9 @@ def gateway():
         upload(sandbox, host, "/root/probe.py", PROBE)
         sandbox.ssh(
             host,
-            "systemd-run --unit openai-stub python3 /root/openai_stub.py --port 8000 "
+            "install -d -g www-data -m 0750 /run/vllm-engine && "
+            "systemd-run --unit openai-stub python3 /root/openai_stub.py "
+            "--uds /run/vllm-engine/engine.sock "
             f"--chunks {CHUNKS} --interval {INTERVAL}",
         )
         first, first_json = run(sandbox)

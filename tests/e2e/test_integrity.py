@@ -55,7 +55,7 @@ OP_RESTART = "full | vllm_service | vLLM service: restarted for its new unit"
 OP_DROP_INS = "full | vllm_service | vLLM service: no foreign drop-in for its unit"
 OP_RUNNING = "full | vllm_service | vLLM service: enabled and running"
 OP_STALE = ("full | vllm_service | vLLM service: the running engine has its unit's command "
-            "line and environment")
+            "line, environment and hardening")
 OP_FOREIGN = ("full | gateway | Gateway: no other nginx server on the gateway's port (nginx -t "
               "before reload)")
 OP_RESTART_REPAIRED = ("full | vllm_service | vLLM service: restarted for its new unit or "

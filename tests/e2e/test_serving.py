@@ -165,8 +165,14 @@ def test_the_unit_is_the_cpu_one(served):
     assert f'Environment="VLLM_CPU_OMP_THREADS_BIND={bind}"' in unit
     assert 'Environment="VLLM_CPU_KVCACHE_SPACE=1"' in unit
     assert 'Environment="TORCH_COMPILE_DISABLE=1"' in unit
-    for absent in ("CUDA_VISIBLE_DEVICES", "ExecStartPre", "gpu_guard", "DeviceAllow"):
+    for absent in ("CUDA_VISIBLE_DEVICES", "gpu_guard", "/usr/bin/nvidia-modprobe",
+                   "DeviceAllow"):
         assert absent not in unit, absent
+    # The start steps: the socket's directory made, a stale socket removed, as root.
+    assert [line for line in unit.splitlines() if line.startswith("ExecStartPre=")] == [
+        "ExecStartPre=+/usr/bin/install -d -o vllm -g www-data -m 0750 /run/vllm-engine",
+        "ExecStartPre=+/usr/bin/rm -f /run/vllm-engine/engine.sock"]
+    assert '"--uds" "/run/vllm-engine/engine.sock"' in unit and '"--port"' not in unit
     assert '"--tensor-parallel-size" "2"' in unit and '"--max-model-len" "131072"' in unit
 
 
