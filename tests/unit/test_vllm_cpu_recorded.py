@@ -48,9 +48,9 @@ SOCKET_LINES = """\
 # www-data (nginx's workers), 0750, so no other local user can connect to the
 # engine or put a socket in its place. Made here as root, the socket removed before a
 # start and after a stop (not a RuntimeDirectory=: systemd gives that back to User/Group
-# before every command). The
-# readiness wait, as the engine's user, makes the socket connectable once it checked that
-# user owns it: the directory keeps everyone outside the group out.
+# before every command). The readiness wait, as the engine's user, makes the socket
+# connectable once it checked that user owns it: the directory keeps everyone outside
+# the group out.
 ExecStartPre=+/usr/bin/install -d -o vllm -g www-data -m 0750 /run/vllm-engine
 ExecStartPre=+/usr/bin/rm -f /run/vllm-engine/engine.sock
 ExecStopPost=+/usr/bin/rm -f /run/vllm-engine/engine.sock

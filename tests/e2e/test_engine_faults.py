@@ -1,0 +1,224 @@
+"""The real engine under faults and local attackers, on a converged, serving host
+(test_integrity.py's, taken over as it is; booted and converged when run alone).
+
+Faults, each followed by the next run and the audit:
+
+- its main process SIGKILLed: systemd restarts it (Restart=on-failure), it is ready again,
+  the next run changes nothing and the audit exits 0;
+- stopped with SIGSTOP (alive, answering nothing): the audit reports it not answering
+  (exit 1), the next run restarts it and waits for its readiness.
+
+Another local user (``nobody``) can neither connect to the engine nor take its address:
+the engine listens on a Unix socket in /run/vllm-engine (the engine's user's, group
+www-data, 0750). While the engine is stopped, a server ``nobody`` starts on the engine's
+old TCP port receives no key from the readiness wait, which never passes for it.
+
+The unit's hardening is read back from the running process (/proc/PID/status), and tried
+from inside its mount namespace as its user: a write outside ReadWritePaths fails. A long
+streamed generation through nginx delivers its first token well before its last.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+
+import pytest
+
+from tests.e2e.conftest import SERVED_SEED, booted
+from tests.e2e.test_integrity import (
+    INSTALL_TIMEOUT,
+    KEY,
+    OP_RESTART,
+    OP_RUNNING,
+    audit,
+    converged_again,
+    repair,
+    run,
+)
+from tests.e2e.watch import as_nobody
+
+pytestmark = pytest.mark.e2e
+
+SOCKET = "/run/vllm-engine/engine.sock"
+READY = "/usr/local/lib/pyinfra-vllm/wait_ready.py"
+MODEL = "sandbox/tiny-qwen2"
+OP_ANSWERING = "full | vllm_service | vLLM service: the active engine answers /health"
+
+
+@pytest.fixture(scope="module")
+def served():
+    """One seed host, converged with the engine started: (sandbox, host). Taken over
+    from test_integrity.py when it ran before, else booted; left up for test_remove.py."""
+    with booted(["seed"], take_over=SERVED_SEED, leave_up_for=SERVED_SEED) as sandbox:
+        proc, data = run(sandbox, timeout=INSTALL_TIMEOUT)
+        if data is None or proc.returncode != 0:
+            pytest.fail(f"first run failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
+        yield sandbox, sandbox.hosts[0]
+
+
+def main_pid(sandbox, host) -> str:
+    pid = sandbox.ssh(host, "systemctl show vllm -p MainPID --value").stdout.strip()
+    assert pid.isdigit() and pid != "0", f"the engine has no main process: {pid!r}"
+    return pid
+
+
+def any_main_pid(sandbox, host) -> str:
+    return sandbox.ssh(host, "systemctl show vllm -p MainPID --value").stdout.strip()
+
+
+def active_again(sandbox, host, old_pid: str, timeout: float = 300) -> str:
+    """The engine's new main process, once the unit is active (ready) again."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        active = sandbox.ssh(host, "systemctl show vllm -p ActiveState --value").stdout.strip()
+        pid = any_main_pid(sandbox, host)
+        state = f"{active} {pid}"
+        if active == "active" and pid not in ("0", old_pid):
+            return pid
+        time.sleep(3)
+    raise AssertionError(f"vllm not active again within {timeout} s: {state!r}")
+
+
+def test_another_user_cannot_connect_to_the_engine_nor_take_its_address(served):
+    sandbox, host = served
+    assert sandbox.ssh(host, "stat -c '%a %U %G' /run/vllm-engine").stdout.split() == [
+        "750", "vllm", "www-data"]
+    # Root (the audit) reaches it; nothing listens on the old TCP port.
+    assert sandbox.ssh(host, f"curl -s -o /dev/null -w '%{{http_code}}' --unix-socket {SOCKET} "
+                             "http://localhost/health").stdout == "200"
+    assert sandbox.ssh(host, "ss -Hltn 'sport = :8000'").stdout.strip() == ""
+    # curl says only "Couldn't connect" (exit 7) for a socket it may not reach.
+    connect = as_nobody(sandbox, host, f"curl -sS --unix-socket {SOCKET} http://localhost/health"
+                                       "; echo rc=$?")
+    assert "rc=7" in connect.stdout, connect
+    listing = as_nobody(sandbox, host, "ls /run/vllm-engine 2>&1; echo rc=$?")
+    assert "Permission denied" in listing.stdout and "rc=2" in listing.stdout
+    bind = as_nobody(sandbox, host, "python3 -c \"import socket; s = socket.socket(socket.AF_UNIX); "
+                                    f"s.bind('{SOCKET}.x')\" 2>&1; echo rc=$?")
+    assert "PermissionError" in bind.stdout and "rc=1" in bind.stdout
+
+
+def test_an_impostor_while_the_engine_is_stopped_gets_no_key_and_no_readiness(served):
+    sandbox, host = served
+    sandbox.ssh(host, "systemctl stop vllm")
+    try:
+        _impostor_gets_nothing(sandbox, host)
+        assert repair(sandbox) == {OP_RUNNING}
+    finally:
+        sandbox.ssh(host, "systemctl is-active -q vllm || systemctl start vllm", check=False,
+                    timeout=600)
+    converged_again(sandbox)
+
+
+def _impostor_gets_nothing(sandbox, host) -> None:
+    # Stopped: its socket is gone, and nobody cannot put one in its place.
+    assert sandbox.ssh(host, f"test -e {SOCKET} || echo gone").stdout.strip() == "gone"
+    bind = as_nobody(sandbox, host, "python3 -c \"import socket; s = socket.socket(socket.AF_UNIX); "
+                                    f"s.bind('{SOCKET}')\" 2>&1; echo rc=$?")
+    assert "PermissionError" in bind.stdout and "rc=1" in bind.stdout
+    # nobody takes the TCP port an engine without a socket would use, and logs every
+    # Authorization it receives.
+    impostor = ("import http.server\n"
+                "class H(http.server.BaseHTTPRequestHandler):\n"
+                "    def do_GET(self):\n"
+                "        open('/tmp/impostor.log', 'a').write(str(self.headers.get('Authorization')))\n"
+                "        self.send_response(200); self.end_headers()\n"
+                "    do_POST = do_GET\n"
+                "http.server.HTTPServer(('127.0.0.1', 8000), H).serve_forever()\n")
+    encoded = base64.b64encode(impostor.encode()).decode()
+    sandbox.ssh(host, f"echo {encoded} | base64 -d > /tmp/impostor.py && touch /tmp/impostor.log"
+                      " && chmod 666 /tmp/impostor.log")
+    sandbox.ssh(host, "systemd-run --unit impostor -p User=nobody python3 /tmp/impostor.py "
+                      "&& sleep 2")
+    try:
+        # The readiness wait, as the engine's user with the engine's key, pointed at it.
+        ready = sandbox.ssh(host, "set -a; . /etc/vllm/engine-key.env; set +a; "
+                                  "runuser -u vllm -- /opt/vllm/current/bin/python "
+                                  f"{READY} --url http://127.0.0.1:8000/health --model {MODEL} "
+                                  "--interval 0.5 --timeout 3; echo rc=$?", check=False)
+        assert "is held by uid 65534, not the engine's" in ready.stderr, ready.stderr
+        assert "rc=1" in ready.stdout
+        # nginx goes to the socket, never to the impostor's port.
+        status = sandbox.ssh(host, "curl -s -o /dev/null -w '%{http_code}' -H 'Authorization: "
+                                   f"Bearer {KEY}' http://127.0.0.1:8001/v1/models").stdout
+        assert status == "502"
+        assert sandbox.ssh(host, "cat /tmp/impostor.log").stdout == ""
+    finally:
+        sandbox.ssh(host, "systemctl stop impostor; rm -f /tmp/impostor.py /tmp/impostor.log",
+                    check=False)
+
+
+def test_a_sigkilled_engine_is_restarted_by_systemd_and_the_next_run_changes_nothing(served):
+    sandbox, host = served
+    pid = main_pid(sandbox, host)
+    sandbox.ssh(host, f"kill -KILL {pid}")
+    new = active_again(sandbox, host, pid)
+    assert new != pid
+    assert sandbox.ssh(host, f"curl -s -o /dev/null -w '%{{http_code}}' --unix-socket {SOCKET} "
+                             "http://localhost/health").stdout == "200"
+    converged_again(sandbox)
+
+
+def test_a_stopped_engine_is_reported_not_answering_and_restarted(served):
+    sandbox, host = served
+    pid = main_pid(sandbox, host)
+    sandbox.ssh(host, f"kill -STOP {pid}")
+    try:
+        proc = audit(sandbox)
+        assert proc.returncode == 1, proc.stderr[-3000:]
+        assert "not answering" in proc.stdout + proc.stderr
+        assert "did not answer 200 within 5 s" in proc.stdout + proc.stderr
+        assert repair(sandbox) == {OP_ANSWERING, OP_RESTART}
+    finally:
+        sandbox.ssh(host, f"kill -CONT {pid}", check=False)
+    assert main_pid(sandbox, host) != pid
+    converged_again(sandbox)
+
+
+def test_the_unit_s_hardening_holds_in_the_running_engine(served):
+    sandbox, host = served
+    pid = main_pid(sandbox, host)
+    status = dict(line.split(":", 1) for line in sandbox.ssh(
+        host, f"grep -E '^(NoNewPrivs|Seccomp|CapEff|CapBnd|CapAmb):' /proc/{pid}/status"
+    ).stdout.splitlines())
+    status = {key: value.strip() for key, value in status.items()}
+    assert status["NoNewPrivs"] == "1" and status["Seccomp"] == "2"
+    for caps in ("CapEff", "CapBnd", "CapAmb"):
+        assert int(status[caps], 16) == 0, (caps, status[caps])
+    # In its mount namespace, as its user: ProtectSystem=strict, ReadWritePaths its state.
+    inside = f"nsenter -t {pid} -m -S $(id -u vllm) -G $(id -g vllm) --"
+    outside = sandbox.ssh(host, f"{inside} touch /usr/local/lib/x 2>&1; echo rc=$?",
+                          check=False).stdout
+    assert "Read-only file system" in outside and "rc=1" in outside
+    assert sandbox.ssh(host, f"{inside} sh -c 'touch /var/lib/vllm/x && rm /var/lib/vllm/x' "
+                             "&& echo ok").stdout.strip() == "ok"
+    home = sandbox.ssh(host, f"{inside} ls /home /root 2>&1; echo rc=$?", check=False).stdout
+    assert "rc=0" not in home
+
+
+def test_a_long_stream_through_nginx_delivers_its_first_token_well_before_its_last(served):
+    sandbox, host = served
+    probe = (
+        "import http.client, json, sys, time\n"
+        "conn = http.client.HTTPConnection('127.0.0.1', 8001, timeout=300)\n"
+        f"body = json.dumps({{'model': '{MODEL}', 'prompt': 'Count:', 'max_tokens': 128,\n"
+        "                    'temperature': 0, 'ignore_eos': True, 'stream': True})\n"
+        "start = time.monotonic()\n"
+        f"conn.request('POST', '/v1/completions', body, {{'Authorization': 'Bearer {KEY}',\n"
+        "             'Content-Type': 'application/json'})\n"
+        "resp = conn.getresponse(); times = []\n"
+        "for line in resp:\n"
+        "    if line.startswith(b'data:') and b'[DONE]' not in line:\n"
+        "        times.append(time.monotonic() - start)\n"
+        "print(json.dumps({'status': resp.status, 'events': len(times), 'first': times[0],\n"
+        "                  'last': times[-1]}))\n")
+    encoded = base64.b64encode(probe.encode()).decode()
+    out = sandbox.ssh(host, f"echo {encoded} | base64 -d > /root/stream_probe.py && "
+                            "python3 /root/stream_probe.py").stdout
+    result = json.loads(out)
+    print("\nstream through nginx:", result)
+    assert result["status"] == 200 and result["events"] >= 100
+    # Unbuffered: the first token arrives in under a quarter of the stream's time.
+    assert result["first"] / result["last"] < 0.25, result
