@@ -36,8 +36,8 @@ def request(url: str, unix_socket: str | None, timeout: float, body: bytes | Non
             conn: http.client.HTTPConnection = _UnixConnection(
                 unix_socket, parts.hostname or "localhost", timeout)
         else:
-            conn = http.client.HTTPConnection(parts.hostname, parts.port or 80,
-                                              timeout=timeout)
+            conn = http.client.HTTPConnection(parts.hostname or "localhost",
+                                              parts.port or 80, timeout=timeout)
         try:
             conn.request("POST" if body is not None else "GET", path or "/", body,
                          headers or {})

@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     main_pid = int(os.environ["MAINPID"]) if os.environ.get("MAINPID", "").isdigit() else None
     start = time.monotonic()
     last = None
-    told = set()
+    told: set[str] = set()
     while True:
         last = ask_engine(args.url, args.unix_socket, max(args.interval, 1.0), told)
         waited = time.monotonic() - start

@@ -23,8 +23,8 @@ from pyinfra_testing.util import FakeState, create_host
 from facts.files import SecretFileLines
 from operations import file_set, gateway
 from operations.util import file_diff
-from pyinfra_vllm.plans import gateway as gateway_plan
 from pyinfra_vllm.core.templating import render
+from pyinfra_vllm.plans import gateway as gateway_plan
 from pyinfra_vllm.plans.vllm_service import ENV_TEMPLATE
 
 

@@ -12,6 +12,7 @@ from pyinfra.api import OperationValueError
 
 from operations.util.gateway import swap_script
 from pyinfra_vllm.core.settings import Settings, validate
+from pyinfra_vllm.plans.engine_access import KEY_NGINX_PATH, SOCKET_PATH, engine_address
 from pyinfra_vllm.plans.gateway import (
     body_limit_mib,
     key_regex,
@@ -20,7 +21,6 @@ from pyinfra_vllm.plans.gateway import (
     render_keys_map,
     render_site,
 )
-from pyinfra_vllm.plans.engine_access import KEY_NGINX_PATH, SOCKET_PATH, engine_address
 
 
 def site(**overrides) -> str:

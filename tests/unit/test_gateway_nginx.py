@@ -29,9 +29,9 @@ import pytest
 
 from operations.util.rolling import drain_command
 from operations.util.uploads import SECRET_DIR
+from operations.util.vllm_service import engine_key_command
 from pyinfra_vllm.core.settings import SettingsError, validate
 from pyinfra_vllm.core.settings_checks import GATEWAY_DIRECTIVES
-from operations.util.vllm_service import engine_key_command
 from pyinfra_vllm.plans.engine_access import engine_address
 from pyinfra_vllm.plans.gateway import DRAIN_FLAG, render_keys_map, render_site
 
