@@ -277,7 +277,8 @@ class EngineHealth(FactBase[int | None]):
     def command(self, url: str, socket: str | None = None) -> StringCommand:
         via = ["--unix-socket", QuoteString(socket)] if socket else []
         return StringCommand(
-            "curl -s -o /dev/null -m 5 -w '%{http_code}'", *via,
+            # A line of its own (-w's \n): the one read's sections follow it.
+            "curl -s -o /dev/null -m 5 -w '%{http_code}\\n'", *via,
             StringCommand(QuoteString(url.rstrip("/")), "/health", _separator=""), "; true",
         )
 

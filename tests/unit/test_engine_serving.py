@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from pyinfra.api import StringCommand
 
-from facts.vllm_service import EngineServing, parse_engine
+from facts.vllm_service import EngineHealth, EngineServing, parse_engine
 
 RECORDED = Path(__file__).resolve().parents[1] / "fixtures" / "vllm-cpu"
 
@@ -79,3 +79,15 @@ def test_parse_sums_series_over_labels_and_ignores_what_it_does_not_know():
     assert parse_engine(lines) == {"models": [{"id": "m", "max_model_len": 8}],
                                    "metrics": {"vllm:prompt_tokens_total": 12.0}}
     assert parse_engine(["## models", "<html>502</html>", "## metrics"]) is None
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
+def test_engine_health_prints_a_whole_line_for_the_one_read(engine_url):
+    # The one read prints each section's status after its output: an output without its
+    # last newline would glue the two together and the fact would be read again alone.
+    fact = EngineHealth()
+    for url, status in ((engine_url, "404"), ("http://127.0.0.1:9", "000")):
+        proc = subprocess.run(["sh", "-c", fact.command(url=url).get_raw_value()],
+                              capture_output=True, text=True, timeout=30)
+        assert proc.stdout == f"{status}\n"
+        assert fact.process(proc.stdout.splitlines()) == int(status)
