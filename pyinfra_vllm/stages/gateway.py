@@ -29,7 +29,6 @@ import click
 from pyinfra import host
 from pyinfra.facts.deb import DebPackage
 from pyinfra.facts.files import File, Sha1File
-from pyinfra.operations import apt
 
 from facts.nginx import NginxServers
 from facts.units import UnitActivation
@@ -43,7 +42,7 @@ from pyinfra_vllm.plans import gateway as gateway_plan
 from pyinfra_vllm.run.context import HostContext
 from pyinfra_vllm.run.host_reads import Read
 from pyinfra_vllm.run.stage import stage
-from pyinfra_vllm.stages import APT_LISTS_MAX_AGE_S
+from pyinfra_vllm.stages import debian_package
 
 logger = logging.getLogger("pyinfra")
 
@@ -81,16 +80,7 @@ def gateway(ctx: HostContext) -> None:
             ),
         )
 
-    # Read once: a host with nginx needs no apt operation at all (no apt-get update, no
-    # package list read), one without gets it installed after a refresh.
-    if not host.get_fact(DebPackage, package="nginx"):
-        apt.packages(
-            name="Gateway: nginx installed",
-            packages=["nginx"],
-            update=True,
-            cache_time=APT_LISTS_MAX_AGE_S,
-            no_recommends=True,
-        )
+    debian_package("Gateway: nginx installed", "nginx")
 
     if not _foreign_set_aside(ctx):
         return

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from pyinfra import host, logger
 from pyinfra.facts.deb import DebPackage
-from pyinfra.operations import apt, systemd
+from pyinfra.operations import systemd
 
 from facts.files import FileDigests, PathTypes
 from facts.units import UnitActivation
@@ -36,7 +36,7 @@ from pyinfra_vllm.run.context import HostContext
 from pyinfra_vllm.run.host_reads import Read
 from pyinfra_vllm.run.report import summarize
 from pyinfra_vllm.run.stage import stage
-from pyinfra_vllm.stages import APT_LISTS_MAX_AGE_S
+from pyinfra_vllm.stages import debian_package
 
 
 def node_exporter(port: int, textfile_dir: str) -> None:
@@ -47,15 +47,7 @@ def node_exporter(port: int, textfile_dir: str) -> None:
         files={metrics_plan.DROP_IN: (
             metrics_plan.render_drop_in(port, textfile_dir).encode(), "644")},
     )
-    # Read once: a host with the package needs no apt operation at all.
-    if not host.get_fact(DebPackage, package=metrics_plan.PACKAGE):
-        apt.packages(
-            name="Metrics: prometheus-node-exporter installed",
-            packages=[metrics_plan.PACKAGE],
-            update=True,
-            cache_time=APT_LISTS_MAX_AGE_S,
-            no_recommends=True,
-        )
+    debian_package("Metrics: prometheus-node-exporter installed", metrics_plan.PACKAGE)
     systemd.daemon_reload(name="Metrics: reload systemd units", _if=override.did_change)
     # A running node_exporter keeps its old command line until restarted.
     systemd.service(

