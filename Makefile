@@ -22,7 +22,7 @@ venv: .venv/.done
 # chromium: tests/unit/test_report_browser.py renders the HTML audit report headless and
 # checks the screenshot and the console.
 SYSTEM_TOOLS := debootstrap:debootstrap systemd-nspawn:systemd-container \
-	mkfs.xfs:xfsprogs ssh:openssh-client iptables:iptables ip:iproute2 \
+	mkfs.xfs:xfsprogs ssh:openssh-client iptables:iptables nft:nftables ip:iproute2 \
 	losetup:util-linux curl:curl dpkg-deb:dpkg nginx:nginx openssl:openssl \
 	promtool:prometheus chromium:chromium
 .PHONY: system-deps

@@ -155,6 +155,33 @@ class EngineKey(FactBase[str | None]):
         return digest if len(digest) == 64 else None
 
 
+class EngineFirewall(FactBase[str | None]):
+    """
+    Returns the digest the engine's nftables table carries in its comment
+    (``pyinfra-vllm <16 hex digits>``, pyinfra_vllm.plans.engine_access), as loaded in the
+    kernel; None when no such table is loaded or nft is not installed.
+
+    .. code:: python
+
+        "fd678edeec7092d7"
+    """
+
+    @override
+    def command(self, nft: str, table: str, comment: str) -> StringCommand:
+        return StringCommand(
+            "if [ -x", QuoteString(nft), "]; then", QuoteString(nft), "list table inet",
+            QuoteString(table), "2>/dev/null | sed -n",
+            QuoteString(f's/^[[:space:]]*comment "{comment} \\([0-9a-f]*\\)"$/\\1/p'),
+            "; fi; true",
+        )
+
+    @override
+    def process(self, output: list[str]) -> str | None:
+        digest = "".join(output).strip()
+        return digest if len(digest) == 16 and all(c in "0123456789abcdef" for c in digest) \
+            else None
+
+
 # The lines of /proc/PID/status that show the process's hardening: no_new_privs, the
 # seccomp mode, and its effective, permitted, bounding and ambient capability sets.
 STATUS_KEYS = ("NoNewPrivs", "Seccomp", "CapEff", "CapPrm", "CapBnd", "CapAmb")

@@ -28,7 +28,7 @@ from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, QuoteString, StringCommand, operation
 
 from facts.units import UnitActivation
-from facts.vllm_service import EngineKey, EngineProcess
+from facts.vllm_service import EngineFirewall, EngineKey, EngineProcess
 from operations.util import rolling as rolling_util
 from operations.util.jobs import connector_arguments
 from operations.util.vllm_service import (
@@ -40,6 +40,7 @@ from operations.util.vllm_service import (
     limit_reset_then,
     restart_command,
 )
+from pyinfra_vllm.plans import engine_access
 from pyinfra_vllm.plans.engine_access import KEY_READ
 from pyinfra_vllm.plans.vllm_service import (
     ENGINE_PROCESS_READ,
@@ -219,6 +220,30 @@ def engine_key():
         return
     yield engine_key_command()
     yield gateway_reload_command()
+
+
+@operation()
+def engine_firewall(rules: str | None = None):
+    """
+    Keep the engine's nftables table loaded as its file says (the file written first,
+    at ``engine_access.FIREWALL_PATH``), or, where the engine needs none (a Unix socket),
+    no such table. The file is loaded whole in one transaction: the port is never open
+    between the old rules and the new.
+
+    + rules: ``engine_access.render_firewall``'s file, or None for no firewall
+    """
+    loaded = host.get_fact(EngineFirewall, **engine_access.FIREWALL_READ)
+    nft = QuoteString(engine_access.NFT)
+    if rules is None:
+        if loaded is None:
+            host.noop("the engine needs no firewall, and none is loaded")
+            return
+        yield StringCommand(nft, "delete table inet", QuoteString(engine_access.FIREWALL_TABLE))
+        return
+    if loaded == engine_access.loaded_digest(rules):
+        host.noop("the engine's firewall is loaded")
+        return
+    yield StringCommand(nft, "-f", QuoteString(engine_access.FIREWALL_PATH))
 
 
 @operation()

@@ -260,6 +260,9 @@ def _nspawn_argv(host: Host, own_caches: bool = False) -> list[str]:
         "--register=no",
         "--keep-unit",
         f"--network-namespace-path=/run/netns/{host.netns}",
+        # Its own network namespace, so its own firewall as on a server: nspawn keeps
+        # CAP_NET_ADMIN only for --private-network, not for a namespace it is given.
+        "--capability=CAP_NET_ADMIN",
         f"--bind={host.loop_device}",
         *caches,
         "--resolv-conf=off",

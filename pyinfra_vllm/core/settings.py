@@ -163,6 +163,12 @@ class Settings(BaseModel):
     """
     vllm_port: int = Field(default=8000, ge=1, le=65535)
     """Port the engine listens on (the seed's 8000)."""
+    vllm_engine_allow: list[str] = Field(default_factory=list)
+    """With vllm_listen_beyond_loopback: the networks (CIDR, IPv4 or IPv6, no scope id)
+    whose machines may reach the engine's port, e.g. the gateways in front of it; the
+    engine's firewall drops every other machine's connection. Required there, unused on
+    loopback. Host bits are cleared.
+    """
 
     # --- vllm service ----------------------------------------------------------------
     vllm_start_timeout_s: int = Field(default=1800, ge=60, le=86400)
@@ -496,7 +502,9 @@ class Settings(BaseModel):
     _url = field_validator("pip_index_url", "http_proxy", "model_base_url")(settings_checks.url)
     _no_credentials = field_validator("model_base_url")(settings_checks.no_credentials)
     _apt_source = field_validator("nvidia_apt_repo")(settings_checks.apt_source)
-    _networks = field_validator("metrics_allow", "prometheus_servers")(settings_checks.networks)
+    _networks = field_validator("metrics_allow", "prometheus_servers", "vllm_engine_allow")(
+        settings_checks.networks
+    )
     _reachable_address = field_validator("metrics_address")(settings_checks.reachable_address)
     _one_directive_each = field_validator("gateway_extra_directives")(
         settings_checks.one_directive_each
@@ -566,6 +574,7 @@ class Settings(BaseModel):
             has_keys=bool(self.api_keys or from_file),
             gateway_open=self.gateway_open,
             vllm_listen_beyond_loopback=self.vllm_listen_beyond_loopback,
+            engine_allow=self.vllm_engine_allow,
             token_from=settings_checks.token_source(self.hf_token, self.hf_token_file),
             model_base_url=self.model_base_url,
         )

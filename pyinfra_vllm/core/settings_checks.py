@@ -759,7 +759,8 @@ def file_keys(inline_keys: list[SecretStr], api_keys_file: str | None,
 
 
 def exposure_problems(*, has_keys: bool, gateway_open: bool,
-                      vllm_listen_beyond_loopback: bool, token_from: str | None,
+                      vllm_listen_beyond_loopback: bool, engine_allow: list[str],
+                      token_from: str | None,
                       model_base_url: str) -> list[tuple[str, str]]:
     """Who may reach the gateway and the engine, and where a token may travel: each
     problem as (key, sentence naming its keys); no key or token is ever in it."""
@@ -784,6 +785,14 @@ def exposure_problems(*, has_keys: bool, gateway_open: bool,
             "beyond loopback is for a gateway that checks client keys; set api_keys or "
             "api_keys_file, or remove "
             "vllm_listen_beyond_loopback and keep vllm_host on 127.0.0.1",
+        ))
+    if vllm_listen_beyond_loopback and not engine_allow:
+        problems.append((
+            "vllm_engine_allow",
+            "vllm_engine_allow is empty, yet vllm_listen_beyond_loopback = True: the "
+            "engine's port is open to the machines of vllm_engine_allow only (its key "
+            "guards /v1 alone); name the networks of the machines that reach it, e.g. "
+            "[\"10.20.0.5/32\"], or remove vllm_listen_beyond_loopback",
         ))
     if token_from is not None and not model_base_url.startswith("https://"):
         problems.append((

@@ -16,10 +16,12 @@ files, the engine's (``KEY_ENV_PATH``) and the one nginx sends it from
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 from dataclasses import dataclass
 
 from pyinfra_vllm.core.settings import Settings
+from pyinfra_vllm.core.templating import render
 
 SOCKET_DIR = "/run/vllm-engine"
 SOCKET_PATH = f"{SOCKET_DIR}/engine.sock"
@@ -107,3 +109,65 @@ def client_args(place: Endpoint) -> list[str]:
     """The arguments files/wait_ready.py and files/engine_idle.py reach it with."""
     return ["--unix-socket", place.socket] if place.socket else []
 
+
+
+# --- the engine's firewall, wherever it listens on TCP ------------------------------------
+# On TCP (a stack without --uds, or an engine beyond loopback) a port is anyone's to bind
+# once the engine let go of it, and anyone's to connect to. An nftables table of the
+# suite's own, loaded as root before every start of the engine (the unit's ExecStartPre)
+# and by the deploy wherever the loaded one differs, closes both by socket owner: only
+# the engine's user answers from the port (another user's listener gets no handshake
+# done: nginx, the readiness wait and the audit reach it not at all), only root, nginx's
+# workers and the engine's user connect to it on the host, and beyond loopback only the
+# machines of vllm_engine_allow. nftables' meta skuid (nft(8), "META EXPRESSIONS") is the
+# owner of the packet's socket; a listener's SYN-ACK carries the listener's.
+FIREWALL_PATH = "/etc/vllm/engine-firewall.nft"
+FIREWALL_TABLE = "pyinfra_vllm_engine"
+FIREWALL_TEMPLATE = "vllm-engine-firewall.nft.j2"
+NFT = "/usr/sbin/nft"
+# The table's comment: "pyinfra-vllm <digest>", how facts.vllm_service.EngineFirewall
+# tells the loaded rules from the file's.
+FIREWALL_COMMENT = "pyinfra-vllm"
+# Who may connect to the engine on the host: root (the audit), nginx's workers (the
+# gateway) and the engine's user (the readiness wait, the idle check).
+FIREWALL_CLIENTS = ("root", SOCKET_GROUP)
+# facts.vllm_service.EngineFirewall's arguments.
+FIREWALL_READ = {"nft": NFT, "table": FIREWALL_TABLE, "comment": FIREWALL_COMMENT}
+
+
+def render_firewall(settings: Settings, user: str) -> str | None:
+    """The engine's nftables file for ``settings``, or None where it listens on a Unix
+    socket (the socket's directory keeps everyone else out: no firewall is needed).
+
+    + settings: a validated ``pyinfra_vllm.core.settings.Settings``
+    + user: the engine's user (the only owner its port may answer from)
+    """
+    place = endpoint(settings)
+    if place.socket:
+        return None
+    beyond = listens_beyond_loopback(settings.vllm_host)
+    allow = [ipaddress.ip_network(net) for net in settings.vllm_engine_allow] if beyond else []
+    values = {
+        "table": FIREWALL_TABLE,
+        "port": place.port,
+        "user": user,
+        "clients": [*FIREWALL_CLIENTS, user],
+        "beyond": beyond,
+        "allow4": [str(net) for net in allow if net.version == 4],
+        "allow6": [str(net) for net in allow if net.version == 6],
+    }
+    rules = render(FIREWALL_TEMPLATE, comment="", **values)
+    return render(FIREWALL_TEMPLATE, comment=f"{FIREWALL_COMMENT} {firewall_digest(rules)}",
+                  **values)
+
+
+def firewall_digest(rules: str) -> str:
+    """The first 16 hex digits of the sha256 of the rules (the file without its digest)."""
+    return hashlib.sha256(rules.encode()).hexdigest()[:16]
+
+
+def loaded_digest(firewall: str) -> str:
+    """The digest the table of ``firewall`` (``render_firewall``'s file) carries when
+    loaded: what facts.vllm_service.EngineFirewall reads back."""
+    marker = f'comment "{FIREWALL_COMMENT} '
+    return firewall.split(marker, 1)[1].split('"', 1)[0]

@@ -310,6 +310,8 @@ def render_unit(
         socket_dir=place.socket and engine_access.SOCKET_DIR,
         socket_path=place.socket,
         socket_group=engine_access.SOCKET_GROUP,
+        firewall_path=None if place.socket else engine_access.FIREWALL_PATH,
+        nft=engine_access.NFT,
         environment=unit_environment(settings, devices, threads_bind),
         cpu=cpu,
         guard_command=exec_command(guard),

@@ -1,19 +1,20 @@
 """Remove: take off what the suite installed, keep what the host may need.
 
 In order: the suite's long jobs still running (a model download or an environment's
-build an interrupted run left: stopped, so nothing writes into what is removed next), the
-engine (vllm.service stopped, disabled, its unit, environment file and
-helpers removed, systemd reloaded), the gateway's nginx files (site, API keys, TLS; nginx
--t before the reload, the files put back if nginx would fail without them), node_exporter
-(the suite's drop-in removed, the service stopped and disabled: without the drop-in it
-would listen on every address), the metrics textfile and the old per-host scrape job, the
-sysctl drop-in (then ``sysctl --system``), the persistence daemon's drop-in, the driver's
-package holds, upgrade blacklist and apt sources, the Python environments (what the
-suite put in python_env_root: the operator's files there stay, and the directory with
-them), the engine's state directory and the suite's own files under
-/var/lib/pyinfra-vllm. With ``remove_model_files`` the model's files, with
-``remove_volume_fstab`` the volume's mount and fstab line. A directory with the suite's
-own fixed name goes whole; in one a setting names, only what the suite put there.
+build an interrupted run left: stopped, so nothing writes into what is removed next),
+the engine (vllm.service stopped, disabled, its unit, environment file and helpers
+removed, systemd reloaded; on TCP its nftables table unloaded), the gateway's nginx
+files (site, API keys, TLS; nginx -t before the reload, the files put back if nginx
+would fail without them), node_exporter (the suite's drop-in removed, the service
+stopped and disabled: without the drop-in it would listen on every address), the metrics
+textfile and the old per-host scrape job, the sysctl drop-in (then ``sysctl --system``),
+the persistence daemon's drop-in, the driver's package holds, upgrade blacklist and apt
+sources, the Python environments (what the suite put in python_env_root: the operator's
+files there stay, and the directory with them), the engine's state directory and the
+suite's own files under /var/lib/pyinfra-vllm. With ``remove_model_files`` the model's
+files, with ``remove_volume_fstab`` the volume's mount and fstab line. A directory with
+the suite's own fixed name goes whole; in one a setting names, only what the suite put
+there.
 
 Kept: the distribution packages (nginx, prometheus-node-exporter, the NVIDIA driver),
 which the host may need and another user may rely on; the vllm account; what the suite
@@ -34,6 +35,7 @@ from pyinfra.operations import systemd
 
 from operations import file_set
 from operations import remove as remove_ops
+from operations import vllm_service as vllm_service_ops
 from operations.util.uploads import SECRET_DIR
 from pyinfra_vllm.core.locks import LockFileError, load_lock
 from pyinfra_vllm.core.settings import Settings, load_settings
@@ -71,6 +73,7 @@ def _services(settings: Settings) -> None:
         unit=f"{vllm_plan.SERVICE}.service",
         paths=[vllm_plan.UNIT_PATH, f"{vllm_plan.UNIT_PATH}.d"],
     )
+    vllm_service_ops.engine_firewall(name="Remove: the engine's nftables table unloaded")
     file_set.absent(
         name="Remove: the engine's environment file and helpers",
         paths=[vllm_plan.ENV_PATH.rpartition("/")[0], vllm_plan.HELPER_DIR],

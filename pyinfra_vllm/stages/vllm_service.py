@@ -28,6 +28,7 @@ import logging
 from typing import Any
 
 from pyinfra import host, state
+from pyinfra.facts.deb import DebPackage
 from pyinfra.operations.util import any_changed
 
 from facts.accounts import Account
@@ -36,7 +37,7 @@ from facts.python_env import MARKER
 from facts.storage import FilesystemSize
 from facts.topology import tp_link_verdict
 from facts.units import UnitActivation, UnitDropIns
-from facts.vllm_service import EngineHealth, EngineKey, EngineProcess
+from facts.vllm_service import EngineFirewall, EngineHealth, EngineKey, EngineProcess
 from operations import accounts, file_set, rolling, units
 from operations import vllm_service as vllm_service_ops
 from operations.util import rolling as rolling_util
@@ -46,6 +47,7 @@ from pyinfra_vllm.plans import vllm_service as vllm_service_plan
 from pyinfra_vllm.run.context import HostContext
 from pyinfra_vllm.run.host_reads import Read
 from pyinfra_vllm.run.stage import stage
+from pyinfra_vllm.stages import debian_package
 
 logger = logging.getLogger("pyinfra")
 
@@ -67,7 +69,18 @@ def vllm_service_reads(settings: Settings) -> list[Read]:
         Read(EngineHealth, engine_health_read(settings)),
         Read(UnitActivation, {"unit": ops.UNIT}),
         Read(PathTypes, {"paths": [rolling.DRAIN_FLAG]}),
+        Read(EngineFirewall, engine_access.FIREWALL_READ),
+        *_firewall_reads(settings),
     ]
+
+
+def _firewall_reads(settings: Settings) -> list[Read]:
+    """The firewall's file and package where the engine listens on TCP; else whether a
+    file of an earlier TCP engine is left."""
+    if engine_access.endpoint(settings).socket:
+        return [Read(PathTypes, {"paths": [engine_access.FIREWALL_PATH]})]
+    return [Read(DebPackage, {"package": "nftables"}),
+            Read(FileDigests, {"paths": [engine_access.FIREWALL_PATH]})]
 
 
 def engine_health_read(settings: Settings) -> dict[str, Any]:
@@ -98,6 +111,7 @@ def vllm_service(ctx: HostContext) -> None:
         home=vllm_service_plan.STATE_DIR,
     )
     _helpers(settings.vllm_device)
+    _firewall(settings)
     if marker is None:
         # Built in this run: its --help was unknown when the run was planned.
         vllm_service_ops.flags_accepted(
@@ -206,6 +220,23 @@ def _helpers(device: str) -> None:
             name="vLLM service: GPU guard and readiness wait",
             files={vllm_service_plan.GUARD_PATH: ("files/gpu_guard.py", "755"), **files},
         )
+
+
+def _firewall(settings: Settings) -> None:
+    """On TCP, the engine's nftables table (pyinfra_vllm/plans/engine_access.py): its file,
+    loaded before the engine's next start by the unit and now wherever the loaded table
+    differs. On a Unix socket none, and an earlier TCP engine's table and file gone."""
+    rules = engine_access.render_firewall(settings, vllm_service_plan.SERVICE_USER)
+    if rules is None:
+        file_set.absent(name="vLLM service: no engine firewall on its Unix socket",
+                        paths=[engine_access.FIREWALL_PATH])
+    else:
+        debian_package("vLLM service: nftables installed", "nftables")
+        file_set.present(name="vLLM service: engine firewall file",
+                         files={engine_access.FIREWALL_PATH: (rules.encode(), "644")})
+    vllm_service_ops.engine_firewall(
+        name="vLLM service: engine firewall loaded" if rules else
+        "vLLM service: no engine firewall loaded", rules=rules)
 
 
 def _unit_files(settings: Settings, engine: dict[str, Any]) -> dict[str, bytes]:

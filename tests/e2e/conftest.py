@@ -73,6 +73,9 @@ class SandboxHost:
     scenario: str
     loop_device: str
     host_dir: Path
+    # This machine's address on the host's link: where the mirror listens, and what the
+    # host sees as another machine.
+    gateway: str
 
 
 @dataclass
@@ -140,7 +143,8 @@ def _skip_reason() -> str | None:
 def _from_state() -> list[SandboxHost]:
     state = json.loads(sbx.STATE_FILE.read_text())
     return [
-        SandboxHost(h["name"], h["address"], h["scenario"], h["loop_device"], Path(h["host_dir"]))
+        SandboxHost(h["name"], h["address"], h["scenario"], h["loop_device"], Path(h["host_dir"]),
+                    h["gateway"])
         for h in state["hosts"]
     ]
 

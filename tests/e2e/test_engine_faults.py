@@ -16,6 +16,11 @@ old TCP port receives no key from the readiness wait, which never passes for it.
 The unit's hardening is read back from the running process (/proc/PID/status), and tried
 from inside its mount namespace as its user: a write outside ReadWritePaths fails. A long
 streamed generation through nginx delivers its first token well before its last.
+
+Last, the engine moved to TCP beyond loopback (as on a stack without --uds): its nftables
+table lets nobody connect, drops the machines outside vllm_engine_allow, and lets no
+handshake of a listener ``nobody`` starts on its address complete; vLLM's own key guards
+/v1 only. The host stays so for test_remove.py, whose first run moves it back.
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ from __future__ import annotations
 import base64
 import json
 import time
+import urllib.error
+import urllib.request
 
 import pytest
 
@@ -33,9 +40,11 @@ from tests.e2e.test_integrity import (
     OP_RESTART,
     OP_RUNNING,
     audit,
+    changed,
     converged_again,
     repair,
     run,
+    run_with,
 )
 from tests.e2e.watch import as_nobody
 
@@ -222,3 +231,119 @@ def test_a_long_stream_through_nginx_delivers_its_first_token_well_before_its_la
     assert result["status"] == 200 and result["events"] >= 100
     # Unbuffered: the first token arrives in under a quarter of the stream's time.
     assert result["first"] / result["last"] < 0.25, result
+
+
+# --- on TCP (a stack without --uds, or beyond loopback): the engine's firewall ----------
+OP_FIREWALL_FILE = "full | vllm_service | vLLM service: engine firewall file"
+OP_FIREWALL = "full | vllm_service | vLLM service: engine firewall loaded"
+OP_NFTABLES = "full | vllm_service | vLLM service: nftables installed"
+
+
+def on_tcp(host, allow: str) -> list[str]:
+    """The settings of an engine beyond loopback, on the host's own address, reachable
+    from the machines of ``allow`` only."""
+    return ["vllm_listen_beyond_loopback=true", f"vllm_host={host.address}",
+            f'vllm_engine_allow=["{allow}"]']
+
+
+def from_this_machine(url: str) -> str:
+    """``url`` fetched from the machine the tests run on (another machine, for the
+    host): the HTTP status, or "no answer" within 3 s."""
+    direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with direct.open(url, timeout=3) as resp:
+            return str(resp.status)
+    except urllib.error.HTTPError as error:
+        return str(error.code)
+    except (TimeoutError, urllib.error.URLError) as error:
+        return f"no answer ({error})"
+
+
+def test_on_tcp_the_firewall_keeps_other_users_and_machines_off_the_engine(served):
+    sandbox, host = served
+    engine = f"http://{host.address}:8000"
+    elsewhere = "10.213.1.254/32"  # not the machine the tests run on
+    proc, data = run_with(sandbox, *on_tcp(host, elsewhere), timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert {OP_NFTABLES, OP_FIREWALL_FILE, OP_FIREWALL, OP_RESTART} <= changed(data)
+    uid = sandbox.ssh(host, "id -u vllm").stdout.strip()
+    table = sandbox.ssh(host, "nft list table inet pyinfra_vllm_engine").stdout
+    assert f"tcp sport 8000 meta skuid != {uid} drop" in table
+    # nginx's workers, root and the engine's user reach it; nobody is refused at once.
+    status = sandbox.ssh(host, "curl -s -o /dev/null -w '%{http_code}' -H 'Authorization: "
+                               f"Bearer {KEY}' http://127.0.0.1:8001/v1/models").stdout
+    assert status == "200"
+    assert sandbox.ssh(host, f"curl -s -o /dev/null -w '%{{http_code}}' {engine}/health"
+                       ).stdout == "200"
+    refused = as_nobody(sandbox, host, f"curl -sS -m 3 {engine}/health; echo rc=$?")
+    assert "rc=7" in refused.stdout, refused
+    # Another machine, outside vllm_engine_allow: its connection is dropped.
+    assert from_this_machine(f"{engine}/health").startswith("no answer")
+
+    # This machine allowed: only the firewall changes, the engine keeps running.
+    pid = main_pid(sandbox, host)
+    allowed = on_tcp(host, f"{host.gateway}/32")
+    proc, data = run_with(sandbox, *allowed)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert changed(data) == {OP_FIREWALL_FILE, OP_FIREWALL}
+    assert main_pid(sandbox, host) == pid
+    # What vLLM's key covers: /v1 only; /health and /metrics answer whoever reaches it.
+    assert from_this_machine(f"{engine}/v1/models") == "401"
+    assert from_this_machine(f"{engine}/health") == "200"
+    assert from_this_machine(f"{engine}/metrics") == "200"
+
+    _tcp_impostor_gets_nothing(sandbox, host, engine)
+    sandbox.ssh(host, "systemctl start vllm", timeout=600)
+    _firewall_drift_repaired(sandbox, host, allowed)
+
+
+def _tcp_impostor_gets_nothing(sandbox, host, engine: str) -> None:
+    # The engine stopped, nobody takes its address and logs what it receives.
+    sandbox.ssh(host, "systemctl stop vllm")
+    impostor = ("import http.server\n"
+                "class H(http.server.BaseHTTPRequestHandler):\n"
+                "    def do_GET(self):\n"
+                "        open('/tmp/impostor.log', 'a').write(str(self.headers.get('Authorization')))\n"
+                "        self.send_response(200); self.end_headers()\n"
+                "    do_POST = do_GET\n"
+                f"http.server.HTTPServer(('{host.address}', 8000), H).serve_forever()\n")
+    encoded = base64.b64encode(impostor.encode()).decode()
+    sandbox.ssh(host, f"echo {encoded} | base64 -d > /tmp/impostor.py && touch /tmp/impostor.log"
+                      " && chmod 666 /tmp/impostor.log")
+    sandbox.ssh(host, "systemd-run --unit impostor -p User=nobody python3 /tmp/impostor.py "
+                      "&& sleep 2")
+    try:
+        assert sandbox.ssh(host, "ss -Hltn 'sport = :8000' | wc -l").stdout.strip() == "1"
+        # Its handshake never completes: not for root, nginx, nor another machine.
+        timed_out = sandbox.ssh(host, f"curl -s -m 3 -H 'Authorization: Bearer x' {engine}/health;"
+                                      " echo rc=$?", check=False).stdout
+        assert "rc=28" in timed_out
+        gateway = sandbox.ssh(host, "curl -s -m 5 -o /dev/null -w '%{http_code}' -H "
+                                    f"'Authorization: Bearer {KEY}' "
+                                    "http://127.0.0.1:8001/v1/models", check=False).stdout
+        assert gateway == "000"
+        assert from_this_machine(f"{engine}/health").startswith("no answer")
+        ready = sandbox.ssh(host, "set -a; . /etc/vllm/engine-key.env; set +a; "
+                                  "runuser -u vllm -- /opt/vllm/current/bin/python "
+                                  f"{READY} --url {engine}/health --model {MODEL} "
+                                  "--interval 0.5 --timeout 3; echo rc=$?", check=False)
+        assert "is held by uid 65534, not the engine's" in ready.stderr, ready.stderr
+        assert sandbox.ssh(host, "cat /tmp/impostor.log").stdout == ""
+    finally:
+        sandbox.ssh(host, "systemctl stop impostor; rm -f /tmp/impostor.py /tmp/impostor.log",
+                    check=False)
+
+
+def _firewall_drift_repaired(sandbox, host, data: list[str]) -> None:
+    # The table flushed by hand: the audit names it, the next run loads it, nothing else.
+    sandbox.ssh(host, "nft delete table inet pyinfra_vllm_engine")
+    args = [arg for pair in data for arg in ("--data", pair)]
+    proc = audit(sandbox, *args)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "engine firewall loaded" in proc.stdout + proc.stderr
+    proc, result = run_with(sandbox, *data)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert changed(result) == {OP_FIREWALL}
+    proc, result = run_with(sandbox, *data)
+    assert result["results"]["totals"]["success"] == 0, changed(result)
+    assert audit(sandbox, *args).returncode == 0

@@ -232,7 +232,7 @@ def test_an_engine_started_from_its_unit_agrees():
 def test_differences_name_flags_and_keys_and_mask_secrets():
     keys = ["sk-first-" + "1" * 32]
     settings = validate({"vllm_listen_beyond_loopback": True, "vllm_host": "10.0.0.5",
-                         "api_keys": keys})
+                         "vllm_engine_allow": ["10.0.0.7"], "api_keys": keys})
     expected, running = _engine(settings)
     # The engine's own key, by its digest (facts.vllm_service.EngineKey); never a client's.
     expected["secret_sha256"] = {"VLLM_API_KEY": hashlib.sha256(b"engine-own").hexdigest()}

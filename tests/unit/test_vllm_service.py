@@ -98,6 +98,8 @@ def test_exec_start_for_the_default_settings():
 def test_guard_ready_and_environment_lines():
     text = unit()
     assert values(text, "ExecStartPre") == [
+        # 0.6.3 listens on TCP: its firewall before it binds the port.
+        "+/usr/sbin/nft -f /etc/vllm/engine-firewall.nft",
         "-+/usr/bin/nvidia-modprobe -u -c=0",
         f'"{PYTHON}" "/usr/local/lib/pyinfra-vllm/gpu_guard.py" "--expect-gpus" "2" '
         '"--devices" "0,1" "--require-nvlink"',
@@ -129,7 +131,7 @@ def test_workaround_switches_and_pcie_and_devices():
     assert '"CUDA_VISIBLE_DEVICES=2,3"' in values(text, "Environment")
     assert values(text, "ExecStart")[0].endswith('"--disable-custom-all-reduce" '
                                                  '"--disable-log-requests"')
-    guard = values(text, "ExecStartPre")[1]
+    guard = values(text, "ExecStartPre")[-1]
     assert '"--devices" "2,3"' in guard and "--require-nvlink" not in guard
     with pytest.raises(OperationValueError, match="tensor_parallel_size 2"):
         unit(devices=[0])
@@ -241,7 +243,8 @@ def test_listens_beyond_loopback(address, beyond):
 def beyond_loopback(**data):
     # vllm_listen_beyond_loopback: the settings' own consent to a non-loopback vllm_host
     # (where settings know it; ignored where they do not).
-    return validate({"vllm_listen_beyond_loopback": True, **data})
+    return validate({"vllm_listen_beyond_loopback": True, "vllm_engine_allow": ["10.0.0.7"],
+                     **data})
 
 
 def test_the_engine_never_gets_a_client_key_only_its_own_file():
