@@ -38,7 +38,7 @@ def spool_dir(dest: str) -> str:
 
 
 def private_upload(data: bytes | str, dest: str, mode: str = "600", owner: str = "root:root",
-                   parent_mode: str | None = None,
+                   parent_mode: str | None = None, private_from: str | None = None,
                    ) -> Iterator[StringCommand | FileUploadCommand]:
     """
     The commands that put ``data`` at ``dest`` without it ever being readable by another
@@ -52,15 +52,22 @@ def private_upload(data: bytes | str, dest: str, mode: str = "600", owner: str =
     + owner: its ``user:group``
     + parent_mode: the mode of ``dest``'s directory, made root's with it; None: created
       0755 only when missing
+    + private_from: with ``parent_mode``, a directory above ``dest``'s: it and every
+      directory between get ``parent_mode`` too (``install -d`` alone would make them
+      0755)
     """
     spool = spool_dir(dest)
+    parent = posixpath.dirname(dest)
+    chain = [parent]
+    while private_from and chain[0] != private_from and chain[0].startswith(f"{private_from}/"):
+        chain.insert(0, posixpath.dirname(chain[0]))
     yield StringCommand(
         "install -d -m 711 -o root -g root", UPLOAD_ROOT,
         # SUDO_USER is the login user under sudo; logged in as root, root itself.
         '&& install -d -m 700 -o "${SUDO_USER:-$(id -un)}"', QuoteString(spool),
-        *(["&& mkdir -p", QuoteString(posixpath.dirname(dest))] if parent_mode is None else
+        *(["&& mkdir -p", QuoteString(parent)] if parent_mode is None else
           ["&& install -d -m", QuoteString(parent_mode), "-o root -g root",
-           QuoteString(posixpath.dirname(dest))]),
+           *(QuoteString(path) for path in chain)]),
         "&& install -m", QuoteString(mode), "/dev/null", QuoteString(dest),
         "&& chown", QuoteString(owner), QuoteString(dest),
     )
@@ -80,9 +87,11 @@ def secret_file(data: bytes, name: str) -> Iterator[StringCommand | FileUploadCo
     follows; that command removes it when it is done.
 
     + data: the secret, from memory
-    + name: the file's name in ``SECRET_DIR``
+    + name: the file's name in ``SECRET_DIR``, or its path below it (``jobs/<unit>/env``):
+      ``SECRET_DIR`` and every directory down to the file's root's and 0700
     """
-    yield from private_upload(data, f"{SECRET_DIR}/{name}", parent_mode="700")
+    yield from private_upload(data, f"{SECRET_DIR}/{name}", parent_mode="700",
+                              private_from=SECRET_DIR)
 
 
 def env_file_text(pairs: dict[str, str]) -> bytes:

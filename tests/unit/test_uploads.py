@@ -6,8 +6,10 @@ import ast
 import importlib
 import inspect
 import json
+import os
 import re
 import shlex
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -55,6 +57,23 @@ def test_secret_files_live_in_a_root_only_tmpfs_directory():
     prepare, upload, _cleanup = list(secret_file(b"t\n", "hf_token"))
     assert f"&& install -d -m 700 -o root -g root {SECRET_DIR} " in prepare.get_raw_value()
     assert upload.dest == f"{SECRET_DIR}/hf_token"
+
+
+def test_a_secret_below_the_directory_makes_every_directory_down_to_it_root_only(tmp_path):
+    prepare, upload, _cleanup = list(secret_file(b"t\n", "jobs/unit-1/env"))
+    assert (f"&& install -d -m 700 -o root -g root {SECRET_DIR} {SECRET_DIR}/jobs "
+            f"{SECRET_DIR}/jobs/unit-1 ") in prepare.get_raw_value()
+    # On a real shell, from nothing: install -d alone would make the parents 0755.
+    if os.geteuid() != 0:
+        pytest.skip("install -o root needs root")
+    dest = tmp_path / "secrets" / "jobs" / "unit-1" / "env"
+    prepare, *_ = private_upload(b"t\n", str(dest), parent_mode="700",
+                                 private_from=str(tmp_path / "secrets"))
+    subprocess.run(["sh", "-c", prepare.get_raw_value().split(" && ", 2)[2]], check=True,
+                   env={**os.environ, "SUDO_USER": "root"})
+    modes = {path.name: oct(path.stat().st_mode & 0o777)
+             for path in (dest.parents[2], dest.parents[1], dest.parent, dest)}
+    assert modes == {"secrets": "0o700", "jobs": "0o700", "unit-1": "0o700", "env": "0o600"}
 
 
 def test_env_files_keep_values_values():
