@@ -5,8 +5,10 @@ against a real HTTP server on loopback that serves what vLLM 0.17.0's CPU build 
 from __future__ import annotations
 
 import http.server
+import os
 import shutil
 import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -91,3 +93,46 @@ def test_engine_health_prints_a_whole_line_for_the_one_read(engine_url):
                               capture_output=True, text=True, timeout=30)
         assert proc.stdout == f"{status}\n"
         assert fact.process(proc.stdout.splitlines()) == int(status)
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
+def test_the_engine_s_own_key_is_sent_from_its_file_on_curl_s_input(engine_url, tmp_path):
+    _Engine.seen_auth.clear()
+    key_file = tmp_path / "engine-key.env"
+    key_file.write_text("VLLM_API_KEY='sk-engine-own-0123'\n")
+    fact = EngineServing()
+    command = fact.command(url=engine_url, key_file=str(key_file))
+    assert "sk-engine-own" not in command.get_raw_value()
+    found = fact.process(_run(command))
+    assert found["models"] == [{"id": "sandbox/tiny-qwen2", "max_model_len": 131072}]
+    # The models call carries the key; /metrics needs none.
+    assert _Engine.seen_auth == ["Bearer sk-engine-own-0123", None]
+
+
+@pytest.mark.skipif(shutil.which("curl") is None or os.geteuid() != 0,
+                    reason="needs curl, and root to listen as another user")
+def test_a_listener_of_another_user_is_named_never_asked(tmp_path):
+    seen = tmp_path / "seen"
+    seen.touch()
+    os.chmod(seen, 0o666)
+    impostor = subprocess.Popen(
+        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c",
+         "import http.server\n"
+         "class H(http.server.BaseHTTPRequestHandler):\n"
+         "    def do_GET(self):\n"
+         f"        open({str(seen)!r}, 'a').write(str(self.headers.get('Authorization')))\n"
+         "        self.send_response(200); self.end_headers()\n"
+         "s = http.server.HTTPServer(('127.0.0.1', 0), H)\n"
+         "print(s.server_address[1], flush=True); s.serve_forever()\n"],
+        stdout=subprocess.PIPE, text=True)
+    key_file = tmp_path / "engine-key.env"
+    key_file.write_text("VLLM_API_KEY='sk-engine-own-0123'\n")
+    try:
+        port = int(impostor.stdout.readline())
+        fact = EngineServing()
+        found = fact.process(_run(fact.command(url=f"http://127.0.0.1:{port}", user="root",
+                                               key_file=str(key_file))))
+    finally:
+        impostor.kill()
+    assert found == {"models": [], "metrics": {}, "listener_uid": "65534"}
+    assert seen.read_text() == ""

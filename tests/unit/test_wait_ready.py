@@ -294,3 +294,44 @@ def test_a_listener_of_another_user_is_never_asked_nor_sent_the_key(tmp_path):
         f"engine's ({os.getuid()}): not asked")
     assert "not ready after" in run.stderr
     assert seen.read_text() == ""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give the socket to another user")
+def test_a_socket_another_user_owns_is_never_asked_nor_made_connectable(tmp_path):
+    path = str(tmp_path / "engine.sock")
+    server = _UnixServer(path, Health)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    os.chmod(path, 0o700)
+    os.chown(path, 65534, 65534)  # the socket file's owner is who bound it
+    try:
+        run = wait_ready("--url", "http://localhost/health", "--unix-socket", path,
+                         "--interval", "0.2", "--timeout", "1.5", mainpid=os.getpid())
+    finally:
+        server.shutdown()
+    assert run.returncode == 1
+    assert run.stderr.splitlines()[0].startswith(
+        f"wait-ready: {path} is held by uid 65534, not the engine's ({os.getuid()})")
+    assert os.stat(path).st_mode & 0o777 == 0o700
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to listen as another user")
+def test_an_ipv6_listener_of_another_user_is_never_asked(tmp_path):
+    # /proc/net/tcp6 is read as /proc/net/tcp is: nobody on [::1].
+    impostor = subprocess.Popen(
+        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c",
+         "import socket\n"
+         "s = socket.socket(socket.AF_INET6); s.bind(('::1', 0)); s.listen()\n"
+         "print(s.getsockname()[1], flush=True); s.accept()\n"],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(impostor.stdout.readline())
+        run = subprocess.run(
+            [sys.executable, str(SCRIPT), "--url", f"http://[::1]:{port}/health",
+             "--interval", "0.2", "--timeout", "1.5", "--model", "m"],
+            capture_output=True, text=True, timeout=60,
+            env={**os.environ, "VLLM_API_KEY": "sk-engine-own"})
+    finally:
+        impostor.kill()
+    assert run.returncode == 1
+    assert run.stderr.splitlines()[0].startswith(
+        f"wait-ready: http://[::1]:{port}/health is held by uid 65534, not the engine's")
