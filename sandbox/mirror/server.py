@@ -19,6 +19,7 @@ import hmac
 import json
 import re
 import socket
+import ssl
 import sys
 import threading
 import time
@@ -360,12 +361,19 @@ class MirrorServer:
     """
 
     def __init__(self, root: Path, *, bind: str = "127.0.0.1", port: int = 0,
-                 token: str | None = None, quiet: bool = True, ranges: bool = True) -> None:
+                 token: str | None = None, quiet: bool = True, ranges: bool = True,
+                 tls: ssl.SSLContext | None = None) -> None:
         repos = discover(Path(root))
         if not repos:
             raise RuntimeError(f"no generated repos under {root} (run `generate` first)")
         self.httpd = MirrorHTTPServer((bind, port), repos, token=token, quiet=quiet,
                                       ranges=ranges)
+        # HTTPS with ``tls`` (a server context holding its certificate): a mirror a
+        # token may be sent to. The handshake is done in the handler's thread.
+        if tls is not None:
+            self.httpd.socket = tls.wrap_socket(self.httpd.socket, server_side=True,
+                                                do_handshake_on_connect=False)
+        self.scheme = "https" if tls is not None else "http"
         self._thread: threading.Thread | None = None
 
     @property
@@ -376,7 +384,7 @@ class MirrorServer:
     def url(self) -> str:
         host = self.httpd.server_address[0]
         host = f"[{host}]" if ":" in host else host
-        return f"http://{host}:{self.port}"
+        return f"{self.scheme}://{host}:{self.port}"
 
     @property
     def faults(self) -> faults_mod.FaultTable:
