@@ -212,7 +212,7 @@ def test_a_long_stream_through_nginx_delivers_its_first_token_well_before_its_la
     probe = (
         "import http.client, json, sys, time\n"
         "conn = http.client.HTTPConnection('127.0.0.1', 8001, timeout=300)\n"
-        f"body = json.dumps({{'model': '{MODEL}', 'prompt': 'Count:', 'max_tokens': 128,\n"
+        f"body = json.dumps({{'model': '{MODEL}', 'prompt': 'Count:', 'max_tokens': 512,\n"
         "                    'temperature': 0, 'ignore_eos': True, 'stream': True})\n"
         "start = time.monotonic()\n"
         f"conn.request('POST', '/v1/completions', body, {{'Authorization': 'Bearer {KEY}',\n"
@@ -228,7 +228,7 @@ def test_a_long_stream_through_nginx_delivers_its_first_token_well_before_its_la
                             "python3 /root/stream_probe.py").stdout
     result = json.loads(out)
     print("\nstream through nginx:", result)
-    assert result["status"] == 200 and result["events"] >= 100
+    assert result["status"] == 200 and result["events"] >= 500
     # Unbuffered: the first token arrives in under a quarter of the stream's time.
     assert result["first"] / result["last"] < 0.25, result
 

@@ -58,6 +58,7 @@ OPERATOR_NOTES = f"{ENV_ROOT}/operator-notes.txt"
 OPERATOR_LINK = f"{ENV_ROOT}/operator-data"
 OPERATOR_DATA = "/srv/operator-data"
 OPERATOR_TEMPLATE = f"{MODEL_DIR}/operator-template.jinja"
+TEXTFILES = "/var/lib/prometheus/node-exporter"  # textfile_collector_dir
 SLOW_SECONDS = 30  # the largest file's download under the slow fault
 OP_JOBS_STOPPED = ("remove | Remove: the suite's running jobs stopped (a model download, an "
                    "environment's build)")
@@ -106,7 +107,9 @@ def test_remove_then_a_run_killed_mid_download_is_attached_to(converged, tmp_pat
     assert envs and {"envs", "current"} <= set(sandbox.ssh(host, f"ls -A {ENV_ROOT}").stdout.split())
     sandbox.ssh(host, f"mkdir -p {OPERATOR_DATA} && echo precious > {OPERATOR_DATA}/precious && "
                       f"echo mine > {OPERATOR_NOTES} && ln -sfn {OPERATOR_DATA} {OPERATOR_LINK} && "
-                      f"echo mine > {OPERATOR_TEMPLATE}")
+                      f"echo mine > {OPERATOR_TEMPLATE} && "
+                      f"echo 'operator_metric 1' > {TEXTFILES}/operator.prom")
+    assert sandbox.ssh(host, f"test -f {TEXTFILES}/pyinfra_vllm.prom && echo ok").stdout == "ok\n"
 
     data = run(sandbox, *REMOVE_DATA, "deploys/remove.py")
     assert data["results"]["totals"]["error"] == 0
@@ -114,7 +117,9 @@ def test_remove_then_a_run_killed_mid_download_is_attached_to(converged, tmp_pat
                              f"{ENV_ROOT}/envs {ENV_ROOT}/current {ENV_ROOT}/uv "
                              f"{ENV_ROOT}/miniforge3 "
                              "/etc/nginx/conf.d/vllm.conf /etc/sysctl.d/60-vllm.conf "
-                             f"{MODEL_DIR}/config.json {MODEL_DIR}/.verified.json; "
+                             f"{MODEL_DIR}/config.json {MODEL_DIR}/.verified.json "
+                             f"{TEXTFILES}/pyinfra_vllm.prom "
+                             f"{TEXTFILES}/pyinfra_vllm_gpu_health.prom; "
                              "do test -e $p && echo $p; done; true").stdout.split()
     assert gone == []
     # The operator's files stay, alone; the link is still a link, and its target whole.
@@ -124,6 +129,9 @@ def test_remove_then_a_run_killed_mid_download_is_attached_to(converged, tmp_pat
     assert sandbox.ssh(host, f"cat {OPERATOR_NOTES} {OPERATOR_DATA}/precious").stdout.split() == \
         ["mine", "precious"]
     assert sandbox.ssh(host, f"ls -A {MODEL_DIR}").stdout.split() == ["operator-template.jinja"]
+    # Out of textfile_collector_dir only the suite's files: the operator's stays.
+    left = sandbox.ssh(host, f"ls -A {TEXTFILES}").stdout.split()
+    assert "operator.prom" in left and not [name for name in left if "pyinfra" in name]
     state = sandbox.ssh(host, "nginx -t 2>&1 | tail -1; systemctl is-active nginx; "
                               "systemctl is-active prometheus-node-exporter; true").stdout
     assert "test is successful" in state and "\nactive\n" in state
@@ -134,7 +142,7 @@ def test_remove_then_a_run_killed_mid_download_is_attached_to(converged, tmp_pat
     # The operator takes them away: what follows finds the host as a removal leaves it
     # without them.
     sandbox.ssh(host, f"rm -rf {OPERATOR_NOTES} {OPERATOR_LINK} {OPERATOR_DATA} "
-                      f"{OPERATOR_TEMPLATE} && rmdir {ENV_ROOT} {MODEL_DIR} "
+                      f"{OPERATOR_TEMPLATE} {TEXTFILES}/operator.prom && rmdir {ENV_ROOT} {MODEL_DIR} "
                       f"{MODEL_DIR.rsplit('/', 1)[0]}")
 
     largest, key = largest_file_slowed(lock)
