@@ -9,7 +9,7 @@ proxy) for a request whose ``Proxy-Authorization: Basic`` carries the user and p
 and answers 407 to any other; a request for a plain http URL gets 501 (nothing the suite
 fetches goes over plain http through it). It logs nothing and keeps no credential it was
 sent: ``stats`` counts the tunnels it opened, by target, and the requests it refused.
-Runs its own event loop in a thread, as sandbox/relay.py does.
+Runs its own event loop in a thread (sandbox/relay.py's LoopServer).
 """
 
 from __future__ import annotations
@@ -17,32 +17,23 @@ from __future__ import annotations
 import asyncio
 import base64
 import hmac
-import threading
 from collections import Counter
 
-from sandbox.relay import Direction
+from sandbox.relay import Direction, LoopServer
 
 HEAD_MAX = 64 * 1024
 
 
-class Proxy:
+class Proxy(LoopServer):
     """Listen on ``listen``; tunnel CONNECT for ``user``:``password`` only."""
 
     def __init__(self, listen: tuple[str, int], user: str, password: str) -> None:
+        super().__init__()
         self.listen = listen
         credentials = base64.b64encode(f"{user}:{password}".encode()).decode()
         self._expected = f"Basic {credentials}".encode()
         self.tunnels: Counter[str] = Counter()
         self.refused = 0
-        self.loop = asyncio.new_event_loop()
-        self.server: asyncio.base_events.Server | None = None
-        self.thread: threading.Thread | None = None
-
-    @property
-    def port(self) -> int:
-        if self.server is None:
-            raise RuntimeError("start() the proxy first")
-        return int(self.server.sockets[0].getsockname()[1])
 
     def _authorized(self, headers: list[str]) -> bool:
         for line in headers:
@@ -99,33 +90,3 @@ class Proxy:
 
     async def _start(self) -> None:
         self.server = await asyncio.start_server(self._handle, *self.listen)
-
-    def start(self) -> Proxy:
-        self.loop.run_until_complete(self._start())
-        self.thread = threading.Thread(target=self.loop.run_forever, name="proxy", daemon=True)
-        self.thread.start()
-        return self
-
-    async def _shutdown(self) -> None:
-        if self.server is not None:
-            self.server.close()
-        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-
-    def stop(self) -> None:
-        """Close the listener and every tunnel, then the loop."""
-        if self.thread is not None:
-            asyncio.run_coroutine_threadsafe(self._shutdown(), self.loop).result()
-            self.loop.call_soon_threadsafe(self.loop.stop)
-            self.thread.join()
-            self.thread = None
-        self.loop.close()
-
-    def __enter__(self) -> Proxy:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-

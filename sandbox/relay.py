@@ -28,6 +28,7 @@ import signal
 import sys
 import threading
 import time
+from typing import Self
 
 CHUNK = 64 * 1024  # one read from a socket
 QUEUED_MAX = 64 * 2**20  # bytes in flight per direction and connection before reads pause
@@ -106,25 +107,66 @@ class Direction:
             raise
 
 
-class Relay:
+class LoopServer:
+    """An asyncio server on its own event loop in a thread: ``_start`` makes
+    ``self.server``; ``stop()`` closes it and every connection it handles."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.server: asyncio.base_events.Server | None = None
+        self.thread: threading.Thread | None = None
+
+    @property
+    def port(self) -> int:
+        if self.server is None:
+            raise RuntimeError("start() it first")
+        return int(self.server.sockets[0].getsockname()[1])
+
+    async def _start(self) -> None:
+        raise NotImplementedError
+
+    def start(self) -> Self:
+        self.loop.run_until_complete(self._start())
+        self.thread = threading.Thread(target=self.loop.run_forever,
+                                       name=type(self).__name__.lower(), daemon=True)
+        self.thread.start()
+        return self
+
+    async def _shutdown(self) -> None:
+        if self.server is not None:
+            self.server.close()
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def stop(self) -> None:
+        """Close the listener and every connection, then the loop."""
+        if self.thread is not None:
+            asyncio.run_coroutine_threadsafe(self._shutdown(), self.loop).result()
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join()
+            self.thread = None
+        self.loop.close()
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class Relay(LoopServer):
     """Listen on ``listen``, forward to ``target``, ``rtt_ms`` of round trip added, and
     ``rate_mbit`` (None: unlimited) per direction. Runs its own event loop in a thread."""
 
     def __init__(self, listen: tuple[str, int], target: tuple[str, int], rtt_ms: float = 0.0,
                  rate_mbit: float | None = None) -> None:
+        super().__init__()
         self.listen, self.target = listen, target
         self.delay = rtt_ms / 2000.0
         self.rtt_ms, self.rate_mbit = rtt_ms, rate_mbit
-        self.loop = asyncio.new_event_loop()
-        self.server: asyncio.base_events.Server | None = None
-        self.thread: threading.Thread | None = None
         self.buckets: tuple[TokenBucket | None, TokenBucket | None] = (None, None)
-
-    @property
-    def port(self) -> int:
-        if self.server is None:
-            raise RuntimeError("start() the relay first")
-        return int(self.server.sockets[0].getsockname()[1])
 
     def describe(self) -> str:
         rate = f", rate {self.rate_mbit:g} Mbit/s" if self.rate_mbit else ""
@@ -159,35 +201,6 @@ class Relay:
             rate = self.rate_mbit * 1e6 / 8
             self.buckets = (TokenBucket(rate), TokenBucket(rate))
         self.server = await asyncio.start_server(self._handle, *self.listen)
-
-    def start(self) -> Relay:
-        self.loop.run_until_complete(self._start())
-        self.thread = threading.Thread(target=self.loop.run_forever, name="relay", daemon=True)
-        self.thread.start()
-        return self
-
-    async def _shutdown(self) -> None:
-        if self.server is not None:
-            self.server.close()
-        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-
-    def stop(self) -> None:
-        """Close the listener and every relayed connection, then the loop."""
-        if self.thread is not None:
-            asyncio.run_coroutine_threadsafe(self._shutdown(), self.loop).result()
-            self.loop.call_soon_threadsafe(self.loop.stop)
-            self.thread.join()
-            self.thread = None
-        self.loop.close()
-
-    def __enter__(self) -> Relay:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 def address(text: str) -> tuple[str, int]:

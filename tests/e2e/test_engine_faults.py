@@ -90,6 +90,23 @@ def active_again(sandbox, host, old_pid: str, timeout: float = 300) -> str:
     raise AssertionError(f"vllm not active again within {timeout} s: {state!r}")
 
 
+def start_impostor(sandbox, host, address: str) -> None:
+    """A server run as nobody on ``address``:8000 (unit ``impostor``) that logs every
+    Authorization it receives to /tmp/impostor.log."""
+    impostor = ("import http.server\n"
+                "class H(http.server.BaseHTTPRequestHandler):\n"
+                "    def do_GET(self):\n"
+                "        open('/tmp/impostor.log', 'a').write(str(self.headers.get('Authorization')))\n"
+                "        self.send_response(200); self.end_headers()\n"
+                "    do_POST = do_GET\n"
+                f"http.server.HTTPServer(('{address}', 8000), H).serve_forever()\n")
+    encoded = base64.b64encode(impostor.encode()).decode()
+    sandbox.ssh(host, f"echo {encoded} | base64 -d > /tmp/impostor.py && touch /tmp/impostor.log"
+                      " && chmod 666 /tmp/impostor.log")
+    sandbox.ssh(host, "systemd-run --unit impostor -p User=nobody python3 /tmp/impostor.py "
+                      "&& sleep 2")
+
+
 def test_another_user_cannot_connect_to_the_engine_nor_take_its_address(served):
     sandbox, host = served
     assert sandbox.ssh(host, "stat -c '%a %U %G' /run/vllm-engine").stdout.split() == [
@@ -129,18 +146,7 @@ def _impostor_gets_nothing(sandbox, host) -> None:
     assert "PermissionError" in bind.stdout and "rc=1" in bind.stdout
     # nobody takes the TCP port an engine without a socket would use, and logs every
     # Authorization it receives.
-    impostor = ("import http.server\n"
-                "class H(http.server.BaseHTTPRequestHandler):\n"
-                "    def do_GET(self):\n"
-                "        open('/tmp/impostor.log', 'a').write(str(self.headers.get('Authorization')))\n"
-                "        self.send_response(200); self.end_headers()\n"
-                "    do_POST = do_GET\n"
-                "http.server.HTTPServer(('127.0.0.1', 8000), H).serve_forever()\n")
-    encoded = base64.b64encode(impostor.encode()).decode()
-    sandbox.ssh(host, f"echo {encoded} | base64 -d > /tmp/impostor.py && touch /tmp/impostor.log"
-                      " && chmod 666 /tmp/impostor.log")
-    sandbox.ssh(host, "systemd-run --unit impostor -p User=nobody python3 /tmp/impostor.py "
-                      "&& sleep 2")
+    start_impostor(sandbox, host, "127.0.0.1")
     try:
         # The readiness wait, as the engine's user with the engine's key, pointed at it.
         ready = sandbox.ssh(host, "set -a; . /etc/vllm/engine-key.env; set +a; "
@@ -300,18 +306,7 @@ def test_on_tcp_the_firewall_keeps_other_users_and_machines_off_the_engine(serve
 def _tcp_impostor_gets_nothing(sandbox, host, engine: str) -> None:
     # The engine stopped, nobody takes its address and logs what it receives.
     sandbox.ssh(host, "systemctl stop vllm")
-    impostor = ("import http.server\n"
-                "class H(http.server.BaseHTTPRequestHandler):\n"
-                "    def do_GET(self):\n"
-                "        open('/tmp/impostor.log', 'a').write(str(self.headers.get('Authorization')))\n"
-                "        self.send_response(200); self.end_headers()\n"
-                "    do_POST = do_GET\n"
-                f"http.server.HTTPServer(('{host.address}', 8000), H).serve_forever()\n")
-    encoded = base64.b64encode(impostor.encode()).decode()
-    sandbox.ssh(host, f"echo {encoded} | base64 -d > /tmp/impostor.py && touch /tmp/impostor.log"
-                      " && chmod 666 /tmp/impostor.log")
-    sandbox.ssh(host, "systemd-run --unit impostor -p User=nobody python3 /tmp/impostor.py "
-                      "&& sleep 2")
+    start_impostor(sandbox, host, host.address)
     try:
         assert sandbox.ssh(host, "ss -Hltn 'sport = :8000' | wc -l").stdout.strip() == "1"
         # Its handshake never completes: not for root, nginx, nor another machine.

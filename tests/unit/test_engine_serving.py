@@ -8,7 +8,6 @@ import http.server
 import os
 import shutil
 import subprocess
-import sys
 import threading
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import pytest
 from pyinfra.api import StringCommand
 
 from facts.vllm_service import EngineHealth, EngineServing, parse_engine
+from tests.unit.impostor import impostor
 
 RECORDED = Path(__file__).resolve().parents[1] / "fixtures" / "vllm-cpu"
 
@@ -113,26 +113,11 @@ def test_the_engine_s_own_key_is_sent_from_its_file_on_curl_s_input(engine_url, 
                     reason="needs curl, and root to listen as another user")
 def test_a_listener_of_another_user_is_named_never_asked(tmp_path):
     seen = tmp_path / "seen"
-    seen.touch()
-    os.chmod(seen, 0o666)
-    impostor = subprocess.Popen(
-        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c",
-         "import http.server\n"
-         "class H(http.server.BaseHTTPRequestHandler):\n"
-         "    def do_GET(self):\n"
-         f"        open({str(seen)!r}, 'a').write(str(self.headers.get('Authorization')))\n"
-         "        self.send_response(200); self.end_headers()\n"
-         "s = http.server.HTTPServer(('127.0.0.1', 0), H)\n"
-         "print(s.server_address[1], flush=True); s.serve_forever()\n"],
-        stdout=subprocess.PIPE, text=True)
     key_file = tmp_path / "engine-key.env"
     key_file.write_text("VLLM_API_KEY='sk-engine-own-0123'\n")
-    try:
-        port = int(impostor.stdout.readline())
+    with impostor(seen) as port:
         fact = EngineServing()
         found = fact.process(_run(fact.command(url=f"http://127.0.0.1:{port}", user="root",
                                                key_file=str(key_file))))
-    finally:
-        impostor.kill()
     assert found == {"models": [], "metrics": {}, "listener_uid": "65534"}
     assert seen.read_text() == ""

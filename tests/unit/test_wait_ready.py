@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.unit.impostor import impostor
+
 SCRIPT = Path(__file__).resolve().parents[2] / "files" / "wait_ready.py"
 
 
@@ -267,27 +269,12 @@ def test_the_engine_is_reached_through_its_socket_made_connectable(tmp_path):
 def test_a_listener_of_another_user_is_never_asked_nor_sent_the_key(tmp_path):
     # nobody takes a free port and logs every request it receives.
     seen = tmp_path / "seen"
-    seen.touch()
-    os.chmod(seen, 0o666)
-    impostor = subprocess.Popen(
-        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c",
-         "import http.server, sys\n"
-         "class H(http.server.BaseHTTPRequestHandler):\n"
-         "    def do_GET(self):\n"
-         f"        open({str(seen)!r}, 'a').write(str(self.headers.get('Authorization')))\n"
-         "        self.send_response(200); self.end_headers()\n"
-         "s = http.server.HTTPServer(('127.0.0.1', 0), H)\n"
-         "print(s.server_address[1], flush=True); s.serve_forever()\n"],
-        stdout=subprocess.PIPE, text=True)
-    try:
-        port = int(impostor.stdout.readline())
+    with impostor(seen) as port:
         env = {**os.environ, "VLLM_API_KEY": "sk-engine-own"}
         run = subprocess.run(
             [sys.executable, str(SCRIPT), "--url", f"http://127.0.0.1:{port}/health",
              "--interval", "0.2", "--timeout", "1.5", "--model", "m"],
             capture_output=True, text=True, timeout=60, env=env)
-    finally:
-        impostor.kill()
     assert run.returncode == 1
     assert run.stderr.splitlines()[0] == (
         f"wait-ready: http://127.0.0.1:{port}/health is held by uid 65534, not the "
@@ -317,21 +304,14 @@ def test_a_socket_another_user_owns_is_never_asked_nor_made_connectable(tmp_path
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to listen as another user")
 def test_an_ipv6_listener_of_another_user_is_never_asked(tmp_path):
     # /proc/net/tcp6 is read as /proc/net/tcp is: nobody on [::1].
-    impostor = subprocess.Popen(
-        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c",
-         "import socket\n"
-         "s = socket.socket(socket.AF_INET6); s.bind(('::1', 0)); s.listen()\n"
-         "print(s.getsockname()[1], flush=True); s.accept()\n"],
-        stdout=subprocess.PIPE, text=True)
-    try:
-        port = int(impostor.stdout.readline())
+    seen = tmp_path / "seen"
+    with impostor(seen, "::1") as port:
         run = subprocess.run(
             [sys.executable, str(SCRIPT), "--url", f"http://[::1]:{port}/health",
              "--interval", "0.2", "--timeout", "1.5", "--model", "m"],
             capture_output=True, text=True, timeout=60,
             env={**os.environ, "VLLM_API_KEY": "sk-engine-own"})
-    finally:
-        impostor.kill()
     assert run.returncode == 1
     assert run.stderr.splitlines()[0].startswith(
         f"wait-ready: http://[::1]:{port}/health is held by uid 65534, not the engine's")
+    assert seen.read_text() == ""

@@ -1,0 +1,40 @@
+"""A listener of another local user (``nobody``) on a free port: the impostor every client
+of the engine must leave unasked. Needs root (setpriv)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+SERVER = (
+    "import http.server, socket, sys\n"
+    "class H(http.server.BaseHTTPRequestHandler):\n"
+    "    def do_GET(self):\n"
+    "        open(sys.argv[1], 'a').write(str(self.headers.get('Authorization')))\n"
+    "        self.send_response(200); self.end_headers()\n"
+    "class S(http.server.HTTPServer):\n"
+    "    address_family = socket.AF_INET6 if ':' in sys.argv[2] else socket.AF_INET\n"
+    "s = S((sys.argv[2], 0), H)\n"
+    "print(s.server_address[1], flush=True); s.serve_forever()\n"
+)
+
+
+@contextlib.contextmanager
+def impostor(seen: Path, address: str = "127.0.0.1") -> Iterator[int]:
+    """``nobody``'s HTTP server on ``address``, logging every Authorization it receives
+    to ``seen`` (made writable for it); yields its port."""
+    seen.touch()
+    os.chmod(seen, 0o666)
+    proc = subprocess.Popen(
+        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c",
+         SERVER, str(seen), address], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        yield int(proc.stdout.readline())
+    finally:
+        proc.kill()
+        proc.wait()
