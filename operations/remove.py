@@ -110,7 +110,8 @@ def nginx_site_removed(paths: list[str], parking: str = SITE_PARKING, service: s
     """
     Remove the gateway's nginx files, tested by ``nginx -t`` before nginx reloads.
 
-    + paths: the site, the API key file, the TLS directory, the staging directory
+    + paths: the site, the API key file, the engine's key file, the TLS directory, the
+      staging directory
     + parking: root-only directory the files wait in while nginx is tested without them
     + service: the unit reloaded (only if it runs) once the test passed
 

@@ -11,9 +11,10 @@ command lines is quoted for systemd (``systemd_quote``). The flags come from set
 fails the deploy instead of crash-looping the service.
 
 Secrets go to root-only 0600 files, never into the unit, which any user can read with
-``systemctl cat``, nor onto the command line (``--api-key`` would show in ``ps``): HF_TOKEN
-to ``/etc/vllm/vllm.env``, the engine's own key (VLLM_API_KEY, made on the host inside
-the restart's slot) to ``/etc/vllm/engine-key.env`` (pyinfra_vllm/plans/engine_access.py).
+``systemctl cat``, nor onto the command line (``--api-key`` would show in ``ps``): the
+engine's own key (VLLM_API_KEY, made on the host inside the restart's slot) goes to
+``/etc/vllm/engine-key.env`` (pyinfra_vllm/plans/engine_access.py). The engine needs no
+HF_TOKEN (its weights are local, HF_HUB_OFFLINE=1): ``/etc/vllm/vllm.env`` holds none.
 
 The render helpers are pure, so unit tests call them without a pyinfra host; the
 operations (below them) install nothing themselves: the deploy writes the files with
@@ -213,12 +214,14 @@ def engine_key():
     Make the engine's own key where its files are missing or disagree (both from one
     value, a valid engine file kept; operations/util/vllm_service.py), and reload nginx
     for it where nginx runs. For the gateway stage, whose site includes nginx's file: the
-    vllm_service stage makes the key inside the engine's restart instead.
+    vllm_service stage makes the key inside the engine's restart instead. A new key
+    (the engine's file lost) fails the host while the engine runs, since only its
+    restart gives it the key: nginx keeps sending the one the engine knows.
     """
     if host.get_fact(EngineKey, **KEY_READ) is not None:
         host.noop("the engine's key is in place")
         return
-    yield engine_key_command()
+    yield engine_key_command(refuse_while_running=True)
     yield gateway_reload_command()
 
 

@@ -17,6 +17,11 @@ from pyinfra_vllm.plans.vllm_service import (
 )
 
 JOURNAL_LINES = 15
+REFUSED_WHILE_RUNNING = (
+    "the engine's key file {env_path} is missing or holds no valid key while "
+    f"{UNIT} runs: a new key would not reach the running engine, and nginx would send it "
+    "a key it does not know. Nothing was changed: run the vllm_service stage "
+    "(deploys/full.py), which makes the key inside the engine's restart")
 
 
 def limit_reset_then(verb: str) -> StringCommand:
@@ -51,17 +56,25 @@ def idle_command(python: str, metrics_url: str, grace_s: int,
                          *(QuoteString(arg) for arg in client))
 
 
-def engine_key_command(env_path: str = KEY_ENV_PATH,
-                       nginx_path: str = KEY_NGINX_PATH) -> StringCommand:
+def engine_key_command(env_path: str = KEY_ENV_PATH, nginx_path: str = KEY_NGINX_PATH,
+                       refuse_while_running: bool = False) -> StringCommand:
     """The engine's own key, made on the host when its files are missing or disagree
     (pyinfra_vllm/plans/engine_access.py): both files written from one value, a valid
     engine file kept, so a lost nginx file comes back without a new key. The value stays
     in the shell (printf is a builtin: on no command line); umask 077: 0600 from the first
-    byte."""
+    byte. ``refuse_while_running``: a new key (no valid engine file) fails, changing
+    nothing, while the engine's unit runs: that engine keeps the key it started with."""
+    refusal = [] if not refuse_while_running else [
+        '[ -n "$key" ] || case $(systemctl show -P ActiveState', UNIT,
+        "2>/dev/null) in active|activating|reloading|deactivating)",
+        "echo", QuoteString(REFUSED_WHILE_RUNNING.format(env_path=env_path)), ">&2;",
+        "exit 1;; esac;",
+    ]
     return StringCommand(
         "umask 077;",
         "key=$(sed -n \"s/^VLLM_API_KEY='\\(" + KEY_RE + "\\)'$/\\1/p\"", env_path,
         "2>/dev/null);",
+        *refusal,
         '[ -n "$key" ] || key=$(head -c 32 /dev/urandom | base64 -w0 | tr "+/" "-_" | tr -d "=");',
         "for dir in", posixpath.dirname(env_path), posixpath.dirname(nginx_path),
         "; do [ -d $dir ] || install -d -m 0755 $dir; done;",

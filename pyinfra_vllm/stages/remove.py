@@ -4,8 +4,8 @@ In order: the suite's long jobs still running (a model download or an environmen
 build an interrupted run left: stopped, so nothing writes into what is removed next),
 the engine (vllm.service stopped, disabled, its unit, environment file and helpers
 removed, systemd reloaded; on TCP its nftables table unloaded), the gateway's nginx
-files (site, API keys, TLS; nginx -t before the reload, the files put back if nginx
-would fail without them), node_exporter (the suite's drop-in removed, the service
+files (site, API keys, the engine's key, TLS; nginx -t before the reload, the files
+put back if nginx would fail without them), node_exporter (the suite's drop-in removed, the service
 stopped and disabled: without the drop-in it would listen on every address), the metrics
 textfile and the old per-host scrape job, the sysctl drop-in (then ``sysctl --system``),
 the persistence daemon's drop-in, the driver's package holds, upgrade blacklist and apt
@@ -40,6 +40,7 @@ from operations.util.uploads import SECRET_DIR
 from pyinfra_vllm.core.locks import LockFileError, load_lock
 from pyinfra_vllm.core.settings import Settings, load_settings
 from pyinfra_vllm.plans import driver as driver_plan
+from pyinfra_vllm.plans import engine_access
 from pyinfra_vllm.plans import gateway as gateway_plan
 from pyinfra_vllm.plans import metrics as metrics_plan
 from pyinfra_vllm.plans import model as model_plan
@@ -80,9 +81,10 @@ def _services(settings: Settings) -> None:
     )
 
     remove_ops.nginx_site_removed(
-        name="Remove: the gateway's nginx site, API keys and TLS files (nginx -t before reload)",
-        paths=[gateway_plan.SITE_PATH, gateway_plan.KEYS_PATH, gateway_plan.TLS_DIR,
-               gateway_plan.STAGING_DIR],
+        name="Remove: the gateway's nginx site, API keys, the engine's key and TLS files "
+        "(nginx -t before reload)",
+        paths=[gateway_plan.SITE_PATH, gateway_plan.KEYS_PATH, engine_access.KEY_NGINX_PATH,
+               gateway_plan.TLS_DIR, gateway_plan.STAGING_DIR],
     )
 
     remove_ops.unit_removed(

@@ -15,7 +15,9 @@ old TCP port receives no key from the readiness wait, which never passes for it.
 
 The unit's hardening is read back from the running process (/proc/PID/status), and tried
 from inside its mount namespace as its user: a write outside ReadWritePaths fails. A long
-streamed generation through nginx delivers its first token well before its last.
+streamed generation through nginx delivers its first token well before its last. The
+engine's key file lost: the gateway stage alone refuses to make a key the running engine
+would not know; the whole run makes it inside the engine's restart.
 
 Last, the engine moved to TCP beyond loopback (as on a stack without --uds): its nftables
 table lets nobody connect, drops the machines outside vllm_engine_allow, and lets no
@@ -33,8 +35,10 @@ import urllib.request
 
 import pytest
 
+from pyinfra_vllm.plans.engine_access import KEY_ENV_PATH, KEY_NGINX_PATH
 from tests.e2e.conftest import SERVED_SEED, booted
 from tests.e2e.test_integrity import (
+    DATA,
     INSTALL_TIMEOUT,
     KEY,
     OP_RESTART,
@@ -237,6 +241,38 @@ def test_a_long_stream_through_nginx_delivers_its_first_token_well_before_its_la
     assert result["status"] == 200 and result["events"] >= 500
     # Unbuffered: the first token arrives in under a quarter of the stream's time.
     assert result["first"] / result["last"] < 0.25, result
+
+
+def through_nginx(sandbox, host) -> str:
+    return sandbox.ssh(host, "curl -s -o /dev/null -w '%{http_code}' -H "
+                             f"'Authorization: Bearer {KEY}' http://127.0.0.1:8001/v1/models"
+                       ).stdout
+
+
+def test_a_lost_engine_key_is_made_only_in_the_engine_s_restart(served):
+    """The engine's key file deleted by hand: the gateway stage alone refuses to make a key
+    the running engine would not know (nginx keeps the one it knows, still serving); the
+    whole run makes it inside the engine's restart."""
+    sandbox, host = served
+    pid = main_pid(sandbox, host)
+    nginx_key = sandbox.ssh(host, f"sha256sum {KEY_NGINX_PATH}").stdout.split()[0]
+    sandbox.ssh(host, f"rm {KEY_ENV_PATH}")
+    gateway = sandbox.pyinfra("--json", *DATA, "deploys/gateway.py", timeout=300)
+    assert gateway.returncode != 0
+    assert f"{KEY_ENV_PATH} is missing or holds no valid key while vllm.service runs" in \
+        gateway.stderr, gateway.stderr[-3000:]
+    assert sandbox.ssh(host, f"sha256sum {KEY_NGINX_PATH}").stdout.split()[0] == nginx_key
+    assert sandbox.ssh(host, f"test -e {KEY_ENV_PATH} || echo gone").stdout.strip() == "gone"
+    assert through_nginx(sandbox, host) == "200"
+    assert main_pid(sandbox, host) == pid
+
+    assert OP_RESTART in repair(sandbox)
+    assert main_pid(sandbox, host) != pid
+    assert sandbox.ssh(host, f"sha256sum {KEY_NGINX_PATH}").stdout.split()[0] != nginx_key
+    assert sandbox.ssh(host, f"stat -c '%a %U' {KEY_ENV_PATH} {KEY_NGINX_PATH}"
+                       ).stdout.split() == ["600", "root", "600", "root"]
+    assert through_nginx(sandbox, host) == "200"
+    converged_again(sandbox)
 
 
 # --- on TCP (a stack without --uds, or beyond loopback): the engine's firewall ----------

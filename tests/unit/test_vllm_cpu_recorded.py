@@ -61,8 +61,8 @@ AFTER_THE_RECORDING = [
      'Environment="TORCH_COMPILE_DISABLE=1"\nEnvironment="VLLM_SLEEP_WHEN_IDLE=1"\n'),
     ("# Secrets (HF_TOKEN, VLLM_API_KEY) only here: a root-only 0600 file, never in this unit.\n"
      "EnvironmentFile=/etc/vllm/vllm.env\n",
-     "# Secrets only in root-only 0600 files, never in this unit: HF_TOKEN where set, and the\n"
-     "# engine's own key (VLLM_API_KEY), made on this host, no client's key.\n"
+     "# Secrets only in root-only 0600 files, never in this unit: the engine's own key\n"
+     "# (VLLM_API_KEY), made on this host, no client's key. The engine needs no HF_TOKEN.\n"
      "EnvironmentFile=/etc/vllm/vllm.env\nEnvironmentFile=/etc/vllm/engine-key.env\n"),
     ("\n# vllm_device=cpu:", "\n" + SOCKET_LINES + "# vllm_device=cpu:"),
     ('"--host" "127.0.0.1" \\\n    "--port" "18080"',
