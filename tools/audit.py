@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from pyinfra_vllm.run.report_text import printable, printable_keeping_colours
+from tools import repository_env
 
 ROOT = Path(__file__).resolve().parents[1]
 AUDIT_FILE = "deploys/audit.py"
@@ -185,9 +186,7 @@ def run(argv: list[str]) -> int:
         return 2
     with tempfile.TemporaryDirectory(prefix="pyinfra-vllm-audit-") as tmp:
         index = Path(tmp) / "index.json"
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-            p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p
-        ))
+        env = repository_env()
         env[INDEX_ENV] = str(index)
         command = pyinfra_command(inventory, deploy, options)
         proc = subprocess.Popen(command, cwd=ROOT, env=env, stdin=subprocess.DEVNULL,
