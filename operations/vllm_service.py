@@ -28,19 +28,25 @@ from typing import Any
 from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, QuoteString, StringCommand, operation
 
+from facts.bench import BenchRecord, parse_record
 from facts.units import UnitActivation
 from facts.vllm_service import EngineFirewall, EngineKey, EngineProcess
 from operations.util import rolling as rolling_util
 from operations.util.jobs import connector_arguments
+from operations.util.uploads import SECRET_DIR, env_file_text, secret_file
 from operations.util.vllm_service import (
     JOURNAL_LINES,
+    canary_command,
+    canary_rejected_command,
     engine_key_command,
     failure_reason,
     gateway_reload_command,
     idle_command,
     limit_reset_then,
     restart_command,
+    rollback_command,
 )
+from pyinfra_vllm.plans import bench as bench_plan
 from pyinfra_vllm.plans import engine_access
 from pyinfra_vllm.plans.engine_access import KEY_READ
 from pyinfra_vllm.plans.vllm_service import (
@@ -49,6 +55,11 @@ from pyinfra_vllm.plans.vllm_service import (
     difference_words,
     engine_differences,
 )
+
+# The canary's environment (its API key): uploaded root-only for the restart, removed by
+# the canary as it reads it, and by the restart whatever happened.
+CANARY_ENV_NAME = "bench/canary-env"
+CANARY_ENV = f"{SECRET_DIR}/{CANARY_ENV_NAME}"
 
 
 def _journal_on_failure(command: StringCommand) -> StringCommand:
@@ -74,13 +85,25 @@ def _report_ready(state, host) -> bool:
 
 def _roll(state, host, staged: list[list[str]], start: bool, serving: bool, batch: int,
           grace_s: int, python: str, metrics_url: str, client: list[str],
-          new_key: bool) -> bool:
+          new_key: bool, canary: dict | None = None) -> bool:
     pairs = [(path, digest) for path, digest in staged]
     arguments = connector_arguments(host)
 
     def run(command: StringCommand):
         return host.run_shell_command(command, print_output=state.print_output,
                                       print_input=state.print_input, **arguments)
+
+    try:
+        return _roll_host(state, host, run, pairs, start, serving, batch, grace_s, python,
+                          metrics_url, client, new_key, canary)
+    finally:
+        if canary:
+            run(StringCommand("rm -f", QuoteString(CANARY_ENV)))
+
+
+def _roll_host(state, host, run, pairs, start, serving, batch, grace_s, python,
+               metrics_url, client, new_key, canary) -> bool:
+    """_roll's work for one host, in its slot (``run``: a command on the host)."""
 
     def work() -> str | None:
         if serving:
@@ -93,7 +116,7 @@ def _roll(state, host, staged: list[list[str]], start: bool, serving: bool, batc
             ok, output = run(engine_key_command())
             if not ok:
                 return "the engine's key: " + (" ".join(output.stderr_lines) or "not made")
-        ok, output = run(restart_command(pairs, start))
+        ok, output = run(restart_command(pairs, start, keep_previous=bool(canary)))
         if not ok:
             # Still drained (a failed engine serves nothing); rolling.not_draining puts
             # the host back once a later run has its engine running.
@@ -108,6 +131,8 @@ def _roll(state, host, staged: list[list[str]], start: bool, serving: bool, batc
             run(rolling_util.undrain_command())
         if start:
             _report_ready(state, host)
+        if canary:
+            return _canary(host, run, canary, [path for path, _ in pairs])
         return None
 
     outcome = rolling_util.rollout(state, batch, host.name).step(host.name, serving, work)
@@ -120,11 +145,46 @@ def _roll(state, host, staged: list[list[str]], start: bool, serving: bool, batc
     return False
 
 
+def _canary(host, run, canary: dict, paths: list[str]) -> str | None:
+    """The restarted host benchmarked in its previous record's shape, through its
+    gateway; worse than the bound allows: drained, put back on the unit and environment
+    file it ran with, restarted, serving again, and the reason returned (the rollout
+    stops). None: within the bound, the kept files dropped."""
+    previous = canary["previous"]
+    ok, output = run(canary_command(canary, CANARY_ENV))
+    lines = [line for line in output.stdout_lines if line.startswith("bench: {")]
+    entry = parse_record(lines[-1].removeprefix("bench: ")) if ok and lines else None
+    why: str | None = None
+    if entry is None:
+        why = "the canary's benchmark did not run: " + failure_reason(output.stderr_lines)
+    else:
+        why = bench_plan.regression(previous, entry, canary["bound"])
+    if why is None and entry is not None:
+        run(rolling_util.previous_dropped_command(paths))
+        host.log_styled(f"canary: {entry['output_tokens_per_s']:g} output tokens/s (before "
+                        f"{previous['output_tokens_per_s']:g}), TTFT p95 "
+                        f"{entry['ttft_ms']['p95']} ms (before {previous['ttft_ms']['p95']}): "
+                        "within rollout_max_regression", fg="green", log_func=logger.info)
+        return None
+    host.log_styled(f"canary: {why}: back to its previous unit and environment",
+                    fg="red", log_func=logger.error)
+    run(rolling_util.drain_command())
+    back, output = run(rollback_command(paths))
+    if entry is not None:
+        run(canary_rejected_command(canary["textfile"]))
+    if not back:
+        return (f"the canary: {why}; and its previous unit failed readiness too: "
+                + failure_reason(output.stderr_lines))
+    run(rolling_util.undrain_command())
+    return f"the canary: {why}; put back on its previous unit and environment"
+
+
 @operation(is_idempotent=False)
 def restarted(start: bool = True, staged: dict[str, str] | None = None, batch: int = 1,
               grace_s: int = 0, python: str = "python3",
               metrics_url: str = "http://127.0.0.1:8000/metrics",
-              client: list[str] | None = None, new_key: bool = False):
+              client: list[str] | None = None, new_key: bool = False,
+              canary: dict | None = None):
     """
     Restart the engine after its unit or environment changed, rolling: at most ``batch``
     hosts of the run at once, each drained first, and none once a host failed readiness
@@ -140,6 +200,10 @@ def restarted(start: bool = True, staged: dict[str, str] | None = None, batch: i
     + client: how files/engine_idle.py reaches it (``--unix-socket PATH``, or nothing)
     + new_key: make the engine's own key first (its files missing or disagreeing), and
       reload nginx for it once the engine is ready, before the host serves again
+    + canary: the canary's benchmark (``{"python", "args", "env", "stack", "textfile",
+      "bound"}``: the client's interpreter, arguments without the shape, environment with
+      the API key, the record's words, node_exporter's textfile, rollout_max_regression);
+      None: no canary
 
     An engine that runs (``UnitActivation`` when the operation executes) takes a slot, is
     drained (the gateway answers 503), waits until no request is in flight or the grace
@@ -150,12 +214,24 @@ def restarted(start: bool = True, staged: dict[str, str] | None = None, batch: i
     journal lines since, stops the rollout with the last readiness line, and leaves the
     host drained; a host the rollout did not reach fails with "rollout stopped: host X
     failed readiness: ..." and keeps its unit.
+
+    With ``canary``, a serving host that has a benchmark record (facts.bench.BenchRecord)
+    is benchmarked in that record's shape once it serves again; a result worse than
+    ``bound`` allows (output tokens/s down, TTFT p95 up, or a failed request) drains it,
+    puts back the unit and environment file it ran with, restarts it on them and stops
+    the rollout, naming both figures. Without a record: restarted ungated.
     """
     found = host.get_fact(UnitActivation, unit=UNIT) or {}
     serving = found.get("active") == "active"
+    previous = host.get_fact(BenchRecord, **bench_plan.RECORD_READ) if canary and serving and start else None
+    gate = None
+    if previous is not None and canary is not None:
+        yield from secret_file(env_file_text(canary["env"]), CANARY_ENV_NAME)
+        gate = {**{key: value for key, value in canary.items() if key != "env"},
+                "previous": previous}
     yield FunctionCommand(_roll, (sorted([path, digest] for path, digest in (staged or {}).items()),
                                   start, serving, batch, grace_s, python, metrics_url,
-                                  list(client or []), new_key), {})
+                                  list(client or []), new_key, gate), {})
 
 
 @operation()

@@ -14,6 +14,8 @@ from pyinfra_vllm.plans.gateway import DRAIN_DIR, DRAIN_FLAG
 # Beside the live file (one file system: the move is a rename); systemd loads no unit
 # from a name with this suffix.
 STAGED_SUFFIX = ".pyinfra-staged"
+# A live file a canaried restart replaced, kept until its canary passed.
+PREVIOUS_SUFFIX = ".pyinfra-previous"
 # How a host the rollout did not reach fails: "rollout stopped: host X failed ...".
 STOPPED = "rollout stopped"
 
@@ -113,24 +115,46 @@ def undrain_command() -> StringCommand:
     return StringCommand("rm -f", DRAIN_FLAG)
 
 
-def promote_command(staged: Sequence[tuple[str, str]]) -> StringCommand:
+def promote_command(staged: Sequence[tuple[str, str]], keep_previous: bool = False,
+                    ) -> StringCommand:
     """Move staged files into place: ``[(live path, sha256 of the wanted content)]``.
 
     A staged file is moved only with the wanted content; one left by an interrupted run
     with other content is removed, never made live. No staged file (the live one was
-    already right): nothing for that path.
+    already right): nothing for that path. ``keep_previous``: the live file it replaces
+    is kept beside it (``PREVIOUS_SUFFIX``, its mode and owner kept), for
+    ``restore_command``.
     """
     parts: list[str | QuoteString] = []
     for path, digest in staged:
         candidate = QuoteString(f"{path}{STAGED_SUFFIX}")
+        keep: list[str | QuoteString] = [] if not keep_previous else [
+            "{ [ ! -e", QuoteString(path), "] || cp -pf", QuoteString(path),
+            QuoteString(f"{path}{PREVIOUS_SUFFIX}"), "; } &&"]
         if parts:
             parts.append("&&")
         parts += [
             "{ [ ! -e", candidate, "] || { if echo", QuoteString(f"{digest}  {path}{STAGED_SUFFIX}"),
-            "| sha256sum --status -c -; then mv -f", candidate, QuoteString(path),
+            "| sha256sum --status -c -; then", *keep, "mv -f", candidate, QuoteString(path),
             "; else rm -f", candidate, "; fi; }; }",
         ]
     return StringCommand(*parts) if parts else StringCommand("true")
+
+
+def restore_command(paths: Sequence[str]) -> StringCommand:
+    """The files ``promote_command(keep_previous=True)`` replaced, put back where kept."""
+    parts: list[str | QuoteString] = []
+    for path in paths:
+        previous = QuoteString(f"{path}{PREVIOUS_SUFFIX}")
+        if parts:
+            parts.append("&&")
+        parts += ["{ [ ! -e", previous, "] || mv -f", previous, QuoteString(path), "; }"]
+    return StringCommand(*parts) if parts else StringCommand("true")
+
+
+def previous_dropped_command(paths: Sequence[str]) -> StringCommand:
+    """The kept files removed (the new ones stay)."""
+    return StringCommand("rm -f", *(QuoteString(f"{path}{PREVIOUS_SUFFIX}") for path in paths))
 
 
 def discard_command(paths: Sequence[str]) -> StringCommand:

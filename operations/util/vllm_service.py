@@ -3,12 +3,15 @@ until it is idle, and say why a restart failed."""
 
 from __future__ import annotations
 
+import json
 import posixpath
 from collections.abc import Sequence
 
 from pyinfra.api import QuoteString, StringCommand
 
 from operations.util import rolling as rolling_util
+from operations.util.uploads import sourced
+from pyinfra_vllm.plans import bench as bench_plan
 from pyinfra_vllm.plans.engine_access import KEY_ENV_PATH, KEY_NGINX_PATH, KEY_RE
 from pyinfra_vllm.plans.vllm_service import (
     IDLE_PATH,
@@ -33,18 +36,54 @@ def limit_reset_then(verb: str) -> StringCommand:
                          UNIT, "; }")
 
 
-def restart_command(staged: Sequence[tuple[str, str]], start: bool) -> StringCommand:
-    """The staged unit and environment file moved into place (``rolling_util.promote_command``),
-    systemd reloaded, the engine restarted; on failure, the lines the unit's processes
-    logged since (their ``SyslogIdentifier``) on stderr and the failure kept."""
+def restart_command(staged: Sequence[tuple[str, str]], start: bool,
+                    keep_previous: bool = False) -> StringCommand:
+    """The staged unit and environment file moved into place (``rolling_util.promote_command``,
+    the files they replace kept with ``keep_previous``), systemd reloaded, the engine
+    restarted; on failure, the lines the unit's processes logged since (their
+    ``SyslogIdentifier``) on stderr and the failure kept."""
     # try-restart leaves a failed engine failed, for the audit to see: no reset there.
     verb = limit_reset_then("restart") if start else StringCommand("systemctl try-restart", UNIT)
     return StringCommand(
-        "since=$(date +%s) &&", rolling_util.promote_command(staged),
+        "since=$(date +%s) &&", rolling_util.promote_command(staged, keep_previous),
         "&& systemctl daemon-reload &&", verb,
         "|| { rc=$?; journalctl -u", UNIT, "-t", SERVICE, '--since "@$since" -n',
         str(JOURNAL_LINES), "--no-pager -o cat >&2; exit $rc; }",
     )
+
+
+def rollback_command(paths: Sequence[str]) -> StringCommand:
+    """The unit and environment file a canaried restart replaced put back
+    (``rolling_util.restore_command``), systemd reloaded, the engine restarted on them."""
+    return StringCommand(
+        "since=$(date +%s) &&", rolling_util.restore_command(paths),
+        "&& systemctl daemon-reload &&", limit_reset_then("restart"),
+        "|| { rc=$?; journalctl -u", UNIT, "-t", SERVICE, '--since "@$since" -n',
+        str(JOURNAL_LINES), "--no-pager -o cat >&2; exit $rc; }",
+    )
+
+
+def canary_command(canary: dict, env_path: str) -> StringCommand:
+    """The canary's benchmark: files/bench_client.py in the previous record's shape, its
+    API key from the env file ``env_path`` (removed as it is read, never on a command
+    line)."""
+    shape = canary["previous"]["shape"]
+    return StringCommand(
+        *sourced(env_path), "rm -f", QuoteString(env_path), "&&",
+        "timeout", str(bench_plan.TIMEOUT_S), QuoteString(canary["python"]),
+        QuoteString(bench_plan.HELPER_PATH), "--record", QuoteString(bench_plan.RECORD_DIR),
+        "--textfile", QuoteString(canary["textfile"]), "--stack", QuoteString(canary["stack"]),
+        "--shape", QuoteString(json.dumps(shape, sort_keys=True)), "--",
+        *(QuoteString(arg) for arg in [*canary["args"], *bench_plan.shape_args(shape)]),
+    )
+
+
+def canary_rejected_command(textfile: str) -> StringCommand:
+    """The canary's record set aside and the one before it the host's record again, its
+    textfile with it (files/bench_client.py ``--restore``: the standard library only)."""
+    return StringCommand("python3", QuoteString(bench_plan.HELPER_PATH), "--restore",
+                         "--record", QuoteString(bench_plan.RECORD_DIR),
+                         "--textfile", QuoteString(textfile))
 
 
 def idle_command(python: str, metrics_url: str, grace_s: int,

@@ -193,6 +193,17 @@ class Settings(BaseModel):
     drained). An engine that is not running takes no slot (it serves nothing). One value
     for the whole run: hosts with different values are refused before any change.
     """
+    rollout_canary: bool = True
+    """After a rolling restart, each host that has a benchmark record (python -m
+    tools.bench, or an earlier canary) is benchmarked again in that record's shape once
+    it serves: a result worse than rollout_max_regression allows puts the host back on
+    its previous unit and environment and stops the rollout (hosts not reached keep
+    theirs). A host without a record restarts ungated.
+    """
+    rollout_max_regression: float = Field(default=0.10, ge=0, le=1)
+    """The canary's bound, as a fraction of the host's previous benchmark: output tokens/s
+    may fall and time-to-first-token p95 may rise by at most this much.
+    """
     drain_grace_s: int = Field(default=120, ge=0, le=3600)
     """How long a drained host waits for its in-flight requests (vLLM's /metrics
     vllm:num_requests_running and vllm:num_requests_waiting) to reach 0 before its engine
@@ -473,6 +484,38 @@ class Settings(BaseModel):
     host's inventory name. No port, scheme or path (the port is gateway_port).
     """
 
+    # --- acceptance benchmark (python -m tools.bench) ---------------------------------
+    bench_input_len: int = Field(default=8192, ge=1, le=1048576)
+    """Prompt tokens of each benchmark request (vLLM's random dataset), before bench_scale.
+    Long, as the 128K-context workload the suite serves: prefill and the KV cache are
+    what such a server spends on. docs/bench.md says why this shape.
+    """
+    bench_output_len: int = Field(default=512, ge=1, le=65536)
+    """Output tokens of each benchmark request (end of sequence ignored), before
+    bench_scale: enough tokens for inter-token latency to dominate the stream.
+    """
+    bench_concurrency: int = Field(default=16, ge=1, le=4096)
+    """Requests in flight at once during the benchmark, before bench_scale: 16 of the
+    default shape need about 140,000 tokens of KV cache, what two 80 GB GPUs hold beside
+    a 27B model in BF16, so the benchmark measures steady serving, not preemption.
+    """
+    bench_requests: int = Field(default=64, ge=1, le=100000)
+    """Requests of one benchmark run, before bench_scale: four waves of bench_concurrency.
+    """
+    bench_scale: float = Field(default=1.0, gt=0, le=1)
+    """Multiplies bench_input_len, bench_output_len, bench_concurrency and bench_requests
+    (each rounded, at least 1), for small hosts: sandbox hosts (a CPU engine) use 1/16.
+    """
+    bench_min_output_tokens_per_s: float | None = Field(default=None, ge=0)
+    """The least output tokens/s a host's last benchmark must reach: the audit names a host
+    below it (exit 1) and the alert PyinfraVllmBenchSlow fires. None: not judged.
+    """
+    bench_max_ttft_p95_ms: float | None = Field(default=None, gt=0)
+    """The largest time-to-first-token p95 (ms) a host's last benchmark may show: the
+    audit names a host above it (exit 1) and the alert PyinfraVllmBenchSlow fires. None:
+    not judged.
+    """
+
     # --- removal (deploys/remove.py) ---------------------------------------------------
     remove_model_files: bool = False
     """deploys/remove.py also deletes the model's files: what the downloader wrote in
@@ -531,6 +574,11 @@ class Settings(BaseModel):
         settings_checks.scheduler_limits(self.max_num_seqs, self.max_num_batched_tokens,
                                          self.max_model_len, self.block_size,
                                          self.enable_chunked_prefill)
+        return self
+
+    @model_validator(mode="after")
+    def _bench_fits(self) -> Settings:
+        settings_checks.bench_fits(self.bench_shape, self.max_model_len)
         return self
 
     @model_validator(mode="after")
@@ -608,6 +656,17 @@ class Settings(BaseModel):
     def deep_model_check(self) -> bool:
         """Does the model stage re-hash every file (model_verify deep, or model_repair)?"""
         return self.model_verify == "deep" or self.model_repair
+
+    @property
+    def bench_shape(self) -> dict[str, int]:
+        """The benchmark's shape: its four settings times bench_scale, each at least 1."""
+        def scaled(value: int) -> int:
+            return max(1, round(value * self.bench_scale))
+
+        return {"input_len": scaled(self.bench_input_len),
+                "output_len": scaled(self.bench_output_len),
+                "concurrency": scaled(self.bench_concurrency),
+                "requests": scaled(self.bench_requests)}
 
     @property
     def model_name(self) -> str:

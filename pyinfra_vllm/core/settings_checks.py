@@ -690,6 +690,17 @@ def scheduler_limits(max_num_seqs: int, max_num_batched_tokens: int, max_model_l
         )
 
 
+def bench_fits(shape: dict[str, int], max_model_len: int) -> None:
+    # A request longer than the engine's context is refused by vLLM: every request of
+    # the benchmark would fail.
+    if shape["input_len"] + shape["output_len"] > max_model_len:
+        raise ValueError(
+            f"the benchmark's requests ({shape['input_len']} prompt + {shape['output_len']} "
+            f"output tokens, bench_input_len and bench_output_len times bench_scale) must fit "
+            f"in max_model_len ({max_model_len}): lower them or bench_scale"
+        )
+
+
 def device_has_stack(vllm_version: str, vllm_device: str, enforce_eager: bool) -> None:
     if stack_for(vllm_version, vllm_device) is None:
         rows = ", ".join(sorted(CPU_STACKS if vllm_device == "cpu" else STACKS))

@@ -97,6 +97,13 @@ def listens_beyond_loopback(address: str) -> bool:
         return True  # a host name: it may resolve to anything
 
 
+def listens_as_settings(argv: list[str], settings: Settings) -> bool:
+    """Does a running engine's command line (``EngineProcess`` argv) hold the listen
+    options the settings give (``server_listen_flags``)?"""
+    listen = server_listen_flags(settings)
+    return any(argv[at:at + len(listen)] == listen for at in range(len(argv)))
+
+
 def server_listen_flags(settings: Settings) -> list[str]:
     """The server's listen options: ``--uds`` or ``--host`` and ``--port``."""
     place = endpoint(settings)

@@ -42,6 +42,7 @@ from facts.topology import tp_link_verdict
 from pyinfra_vllm.core.settings import Settings
 from pyinfra_vllm.core.versions import pyinfra_problem
 from pyinfra_vllm.plans import checks as host_checks
+from pyinfra_vllm.plans.bench import bench_words
 from pyinfra_vllm.plans.checks import blocking, check_host, gpu_health
 from pyinfra_vllm.plans.gates import gpu_memory_mib, model_gates
 from pyinfra_vllm.plans.gateway import foreign_servers, foreign_words
@@ -410,9 +411,12 @@ def render_markdown(report: dict[str, Any]) -> str:
                 lines += ["| engine metric | value |", "|---|---|"]
                 lines += [f"| `{name}` | {value:g} |" for name, value in sorted(metrics.items())]
                 lines.append("")
+        if "bench" in entry:
+            lines += [f"Benchmark: {_md(bench_words(entry))}", ""]
         lines += (_markdown_drift(entry) + _markdown_integrity(entry) + _markdown_model(entry)
                   + _markdown_model_integrity(entry))
     return "\n".join(lines)
+
 
 
 def _markdown_host_state(summary: dict[str, Any], state: dict[str, Any]) -> list[str]:

@@ -19,6 +19,7 @@ import html
 import re
 from typing import Any
 
+from pyinfra_vllm.plans.bench import bench_words
 from pyinfra_vllm.run.report_changes import change_words, previous_words
 from pyinfra_vllm.run.report_text import printable
 
@@ -340,6 +341,8 @@ def _host_section(name: str, anchor: str, entry: dict[str, Any], row: dict[str, 
         _gpu_health_section(entry),
         _capacity_section(entry),
     ]
+    if "bench" in entry:
+        parts.append(f"<p>Benchmark: {esc(bench_words(entry))}</p>")
     checks = entry.get("checks") or []
     if checks:
         ok = {True: "yes", False: "NO", None: "-"}

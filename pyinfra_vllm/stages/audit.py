@@ -27,13 +27,17 @@ INVENTORY --deep``), every model file re-hashed on the host against it
 
 from __future__ import annotations
 
+import datetime
+
 from pyinfra import host, state
 from pyinfra.api import deploy
 
+from facts.bench import BenchRecord
 from facts.nginx import NginxServers
 from facts.units import UnitDropIns
 from facts.vllm_service import EngineProcess, EngineServing
 from pyinfra_vllm.core.settings import Settings, SettingsError
+from pyinfra_vllm.plans import bench as bench_plan
 from pyinfra_vllm.plans import engine_access
 from pyinfra_vllm.plans import persistence as persistence_plan
 from pyinfra_vllm.plans import vllm_service as vllm_service_plan
@@ -68,6 +72,7 @@ def audit_reads(settings: Settings) -> list[Read]:
         reads.append(Read(NginxServers))
     if settings.vllm_start and "vllm_service" not in settings.skip_stages:
         reads.append(Read(EngineServing, engine_serving_read(settings)))
+    reads.append(Read(BenchRecord, bench_plan.RECORD_READ))
     return reads
 
 
@@ -113,6 +118,11 @@ def audit() -> None:
         entry["model_integrity"] = model_integrity(ctx.deep_model_check(host, path), path)
     entry["integrity"] = _integrity(ctx)
     entry["findings"] += integrity_problems(entry)
+    # The last benchmark (python -m tools.bench) and its age; below the thresholds, named.
+    last = host.get_fact(BenchRecord, **bench_plan.RECORD_READ)
+    entry["bench"] = {"record": last, "age_s": last and bench_plan.age_s(
+        last, datetime.datetime.now(datetime.timezone.utc))}
+    entry["findings"] += bench_plan.problems(settings, last)
     record(host.state, host.name, entry, report_dir=ctx.settings.audit_report_dir,
            keep=ctx.settings.audit_report_keep)
 

@@ -29,6 +29,7 @@ from facts.files import FileDigests, PathTypes
 from facts.units import UnitActivation
 from operations import file_set, units
 from pyinfra_vllm.core.settings import Settings
+from pyinfra_vllm.plans import bench as bench_plan
 from pyinfra_vllm.plans import metrics as metrics_plan
 from pyinfra_vllm.plans.gates import model_gates
 from pyinfra_vllm.plans.textfile import metrics_text
@@ -114,7 +115,8 @@ def _verdicts(ctx: HostContext) -> None:
         name="Metrics: verdicts for node_exporter's textfile collector",
         files={
             f"{settings.textfile_collector_dir}/{metrics_plan.TEXTFILE_NAME}": (
-                metrics_text(host.name, checks, info, capacity).encode(),
+                (metrics_text(host.name, checks, info, capacity)
+                 + bench_plan.thresholds_text(settings)).encode(),
                 "644",
             )
         },

@@ -5,12 +5,13 @@ build an interrupted run left: stopped, so nothing writes into what is removed n
 the engine (vllm.service stopped, disabled, its unit, environment file and helpers
 removed, systemd reloaded; on TCP its nftables table unloaded), the gateway's nginx
 files (site, API keys, the engine's key, TLS; nginx -t before the reload, the files
-put back if nginx would fail without them), node_exporter (the suite's drop-in removed, the service
-stopped and disabled: without the drop-in it would listen on every address), the metrics
-textfile and the old per-host scrape job, the sysctl drop-in (then ``sysctl --system``),
-the persistence daemon's drop-in, the driver's package holds, upgrade blacklist and apt
-sources, the Python environments (what the suite put in python_env_root: the operator's
-files there stay, and the directory with them), the engine's state directory and the
+put back if nginx would fail without them), node_exporter (the suite's drop-in removed,
+the service stopped and disabled: without the drop-in it would listen on every
+address), the metrics and benchmark textfiles and the old per-host scrape job, the
+sysctl drop-in (then ``sysctl --system``), the persistence daemon's drop-in, the
+driver's package holds, upgrade blacklist and apt sources, the Python environments
+(what the suite put in python_env_root: the operator's files there stay, and the
+directory with them), the engine's state directory, the benchmark's records and the
 suite's own files under /var/lib/pyinfra-vllm. With ``remove_model_files`` the model's
 files, with ``remove_volume_fstab`` the volume's mount and fstab line. A directory with
 the suite's own fixed name goes whole; in one a setting names, only what the suite put
@@ -39,6 +40,7 @@ from operations import vllm_service as vllm_service_ops
 from operations.util.uploads import SECRET_DIR
 from pyinfra_vllm.core.locks import LockFileError, load_lock
 from pyinfra_vllm.core.settings import Settings, load_settings
+from pyinfra_vllm.plans import bench as bench_plan
 from pyinfra_vllm.plans import driver as driver_plan
 from pyinfra_vllm.plans import engine_access
 from pyinfra_vllm.plans import gateway as gateway_plan
@@ -96,7 +98,7 @@ def _services(settings: Settings) -> None:
         name="Remove: the metrics textfiles and the old scrape job",
         paths=[f"{settings.textfile_collector_dir}/{metrics_plan.TEXTFILE_NAME}",
                f"{settings.textfile_collector_dir}/{metrics_plan.HEALTH_TEXTFILE_NAME}",
-               metrics_plan.LEGACY_SCRAPE_JOB],
+               bench_plan.textfile_path(settings), metrics_plan.LEGACY_SCRAPE_JOB],
     )
 
 
@@ -141,9 +143,9 @@ def _data(settings: Settings) -> None:
         root=settings.python_env_root,
     )
     file_set.absent(
-        name="Remove: the engine's state and the suite's tools",
-        paths=[vllm_plan.STATE_DIR, driver_plan.CUDA_KEY_DIR, *TOOL_FILES, SECRET_DIR,
-               gateway_plan.DRAIN_DIR],
+        name="Remove: the engine's state, the benchmark's records and the suite's tools",
+        paths=[vllm_plan.STATE_DIR, bench_plan.RECORD_DIR, driver_plan.CUDA_KEY_DIR,
+               *TOOL_FILES, SECRET_DIR, gateway_plan.DRAIN_DIR],
     )
 
     if settings.remove_model_files:

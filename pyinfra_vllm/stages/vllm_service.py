@@ -42,6 +42,7 @@ from operations import accounts, file_set, rolling, units
 from operations import vllm_service as vllm_service_ops
 from operations.util import rolling as rolling_util
 from pyinfra_vllm.core.settings import Settings
+from pyinfra_vllm.plans import bench as bench_plan
 from pyinfra_vllm.plans import engine_access
 from pyinfra_vllm.plans import vllm_service as vllm_service_plan
 from pyinfra_vllm.run.context import HostContext
@@ -55,7 +56,7 @@ logger = logging.getLogger("pyinfra")
 def vllm_service_reads(settings: Settings) -> list[Read]:
     """What the vllm_service stage reads of a converged host: the run's one read."""
     ops = vllm_service_plan
-    helpers = [ops.READY_PATH, ops.IDLE_PATH, ops.CLIENT_PATH]
+    helpers = [ops.READY_PATH, ops.IDLE_PATH, ops.CLIENT_PATH, bench_plan.HELPER_PATH]
     if settings.vllm_device != "cpu":
         helpers.append(ops.GUARD_PATH)
     return [
@@ -206,12 +207,14 @@ def _problems(ctx: HostContext, flags: list[str], accepted: set[str] | None,
 
 
 def _helpers(device: str) -> None:
-    """The unit's helper scripts: the readiness wait and the idle check, and on GPUs the
-    guard (no GPU guard on CPU: the unit has no ExecStartPre for it)."""
+    """The unit's helper scripts: the readiness wait, the idle check and the canary's
+    benchmark client, and on GPUs the guard (no GPU guard on CPU: the unit has no
+    ExecStartPre for it)."""
     files: dict[str, tuple[str | bytes, str]] = {
         vllm_service_plan.READY_PATH: ("files/wait_ready.py", "755"),
         vllm_service_plan.IDLE_PATH: ("files/engine_idle.py", "755"),
         vllm_service_plan.CLIENT_PATH: ("files/engine_client.py", "644"),
+        bench_plan.HELPER_PATH: (bench_plan.CLIENT_FILE, "755"),
     }
     if device == "cpu":
         file_set.present(name="vLLM service: readiness wait", files=files)
@@ -282,5 +285,26 @@ def _restarted(ctx: HostContext, python: str, unit_files: dict[str, bytes],
         metrics_url=place.url("/metrics"),
         client=engine_access.client_args(place),
         new_key=new_key,
+        canary=_canary(ctx, python) if settings.rollout_canary else None,
         _if=lambda: new_key or changed(),
     )
+
+
+def _canary(ctx: HostContext, python: str) -> dict[str, Any] | None:
+    """What the restart's canary benchmark needs (operations/vllm_service.py restarted):
+    the new environment's interpreter runs vLLM's client through the gateway. None in a
+    run that moves the engine to another socket or address: the gateway, whose stage
+    comes after, reaches it there only once its site is rewritten, so every request of a
+    canary in the restart's slot would fail."""
+    settings = ctx.settings
+    running = host.get_fact(EngineProcess, **vllm_service_plan.ENGINE_PROCESS_READ)
+    if running and not engine_access.listens_as_settings(running["argv"], settings):
+        host.log_styled(
+            "vLLM service: no canary in this run: the engine moves to "
+            f"{' '.join(engine_access.server_listen_flags(settings))}, which the gateway "
+            "follows only after the restart", fg="yellow", log_func=logger.warning)
+        return None
+    return {"python": python, "args": bench_plan.client_args(settings),
+            "env": bench_plan.client_env(settings), "stack": bench_plan.stack_words(settings),
+            "textfile": bench_plan.textfile_path(settings),
+            "bound": settings.rollout_max_regression}

