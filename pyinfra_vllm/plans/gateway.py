@@ -25,6 +25,9 @@ from pyinfra_vllm.plans.engine_access import KEY_NGINX_PATH
 # from the workers, so the host went on serving while it was restarted.
 DRAIN_DIR = "/run/pyinfra-vllm-drain"
 DRAIN_FLAG = f"{DRAIN_DIR}/draining"
+# Out of the load balancers' rotation (/health 503) while /v1 still serves: a host being
+# tuned (python -m tools.tune), which benchmarks itself through its own gateway.
+ROTATION_FLAG = f"{DRAIN_DIR}/out-of-rotation"
 
 SITE_TEMPLATE = "nginx-vllm.conf.j2"
 KEYS_TEMPLATE = "nginx-vllm-api-keys.conf.j2"
@@ -146,6 +149,7 @@ def render_site(
     tls_key_path: str = TLS_KEY_PATH,
     node_exporter_port: int | None = None,
     drain_flag: str = DRAIN_FLAG,
+    rotation_flag: str = ROTATION_FLAG,
 ) -> str:
     """The site file (``conf.d/vllm.conf``): upstream, server, locations.
 
@@ -161,6 +165,8 @@ def render_site(
       the metrics_allow networks; None serves no /node-metrics
     + drain_flag: while this file exists, /health and /v1 answer 503 (a rolling restart
       drains the host: operations/rolling.py)
+    + rotation_flag: while this file exists, /health answers 503 and /v1 serves (a host
+      being tuned: tools/tune.py)
     """
     if http_redirect_port is not None and not tls:
         raise OperationValueError("http_redirect_port needs tls (a redirect to https)")
@@ -182,6 +188,7 @@ def render_site(
         tls_key_path=tls_key_path,
         node_exporter_port=node_exporter_port,
         drain_flag=drain_flag,
+        rotation_flag=rotation_flag,
     )
 
 

