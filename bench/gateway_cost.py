@@ -72,7 +72,11 @@ def main(pairs: int) -> None:
         on_host(DIRECT)  # warm-up, not counted
         rows = []
         for number in range(1, pairs + 1):
-            direct, gateway = on_host(DIRECT), on_host(GATEWAY, key)
+            # In turn, first one then the other first: neither always meets a warmer engine.
+            if number % 2:
+                direct, gateway = on_host(DIRECT), on_host(GATEWAY, key)
+            else:
+                gateway, direct = on_host(GATEWAY, key), on_host(DIRECT)
             assert direct["failed"] == gateway["failed"] == 0, (direct, gateway)
             rows.append((direct, gateway))
             print(f"pair {number}: TTFT p50 {direct['ttft_ms']['p50']} / "
