@@ -1,8 +1,8 @@
 """Everything the preflight and the audit read about a GPU host, in one remote command.
 
 Each fact in ``facts.driver``, ``facts.gpus``, ``facts.topology``, ``facts.gpu_health``
-and ``facts.cuda`` is one round trip; read one by one, the thirteen of them cost
-thirteen. ``GpuHostState.facts`` lists them: a run reads them in its one read
+and ``facts.cuda`` is one round trip; read one by one, the fourteen of them cost
+fourteen. ``GpuHostState.facts`` lists them: a run reads them in its one read
 (pyinfra_vllm/run/host_reads.py), side by side as one group, and ``GpuHostState`` reads
 them alone the same way (``pyinfra HOST fact facts.gpu_host.GpuHostState``, the
 captures of a real GPU host), each output behind a section marker of
@@ -21,7 +21,7 @@ from facts.base import FactBase
 from facts.cuda import CudaToolkit
 from facts.driver import DriverInfo, DriverPackages, HeldPackages, KernelModule, NvmlError
 from facts.gpu_health import GpuHealth, NvlinkErrors, XidEvents
-from facts.gpus import GpuInventory, GpuProcesses
+from facts.gpus import GpuComputeCapability, GpuInventory, GpuProcesses
 from facts.host_state import arrange, fact_command, fact_value, sections_command, split_sections
 from facts.topology import GpuTopology, NvlinkStatus
 
@@ -37,7 +37,7 @@ class GpuHostState(FactBase[dict[str, Any]]):
     Returns, from one remote command, what these facts return one by one:
     ``kernel_module`` (KernelModule), ``driver_packages`` (DriverPackages),
     ``cuda_toolkit`` (CudaToolkit), ``driver`` (DriverInfo), ``nvml_error`` (NvmlError),
-    ``gpus`` (GpuInventory), ``processes`` (GpuProcesses), ``topology`` (GpuTopology),
+    ``gpus`` (GpuInventory), ``compute_caps`` (GpuComputeCapability), ``processes`` (GpuProcesses), ``topology`` (GpuTopology),
     ``nvlink`` (NvlinkStatus), ``gpu_health`` (GpuHealth), ``nvlink_errors``
     (NvlinkErrors), ``xid`` (XidEvents), ``held_packages`` (HeldPackages, from the same
     dpkg-query as DriverPackages). Each is absent exactly where the single fact is: on a
@@ -53,6 +53,7 @@ class GpuHostState(FactBase[dict[str, Any]]):
         "driver": DriverInfo,
         "nvml_error": NvmlError,
         "gpus": GpuInventory,
+        "compute_caps": GpuComputeCapability,
         "processes": GpuProcesses,
         "topology": GpuTopology,
         "nvlink": NvlinkStatus,
@@ -64,7 +65,7 @@ class GpuHostState(FactBase[dict[str, Any]]):
 
     @staticmethod
     def arranged() -> tuple[list[str | list[str]], list[int]]:
-        """The facts' commands as one group (eight nvidia-smi calls and the kernel log
+        """The facts' commands as one group (nine nvidia-smi calls and the kernel log
         side by side), and each fact's section in the output."""
         return arrange([(fact_command(fact(), {}), GPU_GROUP)
                         for fact in GpuHostState.facts.values()])

@@ -1,5 +1,5 @@
-"""Facts about the GPUs themselves: the inventory (one ``--query-gpu`` call) and the
-compute processes on them, with their CSV parsers.
+"""Facts about the GPUs themselves: the inventory (one ``--query-gpu`` call), each GPU's
+compute capability and the compute processes on them, with their CSV parsers.
 
 Absent (None) without nvidia-smi or when NVML fails (facts/nvidia_smi.py).
 """
@@ -194,6 +194,45 @@ class GpuInventory(NvidiaSmiFact[list[dict[str, Any]] | None]):
     @override
     def process(self, output: list[str]) -> list[dict[str, Any]] | None:
         return parse_gpu_inventory(output)
+
+
+COMPUTE_CAP_FIELDS = ["pci.bus_id", "compute_cap"]
+_COMPUTE_CAP = re.compile(r"^\d+\.\d+$")
+
+
+def parse_compute_caps(lines: Iterable[str]) -> dict[str, str] | None:
+    """Parse the GpuComputeCapability query (``COMPUTE_CAP_FIELDS``, csv,noheader):
+    ``{"00000000:00:06.0": "9.0"}``. None on an NVML error, when nvidia-smi does not know
+    the field (it prints ``Field "compute_cap" is not a valid field to query.`` and exits
+    2: an older driver), and for a GPU whose cell is not a capability (N/A)."""
+    lines, status = split_smi_output(lines)
+    rows = parse_query_csv(lines, COMPUTE_CAP_FIELDS)
+    if rows is None or (not rows and status not in (None, 0)):
+        return None
+    caps = {}
+    for row in rows:
+        bus_id, cap = row["pci.bus_id"], row["compute_cap"]
+        if bus_id and cap and _COMPUTE_CAP.match(cap):
+            caps[bus_id] = cap
+    return caps
+
+
+class GpuComputeCapability(NvidiaSmiFact[dict[str, str] | None]):
+    """
+    Returns each GPU's compute capability by PCI bus id, or None without nvidia-smi, on
+    an NVML error, or from a driver whose nvidia-smi has no ``compute_cap`` field (a
+    separate query, so such a driver still gives GpuInventory):
+
+    .. code:: python
+
+        {"00000000:00:06.0": "9.0"}
+    """
+
+    arguments = f"--query-gpu={','.join(COMPUTE_CAP_FIELDS)} --format=csv,noheader"
+
+    @override
+    def process(self, output: list[str]) -> dict[str, str] | None:
+        return parse_compute_caps(output)
 
 
 class GpuProcesses(NvidiaSmiFact[list[dict[str, Any]] | None]):

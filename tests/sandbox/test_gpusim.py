@@ -363,6 +363,13 @@ def test_h200_host_byte_for_byte(env, args, fixture):
     assert smi(env, *args).stdout == (H200 / fixture).read_text()
 
 
+def test_h200_compute_capability_byte_for_byte(env):
+    ctl(env, "init", "--scenario", "h200")
+    capture = H200.parent / "h200-device-20261203" / "query-gpu-bus-id-compute-cap.txt"
+    proc = smi(env, "--query-gpu=pci.bus_id,compute_cap", "--format=csv,noheader")
+    assert proc.stdout == capture.read_text()
+
+
 def test_h200_default_table_apart_from_the_timestamp(env):
     ctl(env, "init", "--scenario", "h200")
     mine = smi(env).stdout.split("\n", 1)

@@ -22,6 +22,8 @@ RAW = {
     "driver": "smi.txt",
     "nvml_error": "L.txt",
     "gpus": "query-gpu-csv-noheader-nounits.txt",
+    # Captured the next day, on the same host.
+    "compute_caps": "../h200-device-20261203/query-gpu-bus-id-compute-cap.txt",
     "processes": "query-compute-apps.txt",
     "topology": "topo-m.txt",
     "nvlink": "nvlink-s.txt",
@@ -76,7 +78,8 @@ def test_same_values_as_the_single_facts_on_the_real_h200():
         "nvlink": "facts.topology.NvlinkStatus",
     }
     state = json.loads(json.dumps(GpuHostState().process(output_of_the_h200())))
-    assert set(state) == set(single) | {"gpu_health", "nvlink_errors", "xid"}
+    assert set(state) == set(single) | {"gpu_health", "nvlink_errors", "xid", "compute_caps"}
+    assert state["compute_caps"] == {"00000000:00:06.0": "9.0"}  # the next day's capture
     # The health sections, against their facts on the same raw outputs.
     for key in ("gpu_health", "nvlink_errors"):
         raw = (CAPTURE / RAW[key]).read_text().splitlines()
@@ -109,6 +112,7 @@ def test_a_host_without_driver_nvcc_or_dpkg():
         "driver": None,
         "nvml_error": None,
         "gpus": None,
+        "compute_caps": None,
         "processes": None,
         "topology": None,
         "nvlink": None,
@@ -130,13 +134,14 @@ def test_nvml_mismatch_is_read_in_every_section():
         "nvml_library_version": "535.129",
     }
     assert state["gpus"] is None and state["topology"] is None and state["nvlink"] is None
+    assert state["compute_caps"] is None
 
 
 def test_one_command_guards_each_nvidia_smi_section():
     command = GpuHostState().command()
     # Each section twice: side by side, and one after another where no temporary
     # directory can be made (facts.host_state.side_by_side).
-    assert command.count("if command -v nvidia-smi >/dev/null 2>&1; then ( nvidia-smi ") == 16
+    assert command.count("if command -v nvidia-smi >/dev/null 2>&1; then ( nvidia-smi ") == 18
     assert command.count(f"echo '{SECTION}-{NONCE} ") == 2 * len(SECTIONS)
     assert command.count("dpkg-query -W") == 2  # DriverPackages and HeldPackages: one call
     assert command.endswith("; true")
