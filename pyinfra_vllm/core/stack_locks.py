@@ -25,7 +25,8 @@ from pathlib import Path
 
 from pyinfra.api.exceptions import DeployError
 
-from pyinfra_vllm.core.stacks import StackRow
+from pyinfra_vllm.core.stacks import CUDA_RUNTIME_DRIVERS, StackRow
+from pyinfra_vllm.core.versions import version_tuple
 
 ROOT = Path(__file__).resolve().parents[2]
 LOCK_DIR = ROOT / "locks" / "stacks"
@@ -138,6 +139,53 @@ def read_lock(stack: StackRow) -> StackLock:
             f"row's is {inputs_sha256(stack)}): run `{refresh_command(stack)}` and commit it"
         )
     return lock
+
+
+# The CUDA runtime's distribution in a CUDA build's lock: CUDA 12's wheels carry a -cu12
+# suffix, CUDA 13's none (nvidia-cuda-runtime 13.0.96 beside torch 2.11.0+cu130 on the
+# real H200 host: tests/fixtures/nvidia/h200-device-20261203/torch-arch.txt).
+CUDA_RUNTIME_DISTS = ("nvidia-cuda-runtime-cu12", "nvidia-cuda-runtime")
+
+
+def cuda_runtime(lock: StackLock) -> str | None:
+    """The CUDA runtime's version the lock pins (``12.8.90``); None without one."""
+    for name in CUDA_RUNTIME_DISTS:
+        versions = lock.versions.get(canonical(name))
+        if versions:
+            return max(versions, key=version_tuple)
+    return None
+
+
+@dataclass(frozen=True)
+class DriverFloor:
+    """What a CUDA row's lock asks of the host's driver."""
+
+    # The CUDA runtime's version in the lock, and the CUDA release it belongs to.
+    runtime: str
+    release: str
+    # The oldest driver that runs it, and the branch that holds it ("570").
+    driver: str
+
+    @property
+    def branch(self) -> str:
+        return self.driver.split(".")[0]
+
+
+def driver_floor(stack: StackRow) -> DriverFloor | None:
+    """The driver the row's CUDA runtime needs, read from its lock (CUDA_RUNTIME_DRIVERS);
+    None on a CPU row. StackLockError for a CUDA runtime without a line there."""
+    if stack.device != "cuda":
+        return None
+    lock = read_lock(stack)
+    runtime = cuda_runtime(lock)
+    if runtime is None or runtime not in CUDA_RUNTIME_DRIVERS:
+        raise StackLockError(
+            f"stack lock {lock.local_name} for vLLM {stack.vllm} holds CUDA runtime "
+            f"{runtime or 'none'} ({' or '.join(CUDA_RUNTIME_DISTS)}), which "
+            "pyinfra_vllm/core/stacks.py CUDA_RUNTIME_DRIVERS has no driver for: add its "
+            "line from NVIDIA's CUDA release notes, Table 3 (docs/upgrades.md)")
+    release, driver = CUDA_RUNTIME_DRIVERS[runtime]
+    return DriverFloor(runtime=runtime, release=release, driver=driver)
 
 
 def disagreements(stack: StackRow, lock: StackLock) -> list[str]:

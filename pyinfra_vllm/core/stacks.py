@@ -45,8 +45,14 @@ class StackRow:
     python_range: tuple[str, str]
     torch: str
     # The CUDA build of the wheels and the oldest driver that runs it; None on "cpu".
+    # min_driver is CUDA_RUNTIME_DRIVERS' line for the CUDA runtime the row's lock holds
+    # (the preflight reads it from the lock; tests/unit/test_stacks.py keeps them equal).
     cuda: str | None
     min_driver: str | None
+    # The GPU architectures the row's torch build carries code for
+    # (torch._C._cuda_getArchFlags(): readable without a GPU); () on "cpu". The preflight
+    # refuses a GPU none of them runs on (pyinfra_vllm/plans/checks.py, check_gpu_archs).
+    cuda_archs: tuple[str, ...] = ()
     # Companion packages pinned exactly: the lock is compiled from these and vLLM.
     pins: Mapping[str, str]
     # Packages PyPI has only as a source archive: hash-pinned, built on the host.
@@ -63,9 +69,10 @@ class StackRow:
 
     def __post_init__(self) -> None:
         # The preflight and the driver stage compare the host's driver with these.
-        if self.device == "cuda" and (self.cuda is None or self.min_driver is None):
+        if self.device == "cuda" and (self.cuda is None or self.min_driver is None
+                                      or not self.cuda_archs):
             raise ValueError(f"stack row vLLM {self.vllm}: a CUDA row names its cuda "
-                             "build and min_driver")
+                             "build, min_driver and cuda_archs")
 
 
 STACKS: dict[str, StackRow] = {
@@ -89,6 +96,9 @@ STACKS: dict[str, StackRow] = {
         cuda="12.1",
         # NVIDIA CUDA 12.1 GA release notes, table 3: Linux driver >= 530.30.02.
         min_driver="530.30.02",
+        # torch 2.4.0+cu121 (PyPI), installed from this row's lock on the development
+        # machine (no GPU): torch._C._cuda_getArchFlags().
+        cuda_archs=("sm_50", "sm_60", "sm_70", "sm_75", "sm_80", "sm_86", "sm_90"),
         # wheel METADATA says transformers>=4.45.0, tokenizers>=0.19.1, numpy<2.0.0, so an
         # unpinned install today takes transformers 5.x, which 0.6.3 cannot import;
         # 4.45.2 is the release 0.6.3 shipped against (its release date, October 2024).
@@ -154,6 +164,9 @@ STACKS: dict[str, StackRow] = {
         # access); any 12.x runtime also runs on >= 525.60.13 through minor-version
         # compatibility, without PTX JIT, which Triton/FlashInfer kernels may need.
         min_driver="570.124.06",
+        # torch 2.10.0 (PyPI, CUDA 12.8), installed from this row's lock on the development
+        # machine (no GPU): torch._C._cuda_getArchFlags() (tests/fixtures/vllm-cuda/probe.json).
+        cuda_archs=("sm_70", "sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"),
         # wheel METADATA: transformers<5,>=4.56.0; 4.57.6 is the newest 4.x on PyPI and its
         # METADATA asks tokenizers<=0.23.0,>=0.22.0 (0.22.2 is the newest such release;
         # vLLM asks >=0.21.1). numpy is left to the resolver: vLLM does not cap it and
@@ -342,6 +355,19 @@ FIRST_SUPPORTED: dict[str, str] = {
     "Qwen3VLMoeForConditionalGeneration": "0.11.0",  # absent in 0.10.2
     "Qwen3_5ForConditionalGeneration": "0.17.0",  # absent in 0.16.0
     "Qwen3_5MoeForConditionalGeneration": "0.17.0",  # absent in 0.16.0
+}
+
+# The oldest Linux x86_64 driver for each CUDA runtime a CUDA row's lock holds, keyed by
+# the runtime's version as the lock pins it (nvidia-cuda-runtime-cu12 / nvidia-cuda-runtime:
+# the toolkit's "CUDA Runtime (cudart)" version in Table 1 of its release notes, which
+# names the release): (that release, its driver) from Table 3, "CUDA Toolkit and
+# Corresponding Driver Versions", of NVIDIA's CUDA Toolkit release notes. 12.1.105 is
+# CUDA 12.1 Update 1's cudart (the 12.1.1 notes), 12.8.90 CUDA 12.8 Update 1's (12.8 GA's
+# is 12.8.57). A CUDA row whose lock holds a runtime without a line here is refused
+# before any host changes (stack_locks.driver_floor; docs/upgrades.md says how to add one).
+CUDA_RUNTIME_DRIVERS: dict[str, tuple[str, str]] = {
+    "12.1.105": ("CUDA 12.1 Update 1", "530.30.02"),
+    "12.8.90": ("CUDA 12.8 Update 1", "570.124.06"),
 }
 
 # The installers of the Python environment, pinned like the stacks they install.

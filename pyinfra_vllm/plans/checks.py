@@ -9,11 +9,13 @@ the host) or "warning" (reported, not fatal).
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from facts.driver import module_mismatch, userspace_driver
 from facts.topology import tp_link_verdict
 from pyinfra_vllm.core.settings import Settings
+from pyinfra_vllm.core.stack_locks import driver_floor
 from pyinfra_vllm.core.versions import version_tuple
 from pyinfra_vllm.plans.gpu_health import host_gpu_health
 
@@ -97,29 +99,34 @@ def check_driver(state: dict[str, Any], settings: Settings) -> list[dict[str, An
         )
         return checks
     version = (driver or {}).get("driver_version") or (module or {}).get("version")
-    minimum = settings.stack.min_driver or ""  # every CUDA row names one (StackRow)
-    ok = version_tuple(version) >= version_tuple(minimum)
-    checks.append(
-        check(
-            "driver_version",
-            ok,
-            f"driver {version}; the vLLM {settings.vllm_version} stack (CUDA "
-            f"{settings.stack.cuda}) needs >= {minimum}",
-            "" if ok else f"install a driver branch >= {minimum.split('.')[0]}",
-        )
-    )
-    cuda = (driver or {}).get("cuda_version")
+    return checks + check_driver_version(version, (driver or {}).get("cuda_version"),
+                                         settings)
+
+
+def check_driver_version(version: str | None, cuda: str | None,
+                         settings: Settings) -> list[dict[str, Any]]:
+    """The driver against the stack's CUDA runtime (from its lock), and the CUDA version
+    nvidia-smi says the driver supports against the stack's build."""
+    floor = driver_floor(settings.stack)
+    if floor is None:  # a CPU row needs no driver (check_host does not ask it)
+        return []
+    ok = version_tuple(version) >= version_tuple(floor.driver)
+    checks = [check(
+        "driver_version",
+        ok,
+        f"driver {version}; the vLLM {settings.vllm_version} stack's CUDA runtime "
+        f"{floor.runtime} ({floor.release}, from its lock) needs >= {floor.driver}",
+        "" if ok else f"install driver branch {floor.branch} or newer (nvidia_driver_branch)",
+    )]
     if cuda is not None:
         ok = version_tuple(cuda) >= version_tuple(settings.stack.cuda)
-        checks.append(
-            check(
-                "driver_cuda",
-                ok,
-                f"the driver supports CUDA {cuda}; the stack is built for CUDA "
-                f"{settings.stack.cuda}",
-                "" if ok else "install a newer driver branch",
-            )
-        )
+        checks.append(check(
+            "driver_cuda",
+            ok,
+            f"the driver supports CUDA {cuda}; the stack is built for CUDA "
+            f"{settings.stack.cuda}",
+            "" if ok else "install a newer driver branch",
+        ))
     return checks
 
 
@@ -156,6 +163,55 @@ def check_gpus(state: dict[str, Any], settings: Settings) -> list[dict[str, Any]
         )
     )
     return checks
+
+
+# An architecture in torch's list: sm_XY (code for compute capability X.Y), sm_XYa (X.Y
+# only), compute_XY (PTX, which the driver compiles for X.Y and newer).
+_ARCH = re.compile(r"^(sm|compute)_(\d+)(\d)([af]?)$")
+
+
+def arch_runs_on(arch: str, capability: str) -> bool:
+    """Does ``arch`` (``sm_80``) run on a GPU of ``capability`` (``"8.6"``)? CUDA C++
+    Programming Guide, "Binary Compatibility": code for X.y runs on X.z with z >= y; an
+    ``a`` (architecture-specific) build only on X.y itself. "PTX Compatibility": PTX runs
+    on its capability and every newer one."""
+    match = _ARCH.match(arch)
+    if match is None:
+        return False
+    kind, major, minor, suffix = match[1], int(match[2]), int(match[3]), match[4]
+    gpu_major, gpu_minor = (int(part) for part in capability.split("."))
+    if suffix == "a":
+        return (gpu_major, gpu_minor) == (major, minor)
+    if kind == "compute":
+        return (gpu_major, gpu_minor) >= (major, minor)
+    return gpu_major == major and gpu_minor >= minor
+
+
+def check_gpu_archs(state: dict[str, Any], settings: Settings) -> dict[str, Any] | None:
+    """The engine's GPUs against the architectures the stack's torch build carries code
+    for (its row's ``cuda_archs``). Not judged (a warning) where nvidia-smi gives no
+    compute capability (a driver without the ``compute_cap`` field)."""
+    gpus, caps, archs = state.get("gpus"), state.get("compute_caps"), settings.stack.cuda_archs
+    if gpus is None or not archs:
+        return None
+    if caps is None:
+        return check("gpu_arch", None, "the GPUs' compute capability could not be read "
+                     "(nvidia-smi --query-gpu=compute_cap)", severity="warning")
+    used = set(engine_gpus(state, settings))
+    unserved = [(gpu, caps.get(gpu["pci_bus_id"])) for gpu in gpus if gpu["index"] in used
+                and not any(arch_runs_on(arch, caps.get(gpu["pci_bus_id"]) or "0.0")
+                            for arch in archs)]
+    stack = f"the vLLM {settings.vllm_version} stack's torch {settings.stack.torch}"
+    if not unserved:
+        seen = sorted({caps.get(gpu["pci_bus_id"]) or "?" for gpu in gpus
+                       if gpu["index"] in used})
+        return check("gpu_arch", True, f"compute capability {', '.join(seen)}; {stack} "
+                     f"carries {' '.join(archs)}")
+    words = ", ".join(f"GPU {gpu['index']} ({gpu.get('name') or '?'}) has compute "
+                      f"capability {cap or 'unknown'}" for gpu, cap in unserved)
+    return check("gpu_arch", False, f"{words}; {stack} carries code for "
+                 f"{' '.join(archs)} only", "choose a vllm_version whose row's cuda_archs "
+                 "run on these GPUs (pyinfra_vllm/core/stacks.py)")
 
 
 def check_tp_link(state: dict[str, Any], settings: Settings) -> dict[str, Any] | None:
@@ -332,8 +388,7 @@ def check_host(state: dict[str, Any], settings: Settings,
     checks = [check_os(state), *check_driver(state, settings), *check_gpus(state, settings)]
     too_few = any(c["name"] == "gpu_count" and c["ok"] is False for c in checks)
     link = None if too_few else check_tp_link(state, settings)
-    if link is not None:
-        checks.append(link)
+    checks += [found for found in (link, check_gpu_archs(state, settings)) if found]
     return checks + check_gpu_health(state, settings, health)
 
 

@@ -34,7 +34,7 @@ from operations import gate
 from operations.util.refusals import log_reasons
 from pyinfra_vllm.core.locks import load_lock
 from pyinfra_vllm.core.settings import Settings, load_settings
-from pyinfra_vllm.core.stack_locks import read_lock
+from pyinfra_vllm.core.stack_locks import driver_floor, read_lock
 from pyinfra_vllm.plans import python_env as python_env_plan
 from pyinfra_vllm.run import host_reads
 
@@ -179,8 +179,10 @@ def context(host: Any, lock_required: bool = True,
         settings = load_settings(host)
         required = lock_required and "model" not in settings.skip_stages
         lock = load_lock(settings, required=required)
-        # The stack's whole lock, checked against its row before any host changes.
+        # The stack's whole lock, checked against its row before any host changes, and the
+        # driver its CUDA runtime needs known (StackLockError where it is not).
         read_lock(settings.stack)
+        driver_floor(settings.stack)
         reads = host_reads.stage_reads(settings, ("preflight", *stages))
         host_reads.answer_from(host, host_reads.read_all(host, reads))
         found = HostContext(settings=settings, state=collect(host, settings.vllm_device),

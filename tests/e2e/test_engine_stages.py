@@ -114,7 +114,8 @@ def test_max_model_len_that_cannot_fit_is_refused_with_numbers(sandbox, host, qw
     assert ("preflight capacity: max_model_len 262144 does not fit: per GPU: budget 32.00 GiB "
             "(81920 MiB x 0.4) - weights 25.89 GiB (lock) - reserve 3.00 GiB = 3.11 GiB for "
             "the KV cache; one 262144-token sequence needs 8.00 GiB KV") in proc.stderr
-    assert "the vLLM 0.17.0 stack (CUDA 12.8) needs >= 570.124.06" in proc.stderr
+    assert ("the vLLM 0.17.0 stack's CUDA runtime 12.8.90 (CUDA 12.8 Update 1, from its lock) "
+            "needs >= 570.124.06") in proc.stderr
     assert data is None
     assert_untouched(sandbox, host)
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pyinfra_vllm.core.settings import validate
-from pyinfra_vllm.plans.checks import blocking, check_host, version_tuple
+from pyinfra_vllm.plans.checks import arch_runs_on, blocking, check_host, version_tuple
 
 UBUNTU_2204 = {"name": "Ubuntu", "major": 22, "minor": 4, "release_meta": {"PRETTY_NAME": "Ubuntu 22.04.4 LTS"}}
 
@@ -47,6 +47,7 @@ def seed_state(**changes) -> dict:
         "held_packages": [],
         "nvml_error": None,
         "gpus": [a100(0), a100(1)],
+        "compute_caps": {"00000000:17:00.0": "8.0", "00000000:65:00.0": "8.0"},
         "processes": [],
         "topology": topology("NV12"),
         "nvlink": {0: [{"link": n, "active": True, "speed_gbps": 25.0} for n in range(12)]},
@@ -63,7 +64,8 @@ def names(checks):
 def test_the_seed_host_passes_every_check():
     checks = check_host(seed_state(), validate({"gateway_open": True}))
     assert [c["name"] for c in checks] == [
-        "os", "driver_version", "driver_cuda", "gpu_count", "gpu_memory", "tp_nvlink", "gpu_health",
+        "os", "driver_version", "driver_cuda", "gpu_count", "gpu_memory", "tp_nvlink", "gpu_arch",
+        "gpu_health",
     ]
     assert all(c["ok"] is True for c in checks), checks
     assert names(checks)["tp_nvlink"]["detail"] == "GPU0 and GPU1 joined by NVLink (GPU0-GPU1 NV12)"
@@ -108,8 +110,58 @@ def test_old_driver_is_refused_with_the_stack_minimum():
     )
     checks = names(check_host(state, validate({"gateway_open": True})))
     assert checks["driver_version"]["ok"] is False
-    assert "needs >= 530.30.02" in checks["driver_version"]["detail"]
+    # The runtime is the lock's nvidia-cuda-runtime-cu12 (locks/stacks/vllm-0.6.3.txt).
+    assert checks["driver_version"]["detail"] == (
+        "driver 525.147.05; the vLLM 0.6.3 stack's CUDA runtime 12.1.105 (CUDA 12.1 Update 1, "
+        "from its lock) needs >= 530.30.02")
+    assert checks["driver_version"]["fix"] == (
+        "install driver branch 530 or newer (nvidia_driver_branch)")
     assert checks["driver_cuda"]["ok"] is False
+
+
+def test_the_example_fleet_s_stack_on_a_535_driver_names_both_and_branch_570():
+    checks = names(check_host(seed_state(), validate({
+        "gateway_open": True, "vllm_version": "0.17.0", "nvidia_driver_branch": "570-server"})))
+    assert checks["driver_version"]["ok"] is False
+    assert checks["driver_version"]["detail"] == (
+        "driver 535.129.03; the vLLM 0.17.0 stack's CUDA runtime 12.8.90 (CUDA 12.8 Update 1, "
+        "from its lock) needs >= 570.124.06")
+    assert checks["driver_version"]["fix"].startswith("install driver branch 570 or newer")
+
+
+def test_a_gpu_the_stack_s_torch_has_no_code_for_is_refused():
+    # torch 2.10.0 (CUDA 12.8) carries sm_70 and newer; a Pascal P100 is compute 6.0.
+    caps = {"00000000:17:00.0": "6.0", "00000000:65:00.0": "8.0"}
+    checks = check_host(seed_state(compute_caps=caps), validate({
+        "gateway_open": True, "vllm_version": "0.17.0", "nvidia_driver_branch": "570-server"}))
+    arch = names(checks)["gpu_arch"]
+    assert (arch["ok"], arch["severity"]) == (False, "error")
+    assert arch["detail"] == (
+        "GPU 0 (NVIDIA A100 80GB PCIe) has compute capability 6.0; the vLLM 0.17.0 stack's "
+        "torch 2.10.0 carries code for sm_70 sm_75 sm_80 sm_86 sm_90 sm_100 sm_120 only")
+    assert arch in blocking(checks)
+
+
+def test_the_same_gpu_on_the_design_s_stack_passes():
+    # torch 2.4.0 (CUDA 12.1) still carries sm_50 and sm_60.
+    caps = {"00000000:17:00.0": "6.0", "00000000:65:00.0": "6.0"}
+    arch = names(check_host(seed_state(compute_caps=caps), validate({"gateway_open": True})))
+    assert arch["gpu_arch"]["ok"] is True
+    assert arch["gpu_arch"]["detail"].startswith("compute capability 6.0; the vLLM 0.6.3 stack's")
+
+
+def test_a_driver_without_the_compute_cap_field_is_not_judged():
+    arch = names(check_host(seed_state(compute_caps=None), validate({"gateway_open": True})))
+    assert (arch["gpu_arch"]["ok"], arch["gpu_arch"]["severity"]) == (None, "warning")
+
+
+def test_architectures_run_as_cuda_s_compatibility_rules_say():
+    assert arch_runs_on("sm_80", "8.6") and arch_runs_on("sm_70", "7.5")
+    assert not arch_runs_on("sm_86", "8.0") and not arch_runs_on("sm_90", "10.0")
+    assert arch_runs_on("sm_90a", "9.0") and not arch_runs_on("sm_90a", "9.1")
+    assert arch_runs_on("compute_90", "12.0") and not arch_runs_on("compute_90", "8.9")
+    assert arch_runs_on("sm_100", "10.3") and arch_runs_on("sm_120", "12.0")
+    assert not arch_runs_on("gfx90a", "9.0")
 
 
 def test_no_driver_is_not_a_failure_of_preflight():

@@ -8,8 +8,11 @@ import dataclasses
 import pytest
 
 from pyinfra_vllm.core.stack_locks import (
+    DriverFloor,
     StackLockError,
+    cuda_runtime,
     disagreements,
+    driver_floor,
     inputs_sha256,
     lock_path,
     parse_versions,
@@ -83,3 +86,40 @@ def test_parse_versions_reads_markers_and_normalizes_names():
             "typing-extensions==4.2 ; python_version >= '3.10' \\\n"
             "fastapi[standard]==0.1 \\\n")
     assert parse_versions(text) == {"typing-extensions": {"4.1", "4.2"}, "fastapi": {"0.1"}}
+
+
+# --- the driver a CUDA row's lock needs ----------------------------------------------------
+@pytest.mark.parametrize("version", sorted(STACKS))
+def test_each_cuda_row_s_min_driver_is_the_one_its_lock_s_runtime_needs(version):
+    row = STACKS[version]
+    floor = driver_floor(row)
+    assert floor is not None and floor.driver == row.min_driver
+    assert floor.runtime.startswith(row.cuda + ".")  # 12.8.90 in the CUDA 12.8 row
+
+
+def test_the_runtimes_the_rows_lock():
+    assert driver_floor(STACKS["0.6.3"]) == DriverFloor("12.1.105", "CUDA 12.1 Update 1",
+                                                        "530.30.02")
+    assert driver_floor(STACKS["0.17.0"]) == DriverFloor("12.8.90", "CUDA 12.8 Update 1",
+                                                         "570.124.06")
+    assert driver_floor(CPU_STACKS["0.17.0"]) is None  # a CPU row asks no driver
+
+
+def test_a_cuda_13_lock_names_its_runtime_without_a_suffix():
+    lock = read_lock(STACKS["0.17.0"])
+    cuda13 = type(lock)(lock.path, lock.text, lock.sha256,
+                        {name: versions for name, versions in lock.versions.items()
+                         if not name.startswith("nvidia-cuda-runtime")}
+                        | {"nvidia-cuda-runtime": frozenset({"13.0.96"})})
+    assert cuda_runtime(cuda13) == "13.0.96"
+
+
+def test_a_runtime_without_a_driver_line_is_refused_naming_it(monkeypatch):
+    from pyinfra_vllm.core import stack_locks
+
+    monkeypatch.setattr(stack_locks, "CUDA_RUNTIME_DRIVERS", {"12.1.105": ("x", "1")})
+    with pytest.raises(StackLockError) as raised:
+        driver_floor(STACKS["0.17.0"])
+    assert ("holds CUDA runtime 12.8.90 (nvidia-cuda-runtime-cu12 or nvidia-cuda-runtime), "
+            "which pyinfra_vllm/core/stacks.py CUDA_RUNTIME_DRIVERS has no driver for") in str(
+        raised.value)
