@@ -27,6 +27,7 @@ capture nvlink-s nvidia-smi nvlink --status
 capture q nvidia-smi -q
 capture query-gpu-csv nvidia-smi --query-gpu=index,name,uuid,pci.bus_id,memory.total,mig.mode.current,mig.mode.pending,persistence_mode,driver_version --format=csv
 capture query-gpu-csv-noheader-nounits nvidia-smi --query-gpu=index,name,uuid,pci.bus_id,memory.total,mig.mode.current,mig.mode.pending,persistence_mode,driver_version --format=csv,noheader,nounits
+capture query-gpu-bus-id-compute-cap nvidia-smi --query-gpu=pci.bus_id,compute_cap --format=csv,noheader
 capture query-compute-apps nvidia-smi --query-compute-apps=gpu_uuid,pid,process_name,used_memory --format=csv,noheader,nounits
 capture proc-driver-nvidia-version cat /proc/driver/nvidia/version
 capture nvcc-version nvcc --version
@@ -44,7 +45,7 @@ capture journal-xid sh -c "journalctl -k -b -q --no-pager -o short-iso 2>/dev/nu
 facts=(
     facts.topology.GpuTopology facts.topology.NvlinkStatus facts.driver.KernelModule
     facts.cuda.CudaToolkit facts.gpus.GpuInventory facts.driver.DriverInfo
-    facts.gpus.GpuProcesses facts.driver.DriverPackages facts.driver.HeldPackages
+    facts.gpus.GpuComputeCapability facts.gpus.GpuProcesses facts.driver.DriverPackages facts.driver.HeldPackages
     facts.driver.NvmlError facts.topology.P2pRead facts.gpu_health.GpuHealth
     facts.gpu_health.NvlinkErrors facts.gpu_health.XidEvents
 )
