@@ -126,7 +126,13 @@ def start(unit: str, description: str, steps: list[tuple[str, StringCommand]],
     """
     base = job_dir(unit)
     script = f"{base}/run.sh"
+    # A job that just ended is still loaded while its ExecStopPost runs, and systemd-run
+    # refuses a unit name that is loaded ("Unit ... was already loaded"): up to 30 s for
+    # systemd to collect it (--collect) before its files go and the new one starts.
     yield StringCommand("systemctl reset-failed", QuoteString(unit), "2>/dev/null;",
+                        "n=0; while [ \"$(systemctl show -p LoadState --value",
+                        QuoteString(unit), "2>/dev/null)\" = loaded ] && [ $n -lt 300 ];",
+                        "do sleep 0.1; n=$((n + 1)); done;",
                         "rm -rf", QuoteString(base))
     yield from secret_file(env, f"jobs/{unit}/env")
     yield from private_upload(job_script(unit, description, steps), script, mode="700")

@@ -276,11 +276,8 @@ def test_the_benchmark_then_a_slower_change_is_stopped_by_the_canary(fleet, tmp_
     # than the canary, which runs alone in its slot, finds it (bench/serving.md).
     alone = {}
     for host in sandbox.hosts:
-        # 8 requests, not the fleet run's 4: another shape is another job's unit, so
-        # this one never meets the fleet run's transient unit before systemd has
-        # collected it ("already loaded", seen in a rehearsal: jobs.start does not wait).
         proc = bench(sandbox, tmp_path / host.name, "max_num_seqs=4", BENCH_SHAPE,
-                     "bench_requests=128", limit=host.name)
+                     limit=host.name)
         assert proc.returncode == 0, proc.stderr[-4000:]
         alone[host.name] = json.loads(
             (tmp_path / host.name / "latest-bench.json").read_text())["hosts"][host.name]
