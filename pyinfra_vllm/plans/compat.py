@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pyinfra_vllm.core.stacks import FIRST_SUPPORTED, STACKS, StackRow
+from pyinfra_vllm.core.stacks import FIRST_SUPPORTED, REMOVED_FROM, STACKS, StackRow
 from pyinfra_vllm.core.versions import version_tuple
 from pyinfra_vllm.plans.checks import check
 
@@ -33,6 +33,11 @@ def first_supporting(arch: str) -> str | None:
         return FIRST_SUPPORTED[arch]
     rows = [v for v, row in STACKS.items() if arch in row.architectures]
     return min(rows, key=version_tuple) if rows else None
+
+
+def removed(arch: str, version: str) -> bool:
+    """Has ``arch`` left the registry by vLLM ``version`` (REMOVED_FROM)?"""
+    return arch in REMOVED_FROM and version_tuple(version) >= version_tuple(REMOVED_FROM[arch])
 
 
 def _model_words(config: dict[str, Any], model_id: str | None) -> str:
@@ -73,6 +78,7 @@ def check_architecture(
             if a not in loadable
             and a in FIRST_SUPPORTED
             and version_tuple(version) >= version_tuple(FIRST_SUPPORTED[a])
+            and not removed(a, version)
         ]
     source = "its installed registry" if registry is not None else "the built-in table"
     if loadable:
@@ -82,6 +88,15 @@ def check_architecture(
             f"vLLM {version} loads {loadable[0]} ({model}) per {source}",
         )
     arch = archs[0]
+    if removed(arch, version):
+        return check(
+            "model_architecture",
+            False,
+            f"vLLM {version} cannot load {arch} ({model}): its registry no longer lists "
+            f"it (none from vLLM {REMOVED_FROM[arch]} on)",
+            "set vllm_version to a release before that (rows: "
+            f"{', '.join(sorted(STACKS, key=version_tuple))})",
+        )
     first = first_supporting(arch)
     if first is not None and version_tuple(first) > version_tuple(version):
         return check(
@@ -89,7 +104,8 @@ def check_architecture(
             False,
             f"vLLM {version} cannot load {arch} ({model}); it is supported from "
             f"vLLM {first}",
-            f"set vllm_version to {first} or later (rows: {', '.join(sorted(STACKS))})",
+            f"set vllm_version to {first} or later (rows: "
+            f"{', '.join(sorted(STACKS, key=version_tuple))})",
         )
     if registry is not None:
         return check(

