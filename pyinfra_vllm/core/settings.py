@@ -31,8 +31,7 @@ from pyinfra.api.exceptions import DeployError
 from pyinfra_vllm.core import model_files, settings_checks, settings_docs
 from pyinfra_vllm.core.secret_files import mask_credentials
 from pyinfra_vllm.core.settings_checks import RULE_ERROR
-from pyinfra_vllm.core.stacks import CPU_STACKS, STACKS, StackRow, stack_for
-from pyinfra_vllm.core.versions import version_tuple
+from pyinfra_vllm.core.stacks import CPU_STACKS, STACKS, StackRow, releases, stack_for
 
 # Names of host data that belong to pyinfra's connectors or to the inventory, not to
 # us: never reported as unknown settings.
@@ -697,9 +696,7 @@ class SettingsError(DeployError):
 def allowed(name: str) -> str | None:
     """What a setting allows, in words: its choices or its bounds."""
     if name == "vllm_version":
-        cuda = ", ".join(sorted(STACKS, key=version_tuple))
-        cpu = ", ".join(sorted(CPU_STACKS, key=version_tuple))
-        return f"allowed: {cuda} (vllm_device cuda); {cpu} (cpu)"
+        return f"allowed: {releases(STACKS)} (vllm_device cuda); {releases(CPU_STACKS)} (cpu)"
     if name == "skip_stages":
         return "allowed: any of " + ", ".join(STAGES)
     return settings_docs.field_allowed(Settings.model_fields[name])

@@ -23,8 +23,7 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from pyinfra_vllm.core.model_files import INCOMING, VERIFIED_NAME
 from pyinfra_vllm.core.secret_files import mask_credentials, private_file_problem, read_key_lines
-from pyinfra_vllm.core.stacks import CPU_STACKS, STACKS, StackRow, stack_for
-from pyinfra_vllm.core.versions import version_tuple
+from pyinfra_vllm.core.stacks import CPU_STACKS, STACKS, StackRow, releases, stack_for
 
 # Mount options that disable write barriers: ext4's barrier=0/nobarrier lose data on
 # power failure, and XFS removed nobarrier in Linux 4.19 (mount fails).
@@ -268,8 +267,7 @@ def token_source(hf_token: SecretStr | None, hf_token_file: str | None) -> str |
 def known_stack(value: str) -> str:
     # A release with a row for either device; the pair with vllm_device is checked after.
     if value not in STACKS and value not in CPU_STACKS:
-        allowed = ", ".join(sorted({*STACKS, *CPU_STACKS}, key=version_tuple))
-        raise ValueError(f"no stack is defined for it; allowed: {allowed}")
+        raise ValueError(f"no stack is defined for it; allowed: {releases(STACKS, CPU_STACKS)}")
     return value
 
 
@@ -705,7 +703,7 @@ def bench_fits(shape: dict[str, int], max_model_len: int) -> None:
 
 def device_has_stack(vllm_version: str, vllm_device: str, enforce_eager: bool) -> None:
     if stack_for(vllm_version, vllm_device) is None:
-        rows = ", ".join(sorted(CPU_STACKS if vllm_device == "cpu" else STACKS, key=version_tuple))
+        rows = releases(CPU_STACKS if vllm_device == "cpu" else STACKS)
         raise ValueError(
             f"vllm_version {vllm_version} has no {vllm_device} stack "
             f"(pyinfra_vllm/core/stacks.py); {vllm_device} stacks: {rows}"

