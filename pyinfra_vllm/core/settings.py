@@ -179,6 +179,15 @@ class Settings(BaseModel):
     graph capture: 856 s, doubled for margin and rounded: 1800 s. systemd's default 90 s
     would kill every cold start.
     """
+    vllm_shutdown_timeout_s: int = Field(default=60, ge=0, le=3600)
+    """On a stop or restart (SIGTERM), how long the engine goes on serving the requests it
+    has while refusing new ones (vLLM's --shutdown-timeout, in the stacks whose server has
+    it: vLLM 0.18 and later; older ones abort every request at once). 0: abort at once.
+    systemd's TimeoutStopSec is this plus 120 s for the teardown. A rolling restart drains
+    the host through its gateway first (drain_grace_s): this covers what that left, and
+    every stop that is not a rollout's (systemctl stop, a reboot). 60 s: a 512-token answer
+    at 30 tokens/s, twice over (KServe and llm-d set 30 to 60 s).
+    """
     vllm_start: bool = True
     """Start (or restart) the engine now. False installs and enables the unit without
     starting it (hosts prepared before their GPUs are ready; sandbox hosts, which have no

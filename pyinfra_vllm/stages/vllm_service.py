@@ -57,8 +57,7 @@ def vllm_service_reads(settings: Settings) -> list[Read]:
     """What the vllm_service stage reads of a converged host: the run's one read."""
     ops = vllm_service_plan
     helpers = [ops.READY_PATH, ops.IDLE_PATH, ops.CLIENT_PATH, bench_plan.HELPER_PATH]
-    if settings.vllm_device != "cpu":
-        helpers.append(ops.GUARD_PATH)
+    helpers.append(ops.AMX_PERMISSION_PATH if settings.vllm_device == "cpu" else ops.GUARD_PATH)
     return [
         Read(FilesystemSize, {"path": "/dev/shm"}),
         Read(Account, {"account": ops.SERVICE_USER}),
@@ -208,8 +207,8 @@ def _problems(ctx: HostContext, flags: list[str], accepted: set[str] | None,
 
 def _helpers(device: str) -> None:
     """The unit's helper scripts: the readiness wait, the idle check and the canary's
-    benchmark client, and on GPUs the guard (no GPU guard on CPU: the unit has no
-    ExecStartPre for it)."""
+    benchmark client; on GPUs the guard (no GPU guard on CPU: the unit has no
+    ExecStartPre for it), on CPUs the engine's AMX permission."""
     files: dict[str, tuple[str | bytes, str]] = {
         vllm_service_plan.READY_PATH: ("files/wait_ready.py", "755"),
         vllm_service_plan.IDLE_PATH: ("files/engine_idle.py", "755"),
@@ -217,7 +216,11 @@ def _helpers(device: str) -> None:
         bench_plan.HELPER_PATH: (bench_plan.CLIENT_FILE, "755"),
     }
     if device == "cpu":
-        file_set.present(name="vLLM service: readiness wait", files=files)
+        file_set.present(
+            name="vLLM service: readiness wait and AMX permission",
+            files={vllm_service_plan.AMX_PERMISSION_PATH: ("files/amx_permission.py", "644"),
+                   **files},
+        )
     else:
         file_set.present(
             name="vLLM service: GPU guard and readiness wait",

@@ -83,6 +83,7 @@ def test_the_recorded_help_is_the_probe_s_flags_and_holds_the_row_s_spellings(ke
     assert len(flags) == RECORDED[key][3]
     assert set(row.negative_flags) <= set(flags)
     assert ("--uds" in flags) == row.unix_socket
+    assert ("--shutdown-timeout" in flags) == row.shutdown_timeout
     assert row.log_requests_off_flag is None and "--enable-log-requests" in flags
 
 

@@ -369,3 +369,23 @@ def test_request_logging_flag_follows_the_stack_before_the_server_is_known():
     assert not any("log-requests" in flag for flag in server_flags(new, MODEL))
     # Known: the installed server decides.
     assert "--disable-log-requests" not in server_flags(old, MODEL, {"--model"})
+
+
+def test_a_server_with_shutdown_timeout_serves_its_requests_out_on_a_stop():
+    # vLLM 0.33.0 has --shutdown-timeout: the unit asks vllm_shutdown_timeout_s of it, and
+    # systemd waits that much longer before its SIGKILL; 0.6.3 aborts on SIGTERM.
+    new = validate({"gateway_open": True, "vllm_version": "0.33.0",
+                    "nvidia_driver_branch": "580-server", "vllm_shutdown_timeout_s": 45})
+    flags = server_flags(new, MODEL)
+    assert flags[flags.index("--shutdown-timeout") + 1] == "45"
+    assert values(unit(new), "TimeoutStopSec") == ["165"]
+    # SIGTERM to the API server alone: a TP worker given SIGTERM exits at once.
+    assert values(unit(new), "KillMode") == ["mixed"]
+    old = Settings(gateway_open=True)
+    assert "--shutdown-timeout" not in server_flags(old, MODEL)
+    assert values(unit(old), "TimeoutStopSec") == ["120"]
+    assert values(unit(old), "KillMode") == ["control-group"]
+    # Known: the installed server decides, whatever the row says.
+    assert "--shutdown-timeout" not in server_flags(new, MODEL, {"--model"})
+    assert values(unit(new, accepted={"--model"}), "TimeoutStopSec") == ["120"]
+    assert "--shutdown-timeout" in server_flags(old, MODEL, {"--shutdown-timeout"})
