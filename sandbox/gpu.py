@@ -1,9 +1,11 @@
 """The simulated NVIDIA stack on sandbox hosts (integration of sandbox/gpusim).
 
 Per scenario:
-- seed / pcie / mig / mismatch: the gpusim .debs are installed into the host's overlay before
-  its first boot (dpkg -i in a non-booted systemd-nspawn) and `gpusimctl init --scenario S`
-  sets its simulated GPU state. That state lives in the host's upper dir, so it survives reboots.
+- seed / pcie / mig / mismatch / h200: the gpusim .debs are installed into the host's overlay
+  before its first boot (dpkg -i in a non-booted systemd-nspawn) and `gpusimctl init
+  --scenario S` sets its simulated GPU state. That state lives in the host's upper dir, so it
+  survives reboots. The packages carry Ubuntu's 535-server branch, h200's the captured H200
+  host's 580.159.04 (DRIVER_PACKAGES), so its installed packages and loaded module agree.
 - bare: no driver. Instead a trusted apt repository carrying the same .debs under Ubuntu's
   package names is served over HTTP on the host side of the host's veth; its URL is the host
   data `nvidia_apt_repo` (`sandbox_nvidia_apt_source` is the whole sources.list line), for the deploy
@@ -47,16 +49,25 @@ REPO_PORT = 8787
 SERVICE_DIR = RUN_DIR / "services"
 REPO_PID = SERVICE_DIR / "apt-repo.pid"
 DEBS_IN_HOST = "/var/cache/gpusim-debs"
+# (branch, Debian version) of the driver packages a scenario installs where it is not the
+# default (build_debs.build's 535-server): h200's loaded module is the captured host's
+# 580.159.04 (gpusimctl h200_state), and so is its installed driver.
+DRIVER_PACKAGES = {"h200": ("580-server", "580.159.04-0ubuntu0.22.04.1")}
 
 
 @dataclass
 class GpuPlan:
     debs: list[Path] = field(default_factory=list)
     repo_dir: Path | None = None
+    # The packages of the scenarios in DRIVER_PACKAGES, by scenario.
+    scenario_debs: dict[str, list[Path]] = field(default_factory=dict)
 
     @property
     def available(self) -> bool:
         return bool(self.debs)
+
+    def debs_for(self, scenario: str) -> list[Path]:
+        return self.scenario_debs.get(scenario, self.debs)
 
 
 def gpusim_available() -> bool:
@@ -64,7 +75,7 @@ def gpusim_available() -> bool:
 
 
 def _source_hash() -> str:
-    digest = hashlib.sha256()
+    digest = hashlib.sha256(repr(sorted(DRIVER_PACKAGES.items())).encode())
     for path in sorted(GPUSIM_DIR.rglob("*")):
         if path.is_file() and "__pycache__" not in path.parts:
             digest.update(str(path.relative_to(GPUSIM_DIR)).encode() + b"\0" + path.read_bytes())
@@ -84,12 +95,19 @@ def _build(log) -> GpuPlan:
             module = importlib.import_module("sandbox.gpusim.build_debs")
             debs = [Path(p) for p in module.build(debs_dir)]
             module.build_repo(debs, repo_dir)
+            for scenario, (branch, version) in sorted(DRIVER_PACKAGES.items()):
+                debs += [Path(p) for p in module.build(cache / f"debs-{scenario}",
+                                                       branch=branch, version=version)]
         except Exception as exc:
             shutil.rmtree(cache, ignore_errors=True)
             raise SandboxError(f"gpusim: building the packages failed: {exc}") from exc
         done.write_text("\n".join(str(p.relative_to(cache)) for p in debs) + "\n")
-    debs = [cache / line for line in done.read_text().split()]
-    return GpuPlan(debs=debs, repo_dir=repo_dir)
+    by_folder: dict[str, list[Path]] = {}
+    for line in done.read_text().split():
+        by_folder.setdefault(line.split("/", 1)[0], []).append(cache / line)
+    return GpuPlan(debs=by_folder["debs"], repo_dir=repo_dir,
+                   scenario_debs={scenario: by_folder[f"debs-{scenario}"]
+                                  for scenario in DRIVER_PACKAGES})
 
 
 def plan(scenarios: list[str], log=print) -> GpuPlan:
@@ -110,9 +128,10 @@ def prepare(host: Host, gpu_plan: GpuPlan) -> None:
         return
     target = host.merged / DEBS_IN_HOST.lstrip("/")
     target.mkdir(parents=True, exist_ok=True)
-    for deb in gpu_plan.debs:
+    debs = gpu_plan.debs_for(host.scenario)
+    for deb in debs:
         shutil.copy(deb, target / deb.name)
-    inside = [f"{DEBS_IN_HOST}/{deb.name}" for deb in gpu_plan.debs]
+    inside = [f"{DEBS_IN_HOST}/{deb.name}" for deb in debs]
     _in_container(host, ["dpkg", "-i", *inside], "install gpusim packages")
     _in_container(
         host,
