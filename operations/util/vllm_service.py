@@ -36,16 +36,36 @@ def limit_reset_then(verb: str) -> StringCommand:
                          UNIT, "; }")
 
 
+# The states in which ``systemctl try-restart`` restarts a unit: an engine that runs.
+RUNNING_STATES = "active|activating|reloading"
+
+
+def stop_as_started() -> StringCommand:
+    """The engine stopped under the unit it was started with, before another replaces it
+    (systemd stops a unit by the KillMode= and TimeoutStopSec= it has loaded at the stop):
+    vLLM 0.17.0's API server, given SIGTERM alone as a 0.32.0 unit's KillMode=mixed says,
+    waits for its engine core, which never got one, until TimeoutStopSec (seen); a 0.32.0
+    engine stopped by a 0.17.0 unit's control-group would abort what it serves. Its state
+    before, ``$was``, says whether it ran."""
+    return StringCommand(
+        "was=$(systemctl is-active", UNIT, '2>/dev/null || true) && { case "$was" in',
+        RUNNING_STATES + ") systemctl stop", UNIT, ";; esac; }",
+    )
+
+
 def restart_command(staged: Sequence[tuple[str, str]], start: bool,
                     keep_previous: bool = False) -> StringCommand:
-    """The staged unit and environment file moved into place (``rolling_util.promote_command``,
-    the files they replace kept with ``keep_previous``), systemd reloaded, the engine
-    restarted; on failure, the lines the unit's processes logged since (their
-    ``SyslogIdentifier``) on stderr and the failure kept."""
-    # try-restart leaves a failed engine failed, for the audit to see: no reset there.
-    verb = limit_reset_then("restart") if start else StringCommand("systemctl try-restart", UNIT)
+    """The engine stopped under its own unit (``stop_as_started``), the staged unit and
+    environment file moved into place (``rolling_util.promote_command``, the files they
+    replace kept with ``keep_previous``), systemd reloaded, the engine started again (or,
+    with ``start`` False, only if it ran); on failure, the lines the unit's processes logged
+    since (their ``SyslogIdentifier``) on stderr and the failure kept."""
+    # Not started: a failed engine stays failed, for the audit to see; no reset there.
+    verb = limit_reset_then("restart") if start else StringCommand(
+        'case "$was" in', RUNNING_STATES + ") systemctl start", UNIT, ";; esac")
     return StringCommand(
-        "since=$(date +%s) &&", rolling_util.promote_command(staged, keep_previous),
+        "since=$(date +%s) &&", stop_as_started(), "&&",
+        rolling_util.promote_command(staged, keep_previous),
         "&& systemctl daemon-reload &&", verb,
         "|| { rc=$?; journalctl -u", UNIT, "-t", SERVICE, '--since "@$since" -n',
         str(JOURNAL_LINES), "--no-pager -o cat >&2; exit $rc; }",
@@ -53,10 +73,11 @@ def restart_command(staged: Sequence[tuple[str, str]], start: bool,
 
 
 def rollback_command(paths: Sequence[str]) -> StringCommand:
-    """The unit and environment file a canaried restart replaced put back
-    (``rolling_util.restore_command``), systemd reloaded, the engine restarted on them."""
+    """The engine stopped under its own unit (``stop_as_started``), the unit and
+    environment file a canaried restart replaced put back (``rolling_util.restore_command``),
+    systemd reloaded, the engine started on them."""
     return StringCommand(
-        "since=$(date +%s) &&", rolling_util.restore_command(paths),
+        "since=$(date +%s) &&", stop_as_started(), "&&", rolling_util.restore_command(paths),
         "&& systemctl daemon-reload &&", limit_reset_then("restart"),
         "|| { rc=$?; journalctl -u", UNIT, "-t", SERVICE, '--since "@$since" -n',
         str(JOURNAL_LINES), "--no-pager -o cat >&2; exit $rc; }",

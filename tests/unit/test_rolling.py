@@ -167,10 +167,41 @@ def test_discard_removes_the_staged_files_and_nothing_else(tmp_path):
     assert unit.read_text() == "live\n"
 
 
+# A systemctl that logs its verb and answers is-active with $STATE (exit 3 unless active).
+FAKE_SYSTEMCTL = """#!/bin/sh
+echo "$1" >> "$LOG"
+if [ "$1" = is-active ]; then echo "$STATE"; [ "$STATE" = active ]; exit $?; fi
+exit 0
+"""
+
+
+@pytest.mark.parametrize(("state", "start", "verbs"), [
+    ("active", True, ["is-active", "stop", "daemon-reload", "reset-failed", "restart"]),
+    ("active", False, ["is-active", "stop", "daemon-reload", "start"]),
+    ("activating", False, ["is-active", "stop", "daemon-reload", "start"]),
+    ("inactive", False, ["is-active", "daemon-reload"]),
+    ("failed", False, ["is-active", "daemon-reload"]),
+    ("inactive", True, ["is-active", "daemon-reload", "reset-failed", "restart"]),
+])
+def test_a_restart_stops_the_engine_under_the_unit_it_started_with(tmp_path, state, start,
+                                                                   verbs):
+    """The running engine is stopped before its new unit is loaded (daemon-reload), and,
+    not asked to start, started again only if it ran; real sh, a systemctl stand-in."""
+    (tmp_path / "systemctl").write_text(FAKE_SYSTEMCTL)
+    (tmp_path / "systemctl").chmod(0o755)
+    log = tmp_path / "log"
+    command = vllm_service_util.restart_command([], start).get_raw_value()
+    subprocess.run(["sh", "-c", command], check=True, timeout=30,
+                   env={"PATH": f"{tmp_path}:/usr/bin:/bin", "LOG": str(log), "STATE": state})
+    assert log.read_text().split() == verbs
+
+
 def test_the_restart_and_drain_commands():
     staged = [("/etc/systemd/system/vllm.service", "ab" * 32)]
     assert vllm_service_util.restart_command(staged, True).get_raw_value() == (
-        "since=$(date +%s) && { [ ! -e /etc/systemd/system/vllm.service.pyinfra-staged ] || "
+        "since=$(date +%s) && was=$(systemctl is-active vllm.service 2>/dev/null || true) && "
+        '{ case "$was" in active|activating|reloading) systemctl stop vllm.service ;; esac; } '
+        "&& { [ ! -e /etc/systemd/system/vllm.service.pyinfra-staged ] || "
         f"{{ if echo '{'ab' * 32}  /etc/systemd/system/vllm.service.pyinfra-staged' | sha256sum "
         "--status -c -; then mv -f /etc/systemd/system/vllm.service.pyinfra-staged "
         "/etc/systemd/system/vllm.service ; else rm -f "
@@ -179,8 +210,10 @@ def test_the_restart_and_drain_commands():
         "restart vllm.service ; } || { rc=$?; journalctl -u "
         'vllm.service -t vllm --since "@$since" -n 15 --no-pager -o cat >&2; exit $rc; }'
     )
-    # Not started, a failed engine stays failed for the audit: no reset-failed.
-    assert "systemctl daemon-reload && systemctl try-restart vllm.service ||" in (
+    # Not started, a failed engine stays failed for the audit: no reset-failed; one that
+    # ran (stopped under its own unit first) starts again.
+    assert ('systemctl daemon-reload && case "$was" in active|activating|reloading) '
+            "systemctl start vllm.service ;; esac ||") in (
         vllm_service_util.restart_command([], False).get_raw_value())
     assert "reset-failed" not in vllm_service_util.restart_command([], False).get_raw_value()
     assert rolling_util.drain_command().get_raw_value() == (
