@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 
+from files import vllm_probe
+from pyinfra_vllm.core.stacks import STACKS
 from tests.e2e.conftest import CUDA_063, booted
 from tests.e2e.test_full import SCENARIOS, hosts_with
 
@@ -161,3 +164,42 @@ def test_a_parser_error_fails_that_host_and_the_run_goes_on(fleet):
     proc = fleet.pyinfra("--json", *limits, *CUDA_063, "deploys/full.py", timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads(proc.stdout)["results"]["failed_hosts"] == []
+
+
+# --- the CUDA stack real servers get, on test_full.py's H200 host ------------------------
+H200 = "gpu-sbx-6"  # the h200 scenario: one H200, driver 580.159.04, packages and module
+STACK = STACKS["0.17.0"]
+CUDA_0_17 = ("--data", "vllm_device=cuda", "--data", f"vllm_version={STACK.vllm}",
+             "--data", "vllm_start=false", "--data", "tensor_parallel_size=1")
+RECORDED = Path(__file__).resolve().parents[1] / "fixtures" / "vllm-cuda-0.17.0" / "probe.json"
+
+
+def test_the_h200_host_builds_the_cuda_0_17_stack_from_its_lock_and_probes_it(fleet):
+    """vLLM 0.17.0 (CUDA 12.8, driver 570 or newer: the 580 host passes the gate) installed
+    from its lock with hashes and proven on a host without a real GPU: the probe finds what
+    the development machine's install recorded (tests/fixtures/vllm-cuda-0.17.0), names what
+    it could not check without a GPU, and the unit uses only options its server lists."""
+    proc = fleet.pyinfra("--json", "--limit", H200, *CUDA_0_17, "deploys/full.py", timeout=2400)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    host = fleet.host(H200)
+    env = fleet.ssh(host, "readlink /opt/vllm/current").stdout.strip()
+    assert env.startswith(f"/opt/vllm/envs/vllm-{STACK.vllm}-"), env
+    runtime = json.loads(fleet.ssh(host, f"cat {env}/pyinfra-vllm-env.json").stdout)["runtime"]
+    recorded = json.loads(RECORDED.read_text())["runtime"]
+    assert (runtime["vllm"], runtime["vllm_dist"], runtime["device"], runtime["torch"],
+            runtime["torch_cuda"]) == ("0.17.0", "vllm", "cuda", STACK.torch, STACK.cuda)
+    assert tuple(runtime["cuda_archs"]) == STACK.cuda_archs
+    assert "Qwen3_5ForConditionalGeneration" in runtime["architectures"]
+    assert runtime["architectures"] == recorded["architectures"]
+    assert runtime["flags"] == recorded["flags"]
+    assert runtime["gpus"] is None
+    assert runtime["unchecked"] == [vllm_probe.UNCHECKED_KERNELS, vllm_probe.UNCHECKED_GPUS,
+                                    vllm_probe.UNCHECKED_HELP]
+    unit = fleet.ssh(host, "cat /etc/systemd/system/vllm.service").stdout
+    start = unit.split("\nExecStart=", 1)[1].split("\nExecStartPost=", 1)[0]
+    used = set(re.findall(r'"(--[a-z0-9][a-z0-9-]*)"', start))
+    assert {"--tensor-parallel-size", "--uds", "--gpu-memory-utilization"} <= used
+    assert used <= set(runtime["flags"]), used - set(runtime["flags"])
+    assert f'"{env}/bin/python"' in unit
+    proc = fleet.pyinfra("--json", "--limit", H200, *CUDA_0_17, "deploys/full.py", timeout=600)
+    assert proc.returncode == 0 and json.loads(proc.stdout)["results"]["totals"]["success"] == 0
