@@ -169,7 +169,10 @@ def test_a_parser_error_fails_that_host_and_the_run_goes_on(fleet):
 # --- the CUDA stack real servers get, on test_full.py's H200 host ------------------------
 H200 = "gpu-sbx-6"  # the h200 scenario: one H200, driver 580.159.04, packages and module
 STACK = STACKS["0.17.0"]
+# The 0.17.0 row needs driver branch 570 or newer (the settings refuse the default 535);
+# the host's driver is 580.
 CUDA_0_17 = ("--data", "vllm_device=cuda", "--data", f"vllm_version={STACK.vllm}",
+             "--data", "nvidia_driver_branch=580-server",
              "--data", "vllm_start=false", "--data", "tensor_parallel_size=1")
 RECORDED = Path(__file__).resolve().parents[1] / "fixtures" / "vllm-cuda-0.17.0" / "probe.json"
 
