@@ -53,35 +53,34 @@ def stop_as_started() -> StringCommand:
     )
 
 
-def restart_command(staged: Sequence[tuple[str, str]], start: bool,
-                    keep_previous: bool = False) -> StringCommand:
-    """The engine stopped under its own unit (``stop_as_started``), the staged unit and
-    environment file moved into place (``rolling_util.promote_command``, the files they
-    replace kept with ``keep_previous``), systemd reloaded, the engine started again (or,
-    with ``start`` False, only if it ran); on failure, the lines the unit's processes logged
-    since (their ``SyslogIdentifier``) on stderr and the failure kept."""
-    # Not started: a failed engine stays failed, for the audit to see; no reset there.
-    verb = limit_reset_then("restart") if start else StringCommand(
-        'case "$was" in', RUNNING_STATES + ") systemctl start", UNIT, ";; esac")
+def _restart(files: StringCommand, verb: StringCommand) -> StringCommand:
+    """The engine stopped under its own unit (``stop_as_started``), ``files`` put in place,
+    systemd reloaded, ``verb``; on failure, the lines the unit's processes logged since
+    (their ``SyslogIdentifier``) on stderr and the failure kept."""
     return StringCommand(
-        "since=$(date +%s) &&", stop_as_started(), "&&",
-        rolling_util.promote_command(staged, keep_previous),
+        "since=$(date +%s) &&", stop_as_started(), "&&", files,
         "&& systemctl daemon-reload &&", verb,
         "|| { rc=$?; journalctl -u", UNIT, "-t", SERVICE, '--since "@$since" -n',
         str(JOURNAL_LINES), "--no-pager -o cat >&2; exit $rc; }",
     )
 
 
+def restart_command(staged: Sequence[tuple[str, str]], start: bool,
+                    keep_previous: bool = False) -> StringCommand:
+    """The staged unit and environment file moved into place
+    (``rolling_util.promote_command``, the files they replace kept with ``keep_previous``)
+    inside ``_restart``, the engine started again (or, with ``start`` False, only if it
+    ran)."""
+    # Not started: a failed engine stays failed, for the audit to see; no reset there.
+    verb = limit_reset_then("restart") if start else StringCommand(
+        'case "$was" in', RUNNING_STATES + ") systemctl start", UNIT, ";; esac")
+    return _restart(rolling_util.promote_command(staged, keep_previous), verb)
+
+
 def rollback_command(paths: Sequence[str]) -> StringCommand:
-    """The engine stopped under its own unit (``stop_as_started``), the unit and
-    environment file a canaried restart replaced put back (``rolling_util.restore_command``),
-    systemd reloaded, the engine started on them."""
-    return StringCommand(
-        "since=$(date +%s) &&", stop_as_started(), "&&", rolling_util.restore_command(paths),
-        "&& systemctl daemon-reload &&", limit_reset_then("restart"),
-        "|| { rc=$?; journalctl -u", UNIT, "-t", SERVICE, '--since "@$since" -n',
-        str(JOURNAL_LINES), "--no-pager -o cat >&2; exit $rc; }",
-    )
+    """The unit and environment file a canaried restart replaced put back
+    (``rolling_util.restore_command``) inside ``_restart``, the engine started on them."""
+    return _restart(rolling_util.restore_command(paths), limit_reset_then("restart"))
 
 
 def canary_command(canary: dict, env_path: str) -> StringCommand:
