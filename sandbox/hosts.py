@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from sandbox import gpu, model_mirror, net, rootfs
+from sandbox import gpu, model_mirror, net, rootfs, supervise
 from sandbox.util import CACHE_DIR, RUN_DIR, STATE_DIR, SandboxError, run, write_file
 
 # h200 is an extra gpusim scenario (one H200, driver 580.159.04 packages and module), matching the H200 captures.
@@ -812,6 +812,7 @@ def _down(log=print) -> list[str]:
             problems.append(f"{host_dir} still has mounts; left in place")
     for path in (STATE_FILE, INVENTORY_FILE, KNOWN_HOSTS):
         path.unlink(missing_ok=True)
+    problems += supervise.remove_cgroups()
     remaining = leftovers()
     problems += [f"still present: {item}" for item in remaining if item not in problems]
     if host_dirs or state:

@@ -36,11 +36,12 @@ SOURCE = "nvidia-graphics-drivers-{branch}"
 # Ubuntu's unit for the -server branches (canonical/nvidia-graphics-drivers): no [Install]
 # section (a udev rule starts it when the module loads), StopWhenUnneeded, and
 # --no-persistence-mode, so starting it alone does NOT turn persistence mode on.
-# Ubuntu's unit, plus one line: PIDFile=. Inside a sandbox host (nspawn on a cgroup v1
-# machine) systemd cannot kill a unit's control group ("Failed to kill control group
-# ... Input/output error"), so a stop reaches only the main PID; without PIDFile= a
-# forking daemon's main PID is a guess, and a lost guess leaves the daemon running
-# outside its unit. The daemon writes this file, as the real one does.
+# Ubuntu's unit, plus one line: PIDFile=. When sandbox hosts shared one cgroup tree
+# (before sandbox/supervise.py gave each its own), systemd could not kill a unit's control
+# group ("Failed to kill control group ... Input/output error") and a stop reached only
+# the main PID; without PIDFile= a forking daemon's main PID is a guess, and a lost guess
+# leaves the daemon running outside its unit. The daemon writes this file, as the real
+# one does.
 PERSISTENCED_UNIT = """\
 [Unit]
 Description=NVIDIA Persistence Daemon

@@ -9,11 +9,12 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+from pathlib import Path
 
 import pytest
 
 from sandbox import hosts as sbx
-from sandbox import net
+from sandbox import net, supervise
 
 pytestmark = pytest.mark.e2e
 
@@ -69,6 +70,17 @@ def test_systemd_is_pid1_and_running(sandbox, index: int) -> None:
     state = sandbox.ssh(host, "systemctl is-system-running", check=False).stdout.strip()
     assert state in ("running", "degraded")
     assert sandbox.ssh(host, "systemd-detect-virt", check=False).stdout.strip() == "systemd-nspawn"
+
+
+def test_each_host_has_a_cgroup_tree_of_its_own(sandbox) -> None:
+    # In one tree, both containers' systemd managed one vllm.service cgroup holding both
+    # hosts' engines (sandbox/supervise.py).
+    for host in sandbox.hosts:
+        init = next(pid for pid in _container_pids(host)
+                    if Path(f"/proc/{pid}/comm").read_text().strip() == "systemd")
+        lines = Path(f"/proc/{init}/cgroup").read_text().splitlines()
+        unified = next(line.split(":", 2)[2] for line in lines if line.startswith("0::"))
+        assert unified == f"/{supervise.CGROUP_NAME}/{host.name}/payload/init.scope", unified
 
 
 def test_loop_device_takes_xfs_noatime(sandbox) -> None:
@@ -142,6 +154,7 @@ def test_teardown_leaves_nothing(sandbox) -> None:
     assert alive == [], "nspawn/container processes (sshd, systemd) survived teardown"
     assert net.leftover_rules() == []
     assert sbx.leftovers() == []
+    assert [root for root in supervise.CGROUP_ROOTS if (root / supervise.CGROUP_NAME).exists()] == []
 
 
 def _container_pids(host) -> list[int]:
