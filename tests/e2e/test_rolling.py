@@ -32,8 +32,10 @@ index pointed where nothing answers; the 0.32.0 engines stop the graceful way.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import runpy
 import subprocess
 import sys
 import threading
@@ -41,7 +43,9 @@ import time
 import urllib.error
 import urllib.request
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from itertools import pairwise
+from pathlib import Path
 
 import pytest
 
@@ -54,16 +58,14 @@ pytestmark = pytest.mark.e2e
 KEY = "sk-rolling-" + "0123456789abcdef" * 2
 INSTALL_TIMEOUT = 2400
 # The fleet is installed on the CPU row before the sandbox's own (0.32.0), upgraded to it
-# at once and runs on it (BASE) until the rollback, last. vLLM 0.17.0's engine core, given
-# SIGTERM, does not exit on these hosts: each stop of a 0.17.0 engine lasts its unit's
-# TimeoutStopSec (120 s) and its SIGKILL (seen); 0.32.0's API server stops it in seconds.
+# at once and runs on it (BASE) until the rollback, last.
 OLD, NEW = CPU_STACKS["0.17.0"], CPU_STACKS["0.32.0"]
 BASE = ["--data", f'api_keys=["{KEY}"]', "--data", "tensor_parallel_size=1",
         "--data", f"vllm_version={NEW.vllm}",
         "--data", "rolling_batch=1", "--data", "drain_grace_s=30",
         # A host that cannot start fails readiness in minutes, not the default half hour.
-        # 600 s: a 0.32.0 engine starting on one of this machine's two CPUs, the other
-        # taken by the serving host's worker, took more than 240 s (seen).
+        # 600 s: far above the 35 to 50 s a start takes here with a CPU of its own
+        # (own_cpu_inventory), and above the 200 to 300 s it took without.
         "--data", "vllm_start_timeout_s=600"]
 HOSTS = int(os.environ.get("ROLLING_HOSTS", "2"))
 JOIN_S = 15  # after the run, for the client's last request
@@ -131,9 +133,29 @@ class Client(threading.Thread):
             time.sleep(PACE_S)
 
 
+def own_cpu_inventory(sandbox, path: Path) -> Path:
+    """The sandbox's inventory with each host's engine worker bound to a CPU of its own.
+
+    vLLM's "auto" binds a tensor-parallel-1 worker to the first CPU of its NUMA node: on
+    every sandbox host, this machine's CPU 0. A starting worker then shared that CPU with
+    the other host's serving one, which polls its queue without rest under the client, and
+    its start took 200 to 300 s in place of 35 (seen). Separate servers have CPUs of their
+    own; so does each host here (round robin when there are more hosts than CPUs).
+    """
+    groups = runpy.run_path(str(sandbox.inventory))
+    cpus = sorted(os.sched_getaffinity(0))
+    hosts = [(name, {**data, "vllm_cpu_threads_bind": str(cpus[number % len(cpus)])})
+             for number, (name, data) in enumerate(groups["sandbox"])]
+    path.write_text('"""test_rolling.py: the sandbox\'s hosts, a CPU each."""\n\n'
+                    f"sandbox = {hosts!r}\n")
+    return path
+
+
 @pytest.fixture(scope="module")
-def fleet():
+def fleet(tmp_path_factory):
     with booted(["seed"] * HOSTS) as sandbox:
+        sandbox = dataclasses.replace(sandbox, inventory=own_cpu_inventory(
+            sandbox, tmp_path_factory.mktemp("rolling") / "inventory.py"))
         proc, data = run(sandbox, f"vllm_version={OLD.vllm}", timeout=INSTALL_TIMEOUT)
         if data is None or proc.returncode != 0:
             pytest.fail(f"first run failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
@@ -149,13 +171,16 @@ def restart_times(sandbox, host) -> tuple[float, float]:
 
 def test_fresh_hosts_get_the_same_environment_from_the_lock(fleet):
     sandbox = fleet
-    envs, freezes, hashes = set(), [], []
+    envs, freezes = set(), []
     for host in sandbox.hosts:
         env = sandbox.ssh(host, "readlink /opt/vllm/current").stdout.strip()
         envs.add(env)
         freezes.append(sandbox.ssh(host, f"{env}/bin/python -m pip freeze --all").stdout)
-        hashes.append(sandbox.ssh(host, HASHES.format(env=env), timeout=900).stdout)
     assert len(envs) == 1  # the same path: the same lock, manager and interpreter
+    # Every host's files hashed at once: each is about 8 GB, and each host a CPU.
+    with ThreadPoolExecutor(len(sandbox.hosts)) as pool:
+        hashes = list(pool.map(lambda host: sandbox.ssh(
+            host, HASHES.format(env=env), timeout=900).stdout, sandbox.hosts))
     assert all(freeze == freezes[0] for freeze in freezes)
     assert all(listing == hashes[0] for listing in hashes)
     frozen = dict(line.split("==", 1) for line in freezes[0].splitlines() if "==" in line)
