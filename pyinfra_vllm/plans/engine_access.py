@@ -104,6 +104,20 @@ def listens_as_settings(argv: list[str], settings: Settings) -> bool:
     return any(argv[at:at + len(listen)] == listen for at in range(len(argv)))
 
 
+def running_endpoint(argv: list[str]) -> Endpoint | None:
+    """Where the engine running with ``argv`` (``EngineProcess``) is reached: its
+    ``--uds``, or its ``--host`` and ``--port``; None when its command line has neither."""
+    def value(flag: str) -> str | None:
+        return argv[argv.index(flag) + 1] if flag in argv[:-1] else None
+
+    socket, address, port = value("--uds"), value("--host"), value("--port")
+    if socket:
+        return Endpoint(socket=socket, address="localhost")
+    if address is None or port is None or not port.isdigit():
+        return None
+    return Endpoint(socket=None, address=engine_address(address, int(port)))
+
+
 def server_listen_flags(settings: Settings) -> list[str]:
     """The server's listen options: ``--uds`` or ``--host`` and ``--port``."""
     place = endpoint(settings)

@@ -275,7 +275,11 @@ def _restarted(ctx: HostContext, python: str, unit_files: dict[str, bytes],
     # Here, while the run is planned: hosts with another rolling_batch stop the run
     # before any change.
     rolling_util.rollout(state, settings.rolling_batch, host.name)
-    place = engine_access.endpoint(settings)
+    # The drain asks the engine that runs now: a run that moves it (a socket to TCP, a
+    # port) would otherwise ask the new place, find nothing and cut what is in flight.
+    running = host.get_fact(EngineProcess, **vllm_service_plan.ENGINE_PROCESS_READ)
+    place = (running and engine_access.running_endpoint(running["argv"])
+             ) or engine_access.endpoint(settings)
     changed = any_changed(*changes, *repaired)
     vllm_service_ops.restarted(
         name="vLLM service: restarted for its new unit" if not repaired else

@@ -207,3 +207,17 @@ def test_no_canary_where_the_engine_moves_to_another_address():
                       vllm_engine_allow=["10.0.0.0/24"])
     assert not listens_as_settings(on_socket, on_tcp)
     assert listens_as_settings([*on_socket[:5], "--host", "10.0.0.5", "--port", "8000"], on_tcp)
+
+
+def test_the_drain_reaches_the_engine_where_it_runs_now():
+    from pyinfra_vllm.plans.engine_access import Endpoint, running_endpoint
+
+    server = ["/opt/vllm/envs/x/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
+    assert running_endpoint([*server, "--uds", "/run/vllm-engine/engine.sock"]) == Endpoint(
+        socket="/run/vllm-engine/engine.sock", address="localhost")
+    assert running_endpoint([*server, "--host", "0.0.0.0", "--port", "8000"]) == Endpoint(
+        socket=None, address="127.0.0.1:8000")
+    assert running_endpoint([*server, "--host", "::1", "--port", "8001"]).url(
+        "/metrics") == "http://[::1]:8001/metrics"
+    assert running_endpoint([*server, "--port", "8000"]) is None
+    assert running_endpoint([*server, "--host", "127.0.0.1", "--port"]) is None
