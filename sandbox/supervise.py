@@ -87,10 +87,9 @@ def remove_cgroups() -> list[str]:
 def _pass_controllers(root: Path, parent: Path) -> None:
     """The v2 controllers the root hands down, handed down by ``parent`` too (it holds no
     process, so it may): each container's systemd keeps the controllers it had."""
-    enabled = (root / "cgroup.subtree_control")
-    if not enabled.is_file() or not enabled.read_text().split():
-        return  # v1 hierarchy, or no controller on v2 (a hybrid layout's "unified")
-    for controller in enabled.read_text().split():
+    enabled = root / "cgroup.subtree_control"
+    # None on a v1 hierarchy; none on a hybrid layout's "unified" either.
+    for controller in enabled.read_text().split() if enabled.is_file() else []:
         try:
             (parent / "cgroup.subtree_control").write_text(f"+{controller}\n")
         except OSError:

@@ -292,19 +292,19 @@ def _restarted(ctx: HostContext, python: str, unit_files: dict[str, bytes],
         metrics_url=place.url("/metrics"),
         client=engine_access.client_args(place),
         new_key=new_key,
-        canary=_canary(ctx, python) if settings.rollout_canary else None,
+        canary=_canary(ctx, python, running) if settings.rollout_canary else None,
         _if=lambda: new_key or changed(),
     )
 
 
-def _canary(ctx: HostContext, python: str) -> dict[str, Any] | None:
+def _canary(ctx: HostContext, python: str, running: dict[str, Any] | None
+            ) -> dict[str, Any] | None:
     """What the restart's canary benchmark needs (operations/vllm_service.py restarted):
     the new environment's interpreter runs vLLM's client through the gateway. None in a
     run that moves the engine to another socket or address: the gateway, whose stage
     comes after, reaches it there only once its site is rewritten, so every request of a
-    canary in the restart's slot would fail."""
+    canary in the restart's slot would fail. ``running``: the engine now (EngineProcess)."""
     settings = ctx.settings
-    running = host.get_fact(EngineProcess, **vllm_service_plan.ENGINE_PROCESS_READ)
     if running and not engine_access.listens_as_settings(running["argv"], settings):
         host.log_styled(
             "vLLM service: no canary in this run: the engine moves to "
