@@ -88,6 +88,12 @@ def proven(environments: dict, path: str, stack: StackRow) -> bool:
             and found.get("integrity", {}).get("state") == "intact")
 
 
+def returns_to_kept(environments: dict, path: str, stack: StackRow) -> bool:
+    """Does a run move the host back to an environment it kept (a rollback, or a release
+    tried before), not to a new one or the one ``current`` names?"""
+    return path != environments["current"] and proven(environments, path, stack)
+
+
 def environment_path(root: str, stack: StackRow, manager: str, python: str,
                      environments: dict) -> str:
     """Where the environment of the stack is, or is to be built: a proven generation

