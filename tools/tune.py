@@ -16,8 +16,9 @@ For one host (``--limit``, exactly one), from the repository root:
    then ``python -m tools.bench`` on the host (its record kept as each run's);
 4. deploys/full.py with the inventory's own settings puts the host back as it was, a
    last benchmark makes its record the one of its own settings again (the next
-   rollout's canary compares with it), and the host goes back into rotation, whatever
-   happened in between.
+   rollout's canary compares with it; none when the last combination was the
+   inventory's own settings, whose record it is already), and the host goes back into
+   rotation, whatever happened in between.
 
 Prints one row per combination and the best one: the highest output tokens/s among those
 whose TTFT p95 is within ``--max-ttft-p95-ms`` (all of them without it), with the
@@ -160,15 +161,17 @@ class Tuning:
         inventory = args["inventory"]
         self.inventory = os.path.abspath(inventory) if os.path.exists(inventory) else inventory
 
-    def deploy(self, *extra: str, dry: bool = False) -> subprocess.CompletedProcess:
-        """deploys/full.py for the host (its progress on stderr, as it comes)."""
+    def deploy(self, *extra: str, dry: bool = False, report: bool = False
+               ) -> subprocess.CompletedProcess:
+        """deploys/full.py for the host (its progress on stderr, as it comes); with
+        ``report``, pyinfra's JSON results on stdout (``changed_nothing``)."""
         mode = ["--dry"] if dry else ["-y"]
         return subprocess.run(
-            [sys.executable, "-m", "pyinfra", *mode, *self.args["pyinfra"], *extra,
-             "--data", "rollout_canary=false", "--limit", self.args["host"], self.inventory,
-             "deploys/full.py"],
-            cwd=ROOT, env=self.env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            text=True)
+            [sys.executable, "-m", "pyinfra", *mode, *(["--json"] if report else []),
+             *self.args["pyinfra"], *extra, "--data", "rollout_canary=false",
+             "--limit", self.args["host"], self.inventory, "deploys/full.py"],
+            cwd=ROOT, env=self.env, stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE if report else subprocess.DEVNULL, text=True)
 
     def rotation(self, out: bool) -> bool:
         """The host out of the load balancers' rotation (True) or back in it."""
@@ -193,6 +196,18 @@ class Tuning:
         if proc.returncode not in (0, 1) or not latest.exists():
             return None
         return json.loads(latest.read_text())["hosts"].get(self.args["host"])
+
+
+def changed_nothing(proc: subprocess.CompletedProcess) -> bool:
+    """Did a deploy run with ``report`` succeed without changing anything (pyinfra's JSON
+    totals: no operation succeeded with a change)?"""
+    if proc.returncode != 0:
+        return False
+    try:
+        totals = json.loads(proc.stdout)["results"]["totals"]
+    except (ValueError, KeyError, TypeError):
+        return False
+    return totals.get("success") == 0 and totals.get("error") == 0
 
 
 def _say(line: str) -> None:
@@ -235,14 +250,21 @@ def run(argv: list[str]) -> int:
         if not tuning.rotation(out=True):
             _say(f"could not take {args['host']} out of rotation; nothing changed")
             return 2
+        rows: list[dict[str, Any]] = []
         try:
             rows = measure(tuning, combos)
         finally:
             _say(f"putting {args['host']} back as the inventory says")
-            back = tuning.deploy().returncode == 0
+            deployed = tuning.deploy(report=True)
+            back = deployed.returncode == 0
             # Its record measured again on its own settings: the next rollout's canary
-            # compares with it, not with the last combination's.
-            again = tuning.bench({}) if back else None
+            # compares with it, not with the last combination's; unless that combination
+            # is its own settings (the way back changed nothing), whose benchmark is the
+            # host's record already.
+            if changed_nothing(deployed) and rows and rows[-1]["record"] is not None:
+                again = rows[-1]["record"]
+            else:
+                again = tuning.bench({}) if back else None
             back = tuning.rotation(out=False) and back
     text = table(rows, args["target"])
     if again is not None:

@@ -67,3 +67,20 @@ def test_the_best_is_the_fastest_within_the_latency_target():
     assert "| 8 | - | - | - | - | - | the deploy failed |" in text
     assert text.endswith("Best with TTFT p95 <= 200 ms: --data max_num_seqs=16\n")
     assert tune.table(rows, 50.0).endswith("No combination met the target (TTFT p95 <= 50 ms).\n")
+
+
+def test_the_way_back_changed_nothing_only_when_pyinfra_says_so():
+    import subprocess
+
+    def deployed(code: int, stdout: str) -> subprocess.CompletedProcess:
+        return subprocess.CompletedProcess([], code, stdout, "")
+
+    def results(success: int, error: int = 0) -> str:
+        return json.dumps({"results": {"totals": {"hosts": 1, "success": success,
+                                                  "error": error, "no_change": 40}}})
+
+    assert tune.changed_nothing(deployed(0, results(0)))
+    assert not tune.changed_nothing(deployed(0, results(2)))  # restarted: bench again
+    assert not tune.changed_nothing(deployed(1, results(0)))
+    assert not tune.changed_nothing(deployed(0, results(0, error=1)))
+    assert not tune.changed_nothing(deployed(0, ""))  # no JSON: not known, bench again
