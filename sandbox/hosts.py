@@ -361,17 +361,39 @@ def wait_ready(host: Host, started: float, timeout: float = BOOT_TIMEOUT) -> flo
 
 
 def _own_caches(host: Host) -> None:
-    """The shared package caches hard-linked (``cp -al``: seconds, no data copied) into
-    the host's overlay upper directory, on this machine's file system: uv in the host can
-    then hard-link from its cache into an environment, as on a server whose cache and
-    /opt share a file system. The host's files share inodes with the shared cache: for
-    benchmarks (bench/fresh_host.sh), not for hosts whose environments are changed by
-    hand; what the host downloads stays in its own copy."""
+    """The shared package caches hard-linked (``cp -al``: about a second, no data copied)
+    into the host's overlay upper directory, on this machine's file system: uv in the host
+    can then hard-link from its cache into an environment, as on a server whose cache and
+    /opt share a file system. The host's environment files are the shared cache's inodes:
+    a file of an environment edited in place would change the cache for every later host
+    (removing, replacing or installing packages does not: new inodes). What the host
+    downloads goes back into the shared caches at ``down`` (_keep_downloads)."""
     for name, path in PACKAGE_CACHES.items():
         target = host.dir / "upper" / path.lstrip("/")
         target.parent.mkdir(parents=True, exist_ok=True)
         run(["cp", "-al", str(CACHE_DIR / name), str(target)],
             step=f"{host.name}: own copy of {name}")
+
+
+def _keep_downloads(host_dir: Path) -> list[str]:
+    """What a host with its own caches (_own_caches) downloaded, hard-linked into the
+    shared caches once it is stopped (``cp -al -n``: entries the shared caches lack;
+    none replaced), so the next host does not download it again. uv and pip write an
+    entry under a temporary name and rename it into place, so only the dot-named
+    temporaries and locks at the top are left out. Nothing for a host whose caches were
+    the bind mounts (its upper directory holds their empty mount points)."""
+    problems = []
+    for name, path in PACKAGE_CACHES.items():
+        own = host_dir / "upper" / path.lstrip("/")
+        entries = sorted(entry for entry in own.iterdir()
+                         if not entry.name.startswith(".")) if own.is_dir() else []
+        if not entries:
+            continue
+        proc = run(["cp", "-al", "-n", *map(str, entries), str(CACHE_DIR / name)],
+                   step=f"{host_dir.name}: its downloads into the shared {name}", check=False)
+        if proc.returncode != 0:
+            problems.append(f"{host_dir.name}: {name} not kept: {proc.stderr.strip()[-300:]}")
+    return problems
 
 
 def prepare_host(
@@ -787,6 +809,7 @@ def _down(log=print) -> list[str]:
     host_dirs = sorted(HOSTS_DIR.glob("*")) if HOSTS_DIR.is_dir() else []
     for host_dir in host_dirs:
         problems += stop_host(host_dir)
+        problems += _keep_downloads(host_dir)
     problems += gpu.stop_services(state)
     problems += model_mirror.stop()
     for target in _mounts_under(RUN_DIR):

@@ -162,10 +162,13 @@ def _down() -> None:
 
 @contextmanager
 def booted(scenarios: list[str], leave_up_for: str | None = None,
-           take_over: str | None = None):
+           take_over: str | None = None, own_caches: bool = False):
     """Boot one host per scenario (one sandbox per machine), tear it down afterwards; with
     ``leave_up_for``, leave it up for the next module booted with the same name as
     ``take_over`` and the same scenarios, which then uses it instead of booting.
+    ``own_caches``: for the modules that build vLLM environments, each host gets its own
+    hard-linked copy of the package caches and builds with hard links (``sandbox up
+    --own-caches``): about 30 s less per environment than copying its several GB.
 
     With SANDBOX_REUSE=1 and a running sandbox, that sandbox is used as is and kept.
     """
@@ -177,7 +180,8 @@ def booted(scenarios: list[str], leave_up_for: str | None = None,
     taken_over = take_over is not None and left_up == (take_over, tuple(scenarios))
     if not reuse and not taken_over:
         try:
-            sbx.up(len(scenarios), scenarios)  # tears down one left up, if any
+            # Tears down one left up, if any.
+            sbx.up(len(scenarios), scenarios, own_caches=own_caches)
         except SandboxError as exc:
             pytest.fail(f"sandbox up failed: {exc}")
     try:

@@ -64,7 +64,8 @@ OP_ANSWERING = "full | vllm_service | vLLM service: the active engine answers /h
 def served():
     """One seed host, converged with the engine started: (sandbox, host). Taken over
     from test_integrity.py when it ran before, else booted; left up for test_remove.py."""
-    with booted(["seed"], take_over=SERVED_SEED, leave_up_for=SERVED_SEED) as sandbox:
+    with booted(["seed"], take_over=SERVED_SEED, leave_up_for=SERVED_SEED,
+                own_caches=True) as sandbox:
         proc, data = run(sandbox, timeout=INSTALL_TIMEOUT)
         if data is None or proc.returncode != 0:
             pytest.fail(f"first run failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")

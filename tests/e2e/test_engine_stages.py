@@ -16,8 +16,9 @@ One `seed` host (Debian 12, two simulated A100 80GB). In order:
    stops naming the file and both checksums, and no file sits under its final name;
    once the mirror is healthy, only the model operation changes.
 
-The wheels come through the sandbox's shared uv cache (sandbox/hosts.py PACKAGE_CACHES):
-several GB from PyPI the first time on a machine, from disk afterwards.
+The wheels come through the sandbox's uv cache (sandbox/hosts.py PACKAGE_CACHES), the
+host's own hard-linked copy of it (``own_caches``): several GB from PyPI the first time
+on a machine, kept back into the shared cache at teardown, from disk afterwards.
 
 Every run here says vllm_device=cuda, vllm_version=0.6.3, vllm_start=false itself
 (conftest.CUDA_063): the sandbox's own data serves with the CPU build
@@ -45,7 +46,7 @@ INSTALL_TIMEOUT = 1500  # a cold uv cache downloads about 3.5 GB of wheels
 
 @pytest.fixture(scope="module")
 def sandbox():
-    with booted(["seed"]) as booted_sandbox:
+    with booted(["seed"], own_caches=True) as booted_sandbox:
         yield booted_sandbox
 
 

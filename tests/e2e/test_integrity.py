@@ -98,7 +98,8 @@ def served():
     """One seed host, converged with the engine started: (sandbox, host). Taken over
     from test_serving.py when it ran before (the run then changes nothing), else booted;
     left up, converged, for test_remove.py (its first run then changes the API key only)."""
-    with booted(["seed"], take_over=SERVED_SEED, leave_up_for=SERVED_SEED) as sandbox:
+    with booted(["seed"], take_over=SERVED_SEED, leave_up_for=SERVED_SEED,
+                own_caches=True) as sandbox:
         host = sandbox.hosts[0]
         proc, data = run(sandbox, timeout=INSTALL_TIMEOUT)
         if data is None or proc.returncode != 0:
@@ -143,8 +144,11 @@ def test_environment_changes_are_named_then_rebuilt_beside(served):
     assert "vllm: 1 file(s) changed" in found
 
     # The repair: a new generation beside the changed one, proven, the unit moved to it.
+    # Copied, not hard-linked: under hardlink (the host's own cache) the rebuild empties
+    # uv's cache first and downloads the whole lock again, several GB from PyPI
+    # (tests/operations/python_env.environment/job-rebuild-hardlink-clean-cache.json).
     before_pid = sandbox.ssh(host, "systemctl show vllm -p MainPID --value").stdout.strip()
-    proc, data = run(sandbox, timeout=INSTALL_TIMEOUT)
+    proc, data = run_with(sandbox, "python_env_link_mode=copy", timeout=INSTALL_TIMEOUT)
     assert proc.returncode == 0, proc.stderr[-4000:]
     # (A host with more than one older environment also has one pruned.)
     assert changed(data) - {OP_PRUNE} == {OP_ENV_START, OP_ENV, OP_LINK, OP_FLAGS, OP_UNIT,

@@ -84,7 +84,7 @@ def mirror(path: str, body: object | None = None, method: str | None = None) -> 
 def converged():
     # test_integrity.py's host when it ran just before (converged, serving): this
     # module's first run turns it into its own (API key, engine stopped at next start).
-    with booted(["seed"], take_over=SERVED_SEED) as sandbox:
+    with booted(["seed"], take_over=SERVED_SEED, own_caches=True) as sandbox:
         run(sandbox, *DATA, "deploys/full.py", timeout=INSTALL_TIMEOUT)
         yield sandbox, sandbox.hosts[0]
 

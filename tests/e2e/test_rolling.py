@@ -155,7 +155,7 @@ def own_cpu_inventory(sandbox, path: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
-    with booted(["seed"] * HOSTS) as sandbox:
+    with booted(["seed"] * HOSTS, own_caches=True) as sandbox:
         sandbox = dataclasses.replace(sandbox, inventory=own_cpu_inventory(
             sandbox, tmp_path_factory.mktemp("rolling") / "inventory.py"))
         proc, data = run(sandbox, f"vllm_version={OLD.vllm}", timeout=INSTALL_TIMEOUT)

@@ -44,7 +44,7 @@ DECOY = "decoy-" + secrets.token_hex(16)
 
 @pytest.fixture(scope="module")
 def host_sandbox():
-    with booted(["seed"]) as sandbox:
+    with booted(["seed"], own_caches=True) as sandbox:
         yield sandbox, sandbox.hosts[0]
 
 

@@ -98,7 +98,7 @@ def main_pid(sandbox, host) -> str:
 def served():
     """One seed host, converged once with the engine started: (sandbox, host, run, data).
     Left up, converged, for test_integrity.py."""
-    with booted(["seed"], leave_up_for=SERVED_SEED) as sandbox:
+    with booted(["seed"], leave_up_for=SERVED_SEED, own_caches=True) as sandbox:
         host = sandbox.hosts[0]
         # A first run uploads every kind of file the suite has (the downloader and its
         # lock, the stack lock, the probe, the job scripts, the units, the gateway's):

@@ -1,0 +1,36 @@
+"""A host's own package caches (sandbox/hosts.py _own_caches, _keep_downloads): what it
+downloaded goes back into the shared caches as hard links, nothing there replaced. On a
+temporary directory laid out as a stopped host's; no containers, no root needed."""
+
+from __future__ import annotations
+
+import os
+
+from sandbox import hosts as sbx
+
+
+def test_a_host_s_downloads_are_kept_and_the_shared_entries_left_as_they_were(
+        tmp_path, monkeypatch):
+    shared = tmp_path / "shared"
+    monkeypatch.setattr(sbx, "CACHE_DIR", shared)
+    (shared / "uv-cache" / "archive-v0" / "old").mkdir(parents=True)
+    (shared / "uv-cache" / "archive-v0" / "old" / "torch.py").write_text("shared\n")
+    (shared / "pip-cache").mkdir()
+    host_dir = tmp_path / "hosts" / "gpu-sbx-1"
+    own = host_dir / "upper" / "root" / ".cache" / "uv"
+    (own / "archive-v0" / "old").mkdir(parents=True)
+    (own / "archive-v0" / "old" / "torch.py").write_text("the host's\n")  # not taken
+    (own / "archive-v0" / "new").mkdir()
+    (own / "archive-v0" / "new" / "vllm.py").write_text("downloaded\n")
+    (own / ".tmpAbC1").mkdir()  # a download cut short: left out
+    (own / ".lock").write_text("")
+    # A host whose caches were the bind mounts: their empty mount point only.
+    (host_dir / "upper" / "root" / ".cache" / "pip").mkdir()
+
+    assert sbx._keep_downloads(host_dir) == []
+    kept = shared / "uv-cache" / "archive-v0"
+    assert (kept / "old" / "torch.py").read_text() == "shared\n"
+    assert (kept / "new" / "vllm.py").read_text() == "downloaded\n"
+    assert os.path.samefile(kept / "new" / "vllm.py", own / "archive-v0" / "new" / "vllm.py")
+    assert sorted(path.name for path in (shared / "uv-cache").iterdir()) == ["archive-v0"]
+    assert list((shared / "pip-cache").iterdir()) == []
