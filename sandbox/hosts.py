@@ -360,7 +360,7 @@ def wait_ready(host: Host, started: float, timeout: float = BOOT_TIMEOUT) -> flo
     )
 
 
-def _own_caches(host: Host) -> None:
+def _own_caches(host: Host, lower: Path) -> None:
     """The shared package caches hard-linked (``cp -al``: about a second, no data copied)
     into the host's overlay upper directory, on this machine's file system: uv in the host
     can then hard-link from its cache into an environment, as on a server whose cache and
@@ -370,9 +370,24 @@ def _own_caches(host: Host) -> None:
     downloads goes back into the shared caches at ``down`` (_keep_downloads)."""
     for name, path in PACKAGE_CACHES.items():
         target = host.dir / "upper" / path.lstrip("/")
-        target.parent.mkdir(parents=True, exist_ok=True)
+        _private_parents(host.dir / "upper", lower, Path(path).parent)
         run(["cp", "-al", str(CACHE_DIR / name), str(target)],
             step=f"{host.name}: own copy of {name}")
+
+
+def _private_parents(upper: Path, lower: Path, path: Path) -> None:
+    """``path``'s directories made in the overlay's upper directory with the modes the
+    rootfs gives them, 0700 where it has none: an upper directory's mode is the merged
+    one's, and a plain mkdir (0755) made /root readable by every user of the host."""
+    upper.mkdir(parents=True, exist_ok=True)  # the merged "/": 0755, as the rootfs's
+    made = upper
+    for part in path.relative_to("/").parts:
+        made = made / part
+        if made.is_dir():
+            continue
+        made.mkdir()
+        original = lower / made.relative_to(upper)
+        os.chmod(made, original.stat().st_mode & 0o7777 if original.is_dir() else 0o700)
 
 
 def _keep_downloads(host_dir: Path) -> list[str]:
@@ -408,7 +423,7 @@ def prepare_host(
         (CACHE_DIR / name).mkdir(parents=True, exist_ok=True)
     _attach_loop(host, disk_size)
     if own_caches:
-        _own_caches(host)
+        _own_caches(host, lower)
     _mount_overlay(host, lower)
     hostkey = _inject_identity(host, client_pub)
     with open(KNOWN_HOSTS, "a") as known:

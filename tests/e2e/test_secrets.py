@@ -87,6 +87,8 @@ def test_keys_never_readable_by_another_user_nor_printed(host_sandbox):
         "/home; true",
     ).stdout
     assert readable.strip() == ""
+    # Root's home is root's alone, its own package caches inside it (own_caches) too.
+    assert sandbox.ssh(host, "stat -c %a /root").stdout.strip() == "700"
     # The live key file is root's alone.
     mode = sandbox.ssh(host, "stat -c '%a %U' /etc/nginx/vllm-api-keys.conf").stdout.split()
     assert mode == ["600", "root"]

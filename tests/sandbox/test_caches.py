@@ -5,6 +5,7 @@ temporary directory laid out as a stopped host's; no containers, no root needed.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from sandbox import hosts as sbx
 
@@ -34,3 +35,16 @@ def test_a_host_s_downloads_are_kept_and_the_shared_entries_left_as_they_were(
     assert os.path.samefile(kept / "new" / "vllm.py", own / "archive-v0" / "new" / "vllm.py")
     assert sorted(path.name for path in (shared / "uv-cache").iterdir()) == ["archive-v0"]
     assert list((shared / "pip-cache").iterdir()) == []
+
+
+def test_the_own_cache_s_parents_keep_the_rootfs_modes(tmp_path):
+    lower, upper = tmp_path / "lower", tmp_path / "upper"
+    (lower / "root").mkdir(parents=True, mode=0o700)
+    (lower / "var").mkdir(mode=0o755)
+    # Before the overlay is mounted: no upper directory yet.
+    sbx._private_parents(upper, lower, Path("/root/.cache"))
+    sbx._private_parents(upper, lower, Path("/var/cache"))
+    modes = {path: (upper / path).stat().st_mode & 0o7777
+             for path in ("root", "root/.cache", "var", "var/cache")}
+    # An upper directory's mode is the merged one's: /root stays root's alone.
+    assert modes == {"root": 0o700, "root/.cache": 0o700, "var": 0o755, "var/cache": 0o700}
