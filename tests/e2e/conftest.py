@@ -168,7 +168,9 @@ def booted(scenarios: list[str], leave_up_for: str | None = None,
     ``take_over`` and the same scenarios, which then uses it instead of booting.
     ``own_caches``: for the modules that build vLLM environments, each host gets its own
     hard-linked copy of the package caches and builds with hard links (``sandbox up
-    --own-caches``): about 30 s less per environment than copying its several GB.
+    --own-caches``): about 30 s less per environment than copying its several GB. Not
+    for test_full's eight hosts, two of which build: the copies and their return at
+    ``down`` cost more there (about 30 s) than the two builds save (measured).
 
     With SANDBOX_REUSE=1 and a running sandbox, that sandbox is used as is and kept.
     """
