@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pyinfra_vllm.core.settings import Settings
@@ -104,13 +105,31 @@ def listens_as_settings(argv: list[str], settings: Settings) -> bool:
     return any(argv[at:at + len(listen)] == listen for at in range(len(argv)))
 
 
+def server_options(argv: Sequence[str]) -> tuple[list[str], dict[str, list[str]]]:
+    """A server command line read: (the words before the first option, {option: its
+    values}); ``--x=y`` is ``--x`` with the value ``y``."""
+    head: list[str] = []
+    options: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for word in argv:
+        if word.startswith("--"):
+            name, sep, value = word.partition("=")
+            current = options.setdefault(name, [])
+            if sep:
+                current.append(value)
+        elif current is None:
+            head.append(word)
+        else:
+            current.append(word)
+    return head, options
+
+
 def running_endpoint(argv: list[str]) -> Endpoint | None:
     """Where the engine running with ``argv`` (``EngineProcess``) is reached: its
     ``--uds``, or its ``--host`` and ``--port``; None when its command line has neither."""
-    def value(flag: str) -> str | None:
-        return argv[argv.index(flag) + 1] if flag in argv[:-1] else None
-
-    socket, address, port = value("--uds"), value("--host"), value("--port")
+    _, options = server_options(argv)
+    socket, address, port = (options[flag][-1] if options.get(flag) else None
+                             for flag in ("--uds", "--host", "--port"))
     if socket:
         return Endpoint(socket=socket, address="localhost")
     if address is None or port is None or not port.isdigit():

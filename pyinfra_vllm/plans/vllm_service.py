@@ -401,25 +401,6 @@ def engine_expected(
     }
 
 
-def _options(argv: Sequence[str]) -> tuple[list[str], dict[str, list[str]]]:
-    """(the words before the first option, {option: its values}); ``--x=y`` is ``--x``
-    with the value ``y``."""
-    head: list[str] = []
-    options: dict[str, list[str]] = {}
-    current: list[str] | None = None
-    for word in argv:
-        if word.startswith("--"):
-            name, sep, value = word.partition("=")
-            current = options.setdefault(name, [])
-            if sep:
-                current.append(value)
-        elif current is None:
-            head.append(word)
-        else:
-            current.append(word)
-    return head, options
-
-
 def _secret_flag(name: str) -> bool:
     return "key" in name or "token" in name
 
@@ -478,8 +459,8 @@ def engine_differences(found: dict[str, Any] | None,
     """
     if found is None:
         return None
-    head, options = _options(found.get("argv") or [])
-    want_head, want_options = _options(expected["argv"])
+    head, options = engine_access.server_options(found.get("argv") or [])
+    want_head, want_options = engine_access.server_options(expected["argv"])
     argv: list[dict[str, Any]] = []
     if head != want_head:
         argv.append({"flag": "(command)", "running": " ".join(head),

@@ -5,6 +5,7 @@ host's, tests/fixtures/bench)."""
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -70,8 +71,6 @@ def test_the_best_is_the_fastest_within_the_latency_target():
 
 
 def test_the_way_back_changed_nothing_only_when_pyinfra_says_so():
-    import subprocess
-
     def deployed(code: int, stdout: str) -> subprocess.CompletedProcess:
         return subprocess.CompletedProcess([], code, stdout, "")
 
