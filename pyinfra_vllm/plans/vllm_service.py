@@ -136,7 +136,8 @@ def server_flags(settings: Settings, model_path: str, accepted: set[str] | None 
     Chunked prefill is always explicit: 0.6.3 turns it on by itself above 32K tokens, so
     "off" must be said (``--enable-chunked-prefill=false``). Request logging is off where
     the flag exists (``--disable-log-requests``, 0.6.3): it writes every prompt to the
-    journal; 0.17.0 has no such flag: its request logging is off unless asked. Where the
+    journal; 0.17.0 has no such flag: its request logging is off unless asked, as in 0.33.0,
+    whose --disable-log-requests is --enable-log-requests' "off" (not passed). Where the
     server has ``--shutdown-timeout`` (0.18 and later) it gets vllm_shutdown_timeout_s.
     On vllm_device "cpu" there is no ``--gpu-memory-utilization``: the CPU build sizes its
     KV cache from VLLM_CPU_KVCACHE_SPACE (the unit's environment), never from it. The CPU
@@ -172,9 +173,12 @@ def server_flags(settings: Settings, model_path: str, accepted: set[str] | None 
     if settings.disable_custom_all_reduce:
         flags.append("--disable-custom-all-reduce")
     # Where the installed server is not known yet (built in this run), the stack says.
+    # A server with --enable-log-requests logs no request unless asked; its
+    # --disable-log-requests (0.33.0) is that option's "off", not needed.
     log_off = settings.stack.log_requests_off_flag
     if accepted is not None:
-        log_off = "--disable-log-requests" if "--disable-log-requests" in accepted else None
+        log_off = ("--disable-log-requests" if "--disable-log-requests" in accepted
+                   and "--enable-log-requests" not in accepted else None)
     if log_off is not None:
         flags.append(log_off)
     return flags

@@ -100,6 +100,20 @@ def test_every_flag_of_the_row_s_unit_is_one_its_server_accepts(key):
     assert used <= flags, used - flags
 
 
+@pytest.mark.parametrize("key", sorted(RECORDED))
+def test_the_unit_of_a_first_run_is_the_one_the_next_run_writes(key):
+    """The first run renders the unit before the environment exists (the row's spellings);
+    the next one from the installed server's flags: equal, or the second run of a fresh
+    host would change the unit and restart the engine."""
+    _, row, marker = recorded(key)
+    settings = settings_for(row)
+    before = vllm_service_plan.server_flags(settings, "/srv/models/m")
+    after = vllm_service_plan.server_flags(settings, "/srv/models/m",
+                                           set(marker["runtime"]["flags"]))
+    assert before == after
+    assert "--disable-log-requests" not in after
+
+
 def test_vllm_0_33_says_off_with_disable_where_0_17_said_no():
     help_all = (FIXTURES / "vllm-cuda-0.33.0" / "help-all.txt").read_text()
     assert "--enable-prefix-caching, --disable-prefix-caching" in help_all
