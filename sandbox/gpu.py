@@ -1,13 +1,14 @@
 """The simulated NVIDIA stack on sandbox hosts (integration of sandbox/gpusim).
 
 Per scenario:
-- seed / pcie / mig / mismatch / h200: the gpusim .debs are installed into the host's overlay
+- seed / seed580 / pcie / mig / mismatch / h200: the gpusim .debs are installed into the host's overlay
   before its first boot (dpkg -i in a non-booted systemd-nspawn) and `gpusimctl init
   --scenario S` sets its simulated GPU state. That state lives in the host's upper dir, so it
-  survives reboots. The packages carry Ubuntu's 535-server branch, h200's the captured H200
-  host's 580.159.04 (DRIVER_PACKAGES), so its installed packages and loaded module agree.
-- bare: no driver. Instead a trusted apt repository carrying the same .debs under Ubuntu's
-  package names is served over HTTP on the host side of the host's veth; its URL is the host
+  survives reboots. The packages carry Ubuntu's 535-server branch, h200's and seed580's the
+  captured H200 host's 580.159.04 (DRIVER_PACKAGES), so installed packages and loaded
+  module agree.
+- bare: no driver. Instead a trusted apt repository carrying the same .debs (both branches)
+  under Ubuntu's package names is served over HTTP on the host side of the host's veth; its URL is the host
   data `nvidia_apt_repo` (`sandbox_nvidia_apt_source` is the whole sources.list line), for the deploy
 to install the driver from.
 
@@ -51,8 +52,12 @@ REPO_PID = SERVICE_DIR / "apt-repo.pid"
 DEBS_IN_HOST = "/var/cache/gpusim-debs"
 # (branch, Debian version) of the driver packages a scenario installs where it is not the
 # default (build_debs.build's 535-server): h200's loaded module is the captured host's
-# 580.159.04 (gpusimctl h200_state), and so is its installed driver.
-DRIVER_PACKAGES = {"h200": ("580-server", "580.159.04-0ubuntu0.22.04.1")}
+# 580.159.04 (gpusimctl h200_state), and so is its installed driver; seed580 is the seed's
+# two NVLink-joined A100s on that driver, the branch the example fleet's stack needs
+# (group_data/a100_nvlink.py). The bare hosts' apt repository carries every branch here
+# besides the default, so a run may install any of them.
+R580 = ("580-server", "580.159.04-0ubuntu0.22.04.1")
+DRIVER_PACKAGES = {"h200": R580, "seed580": R580}
 
 
 @dataclass
@@ -94,10 +99,10 @@ def _build(log) -> GpuPlan:
         try:
             module = importlib.import_module("sandbox.gpusim.build_debs")
             debs = [Path(p) for p in module.build(debs_dir)]
-            module.build_repo(debs, repo_dir)
-            for scenario, (branch, version) in sorted(DRIVER_PACKAGES.items()):
-                debs += [Path(p) for p in module.build(cache / f"debs-{scenario}",
+            for branch, version in sorted(set(DRIVER_PACKAGES.values())):
+                debs += [Path(p) for p in module.build(cache / f"debs-{version}",
                                                        branch=branch, version=version)]
+            module.build_repo(debs, repo_dir)
         except Exception as exc:
             shutil.rmtree(cache, ignore_errors=True)
             raise SandboxError(f"gpusim: building the packages failed: {exc}") from exc
@@ -106,8 +111,8 @@ def _build(log) -> GpuPlan:
     for line in done.read_text().split():
         by_folder.setdefault(line.split("/", 1)[0], []).append(cache / line)
     return GpuPlan(debs=by_folder["debs"], repo_dir=repo_dir,
-                   scenario_debs={scenario: by_folder[f"debs-{scenario}"]
-                                  for scenario in DRIVER_PACKAGES})
+                   scenario_debs={scenario: by_folder[f"debs-{version}"]
+                                  for scenario, (_, version) in DRIVER_PACKAGES.items()})
 
 
 def plan(scenarios: list[str], log=print) -> GpuPlan:

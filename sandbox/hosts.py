@@ -31,8 +31,10 @@ from pathlib import Path
 from sandbox import gpu, model_mirror, net, rootfs, supervise
 from sandbox.util import CACHE_DIR, RUN_DIR, STATE_DIR, SandboxError, run, write_file
 
-# h200 is an extra gpusim scenario (one H200, driver 580.159.04 packages and module), matching the H200 captures.
-SCENARIOS = ("seed", "pcie", "mig", "mismatch", "bare", "h200")
+# h200 is an extra gpusim scenario (one H200, driver 580.159.04 packages and module), matching
+# the H200 captures; seed580 is seed's two NVLink-joined A100s on that driver, the branch the
+# example fleet's CUDA 13 stack needs.
+SCENARIOS = ("seed", "seed580", "pcie", "mig", "mismatch", "bare", "h200")
 NAME_PREFIX = "gpu-sbx-"
 HOSTS_DIR = RUN_DIR / "hosts"
 STATE_FILE = STATE_DIR / "state.json"

@@ -3,7 +3,7 @@
 
 Single file, Python 3.11 stdlib only (it ships in the simulated nvidia-dkms package).
 Commands:
-  init --scenario seed|pcie|mig|mismatch|h200|bare   write a fresh state file
+  init --scenario seed|seed580|pcie|mig|mismatch|h200|bare  write a fresh state file
   attach-process --gpu N [--pid P] [--name NAME] [--used-mib M]
   detach-process --pid P | --all
   boot                what a reboot does to the GPUs; run by gpusim-boot.service
@@ -161,14 +161,17 @@ def driver(version: str | None, loaded_version: str | None) -> dict:
 def scenario_state(name: str, pcie_link: str = "PHB") -> dict:
     if name == "h200":
         return h200_state()
-    bridged = name in ("seed", "mig", "mismatch", "bare")
+    bridged = name in ("seed", "seed580", "mig", "mismatch", "bare")
     nvl = ({"state": "active", "links": 12, "speed": "25 GB/s"} if bridged
            else {"state": "inactive"})
     gpus = [a100_pcie(0, "00000000:17:00.0", 46, 63.0, dict(nvl)),
             a100_pcie(1, "00000000:65:00.0", 50, 76.0, dict(nvl))]
     if name == "mig":
         gpus[0]["mig_current"] = gpus[0]["mig_pending"] = "Enabled"
-    versions = {"bare": (None, None), "mismatch": ("535.129.03", "535.104.05")}
+    # seed580: the seed's hardware on the 580 branch (the H200 capture's driver), which the
+    # CUDA 13 stacks need; its A100s print the R580 layouts.
+    versions = {"bare": (None, None), "mismatch": ("535.129.03", "535.104.05"),
+                "seed580": ("580.159.04", "580.159.04")}
     installed, loaded = versions.get(name, ("535.129.03", "535.129.03"))
     return {
         "schema": SCHEMA, "scenario": name, "driver": driver(installed, loaded),
@@ -651,7 +654,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     init = sub.add_parser("init", help="write a fresh state for a scenario")
     init.add_argument("--scenario", required=True,
-                      choices=["seed", "pcie", "mig", "mismatch", "h200", "bare"])
+                      choices=["seed", "seed580", "pcie", "mig", "mismatch", "h200", "bare"])
     init.add_argument("--pcie-link", default="PHB", choices=["PHB", "NODE", "SYS", "PXB", "PIX"],
                       help="topo -m cell between GPUs without a bridge (pcie scenario)")
     init.set_defaults(func=cmd_init)

@@ -415,6 +415,23 @@ def test_mismatch_and_proc_formats_follow_the_fixtures(env, tmp_path):
         (H200 / "proc-driver-nvidia-version.txt").read_text()
 
 
+def test_seed580_is_the_seed_pair_on_the_580_driver_in_r580_layouts(env):
+    """The example fleet's hosts: two NVLink-joined A100s whose driver (580.159.04, the
+    H200 capture's) carries the CUDA 13 stack; the parsers read its R580 outputs."""
+    topology_facts = pytest.importorskip("facts.topology")
+    ctl(env, "init", "--scenario", "seed580")
+    header = smi(env).stdout.splitlines()[2]
+    assert "Driver Version: 580.159.04" in header and "CUDA Version: 13.0" in header
+    assert smi(env, "--query-gpu=index,name,driver_version,compute_cap",
+               "--format=csv,noheader").stdout == (
+        "0, NVIDIA A100 80GB PCIe, 580.159.04, 8.0\n1, NVIDIA A100 80GB PCIe, 580.159.04, 8.0\n")
+    assert "|  GPU   GI   CI              PID   Type" in smi(env).stdout  # R580's process table
+    topology = topology_facts.parse_topology(smi(env, "topo", "-m").stdout.splitlines())
+    assert topology["links"]["GPU0"]["GPU1"] == "NV12"
+    links = topology_facts.parse_nvlink_status(smi(env, "nvlink", "-s").stdout.splitlines())
+    assert [len(links[gpu]) for gpu in (0, 1)] == [12, 12]
+
+
 def test_parsers_read_the_simulator_output(env, tmp_path):
     """The product's nvidia-smi parsers (facts/topology.py, facts/driver.py) on the
     simulator's seed output."""
@@ -486,6 +503,26 @@ def test_debs_names_versions_depends_and_files(tmp_path):
     assert packages.count("Package: ") == 6
     assert "Filename: ./nvidia-utils-535-server_535.129.03-0ubuntu0.22.04.1_all.deb" in packages
     assert (repo / "Packages.gz").is_file() and "SHA256:" in (repo / "Release").read_text()
+
+
+def test_the_plan_gives_the_580_scenarios_one_set_and_the_bare_repo_both_branches(
+        tmp_path, monkeypatch):
+    from sandbox import gpu
+
+    monkeypatch.setattr(gpu, "CACHE_DIR", tmp_path)
+    plan = gpu._build(lambda _: None)
+    assert {deb.name.split("_")[0] for deb in plan.debs_for("seed")} == {
+        f"{p}-535-server" for p in ("nvidia-utils", "nvidia-compute-utils",
+                                    "libnvidia-compute", "nvidia-kernel-common",
+                                    "nvidia-dkms", "nvidia-headless")}
+    assert plan.debs_for("seed580") == plan.debs_for("h200")
+    assert {deb.name.split("_")[1] for deb in plan.debs_for("seed580")} == {
+        "580.159.04-0ubuntu0.22.04.1"}
+    packages = (plan.repo_dir / "Packages").read_text()
+    assert packages.count("Package: ") == 12
+    assert "Package: nvidia-headless-535-server\n" in packages
+    assert "Package: nvidia-headless-580-server\n" in packages
+    assert gpu._build(lambda _: None) == plan  # built once per source hash
 
 
 # ---------------------------------------------------------------------------- GPU health
