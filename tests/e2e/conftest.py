@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import runpy
 import shlex
 import subprocess
 import sys
@@ -35,7 +36,17 @@ PYINFRA = str(Path(sys.executable).with_name("pyinfra"))
 
 # Sandbox hosts serve with vLLM's CPU build by default (sandbox/hosts.py SERVING_DATA).
 # The modules that test the GPU path (the simulated NVIDIA stack: driver, MIG, persistence,
-# NVLink, the GPU guard, vLLM 0.6.3's CUDA environment) say so with these overrides.
+# NVLink, the GPU guard, a CUDA environment) say so with these overrides; vllm_start is
+# false because a sandbox host has no GPU to start a CUDA engine on.
+# The example fleet's stack and driver branch (group_data/a100_nvlink.py), read from the
+# file so that the fleet's tests follow it: test_full.py's converged hosts run on it.
+_FLEET = runpy.run_path(str(REPO_ROOT / "group_data" / "a100_nvlink.py"))
+FLEET_VERSION = _FLEET["vllm_version"]
+FLEET_CUDA = ("--data", "vllm_device=cuda", "--data", f"vllm_version={FLEET_VERSION}",
+              "--data", f"nvidia_driver_branch={_FLEET['nvidia_driver_branch']}",
+              "--data", "vllm_start=false")
+# The design's stack, vLLM 0.6.3 on the default 535 branch (the blog post's server):
+# test_engine_stages.py installs it from its lock; test_host_stages.py's hosts carry 535.
 CUDA_063 = ("--data", "vllm_device=cuda", "--data", "vllm_version=0.6.3",
             "--data", "vllm_start=false")
 

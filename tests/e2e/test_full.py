@@ -1,14 +1,17 @@
 """The whole run on a fleet of eight sandbox hosts, as an operator runs it.
 
-Mixed scenarios: two good servers (seed), two without an NVLink bridge (pcie), two whose
-loaded module is older than the installed driver (mismatch), one without a driver
-(bare) and one with a single H200 (h200). One `deploys/full.py` run over all of them:
-the seed hosts converge, the real vLLM 0.6.3 and the model included, and every other
-host stops alone with its scenario's reason; the second run changes nothing. Then the
-audit with drift (`python -m tools.audit`): no drift on the converged hosts (exit 0),
-and after a sysctl is changed by hand on one of them, that host and that operation
-(exit 1). Every run and audit says vllm_device=cuda, vllm_version=0.6.3 (conftest.CUDA_063):
-the fleet's scenarios are GPU failure modes, and the sandbox's own data serves on CPU.
+Mixed scenarios: two good servers on the example fleet's driver branch (seed580), one on
+the design's 535 branch (seed), one without an NVLink bridge (pcie), two whose loaded
+module is older than the installed driver (mismatch), one without a driver (bare) and one
+with a single H200 (h200). One `deploys/full.py` run over all of them, with the example
+fleet's stack and driver branch (conftest.FLEET_CUDA, read from group_data/a100_nvlink.py):
+the seed580 hosts converge, the real CUDA environment of that stack built from its lock and
+probed, the model included, and every other host stops alone with its scenario's reason
+(the 535 hosts: the stack's CUDA runtime needs the 580 branch); the second run changes
+nothing. Then the audit with drift (`python -m tools.audit`): no drift on the converged
+hosts (exit 0), and after a sysctl is changed by hand on one of them, that host and that
+operation (exit 1). vllm_start is false: a sandbox host has no GPU to start the CUDA
+engine on, so the vllm_service stage keeps its unit in place without starting it.
 """
 
 from __future__ import annotations
@@ -17,24 +20,31 @@ import json
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+from files import vllm_probe
+from pyinfra_vllm.core.stacks import STACKS, StackRow
 from sandbox.util import REPO_ROOT
-from tests.e2e.conftest import CUDA_063, booted
+from tests.e2e.conftest import FLEET_CUDA, FLEET_VERSION, booted
 
 pytestmark = pytest.mark.e2e
 
-SCENARIOS = ["seed", "pcie", "mismatch", "bare", "seed", "h200", "pcie", "mismatch"]
+SCENARIOS = ["seed580", "pcie", "mismatch", "bare", "seed580", "h200", "seed", "mismatch"]
 SEED = ["gpu-sbx-1", "gpu-sbx-5"]
+FLEET_STACK = STACKS[FLEET_VERSION]
+DRIVER_FLOOR = (f"preflight driver_version: driver 535.129.03; the vLLM {FLEET_STACK.vllm} "
+                f"stack's CUDA runtime")
 REASONS = {
-    "gpu-sbx-2": "preflight tp_nvlink: no 2 GPUs are joined by NVLink",
+    "gpu-sbx-2": DRIVER_FLOOR,
     "gpu-sbx-3": "preflight driver_module_match: loaded kernel module 535.104.05",
     "gpu-sbx-4": "reboot required to load its kernel module",
     "gpu-sbx-6": "preflight gpu_count:",
-    "gpu-sbx-7": "preflight tp_nvlink: no 2 GPUs are joined by NVLink",
+    "gpu-sbx-7": DRIVER_FLOOR,
     "gpu-sbx-8": "preflight driver_module_match: loaded kernel module 535.104.05",
 }
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 OP_SYSCTL = "full | sysctl | Sysctl: kernel parameters persisted and applied"
 
 
@@ -45,7 +55,7 @@ def fleet():
 
 
 def full_run(sandbox, timeout: float = 300) -> tuple[subprocess.CompletedProcess, dict]:
-    proc = sandbox.pyinfra("--json", *CUDA_063, "deploys/full.py", timeout=timeout)
+    proc = sandbox.pyinfra("--json", *FLEET_CUDA, "deploys/full.py", timeout=timeout)
     assert proc.stdout.strip(), proc.stderr[-3000:]
     return proc, json.loads(proc.stdout)
 
@@ -57,7 +67,7 @@ def hosts_with(data: dict, outcome: str) -> set[str]:
 def audit(sandbox, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "tools.audit", str(sandbox.inventory), *sandbox.report_data(),
-         *CUDA_063, *args],
+         *FLEET_CUDA, *args],
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
     )
 
@@ -70,10 +80,37 @@ def test_first_run_converges_the_good_hosts_and_stops_the_others(fleet):
         assert any(line.strip().startswith(f"[{name}]") and reason in line
                    for line in proc.stderr.splitlines()), (name, proc.stderr[-4000:])
     for name in SEED:
-        active = fleet.ssh(fleet.host(name), "readlink /opt/vllm/current && systemctl "
-                                             "is-enabled vllm && ls /srv/models/sandbox/"
-                                             "tiny-qwen2/config.json").stdout.split()
-        assert active[1:] == ["enabled", "/srv/models/sandbox/tiny-qwen2/config.json"]
+        active = fleet.ssh(fleet.host(name), "systemctl is-enabled vllm && ls /srv/models/"
+                                             "sandbox/tiny-qwen2/config.json").stdout.split()
+        assert active == ["enabled", "/srv/models/sandbox/tiny-qwen2/config.json"]
+        assert_built_and_probed(fleet, name, FLEET_STACK)
+
+
+def assert_built_and_probed(sandbox, name: str, row: StackRow) -> None:
+    """The host's active environment is the CUDA row's, installed from its lock and proven
+    on a host without a real GPU: the probe finds what the development machine's install
+    recorded (tests/fixtures/vllm-cuda-<version>), names what it could not check without a
+    GPU, and the unit uses only options its server lists."""
+    host = sandbox.host(name)
+    env = sandbox.ssh(host, "readlink /opt/vllm/current").stdout.strip()
+    assert env.startswith(f"/opt/vllm/envs/vllm-{row.vllm}-"), (name, env)
+    runtime = json.loads(sandbox.ssh(host, f"cat {env}/pyinfra-vllm-env.json").stdout)["runtime"]
+    recorded = json.loads((FIXTURES / f"vllm-cuda-{row.vllm}" / "probe.json").read_text())
+    assert (runtime["vllm"], runtime["vllm_dist"], runtime["device"], runtime["torch"],
+            runtime["torch_cuda"]) == (row.vllm, "vllm", "cuda", row.torch, row.cuda)
+    assert tuple(runtime["cuda_archs"]) == row.cuda_archs
+    assert "Qwen3_5ForConditionalGeneration" in runtime["architectures"]
+    assert runtime["architectures"] == recorded["runtime"]["architectures"]
+    assert runtime["flags"] == recorded["runtime"]["flags"]
+    assert runtime["gpus"] is None
+    assert runtime["unchecked"] == [vllm_probe.UNCHECKED_KERNELS, vllm_probe.UNCHECKED_GPUS,
+                                    vllm_probe.UNCHECKED_HELP]
+    unit = sandbox.ssh(host, "cat /etc/systemd/system/vllm.service").stdout
+    start = unit.split("\nExecStart=", 1)[1].split("\nExecStartPost=", 1)[0]
+    used = set(re.findall(r'"(--[a-z0-9][a-z0-9-]*)"', start))
+    assert {"--tensor-parallel-size", "--uds", "--gpu-memory-utilization"} <= used
+    assert used <= set(runtime["flags"]), used - set(runtime["flags"])
+    assert f'"{env}/bin/python"' in unit
 
 
 def test_second_run_changes_nothing(fleet):
@@ -85,7 +122,7 @@ def test_second_run_changes_nothing(fleet):
 def test_a_converged_host_is_read_in_at_most_five_remote_commands(fleet):
     # pyinfra_vllm/run/host_reads.py: the whole run's reads in one command; -vvv prints each
     # remote command once, behind ">>> ".
-    proc = fleet.pyinfra("-vvv", *CUDA_063, "deploys/full.py")
+    proc = fleet.pyinfra("-vvv", *FLEET_CUDA, "deploys/full.py")
     lines = (proc.stdout + proc.stderr).splitlines()
     for name in SEED:
         commands = [line for line in lines if line.strip().startswith(f"[{name}] >>> ")]
@@ -99,7 +136,7 @@ def test_planning_a_converged_host_reads_every_fact_in_the_one_command(fleet):
     # not read with the host's state"). On a converged host the one read is the only fact
     # loaded.
     limits = [arg for name in SEED for arg in ("--limit", name)]
-    proc = fleet.pyinfra("-v", "--debug", "--dry", *limits, *CUDA_063, "deploys/full.py")
+    proc = fleet.pyinfra("-v", "--debug", "--dry", *limits, *FLEET_CUDA, "deploys/full.py")
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = (proc.stdout + proc.stderr).splitlines()
     for name in SEED:

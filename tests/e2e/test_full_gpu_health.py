@@ -1,34 +1,33 @@
 """GPU health the way fleets fail, on test_full.py's converged seed host.
 
-Each fault is put on GPU 0 of gpu-sbx-1 with the simulator's ``gpusimctl fault`` (the
+Each fault is put on GPU 0 of gpu-sbx-1 (two A100s on the 580 branch, R580's layouts) with the simulator's ``gpusimctl fault`` (the
 simulated nvidia-smi, NVLink and kernel log show it as the real ones would; the kernel
 log is the simulator's, never this machine's). Then one ``deploys/full.py
 deploys/audit.py`` run: preflight refuses a failing GPU (or warns for a degraded one),
 writes the verdict to the health textfile the alert rules read, and the audit reports
 the GPU's verdict and reasons. The fault cleared, the next run converges past preflight
 again, through the vllm_service stage that a failing GPU kept it from, with the
-textfile back to 0. The run is CUDA_063's (vllm_start false: a sandbox host has no GPU to
-start the CUDA engine on), so that stage keeps the unit in place without starting it.
+textfile back to 0. The run is the example fleet's (conftest.FLEET_CUDA; vllm_start false: a
+sandbox host has no GPU to start the CUDA engine on), so that stage keeps the unit in place
+without starting it.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 
 import pytest
 
-from files import vllm_probe
 from pyinfra_vllm.core.stacks import STACKS
-from tests.e2e.conftest import CUDA_063, booted
-from tests.e2e.test_full import SCENARIOS, hosts_with
+from tests.e2e.conftest import FLEET_CUDA, booted
+from tests.e2e.test_full import SCENARIOS, assert_built_and_probed, hosts_with
 
 pytestmark = pytest.mark.e2e
 
 HOST = "gpu-sbx-1"
 BESIDE = "gpu-sbx-5"  # test_full.py's other seed host, converged beside HOST
-BUS = "00000000:17:00.0"  # GPU 0 of the seed scenario (sandbox/gpusim)
+BUS = "00000000:17:00.0"  # GPU 0 of the seed580 scenario (sandbox/gpusim)
 TEXTFILE = "/var/lib/prometheus/node-exporter/pyinfra_vllm_gpu_health.prom"
 LABELS = f'host="{HOST}",gpu="0",bus_id="{BUS}"'
 
@@ -65,7 +64,7 @@ def fleet(tmp_path_factory):
 def run(sandbox) -> tuple[object, dict]:
     """deploys/full.py then deploys/audit.py on HOST, reports in the module's directory;
     the process and the host's audit entry."""
-    proc = sandbox.pyinfra("--limit", HOST, *CUDA_063, "--data",
+    proc = sandbox.pyinfra("--limit", HOST, *FLEET_CUDA, "--data",
                            f"audit_report_dir={sandbox.reports}", "deploys/full.py",
                            "deploys/audit.py", timeout=600)
     latest = json.loads((sandbox.reports / "latest.json").read_text())
@@ -142,7 +141,7 @@ def test_a_parser_error_fails_that_host_and_the_run_goes_on(fleet):
     fleet.ssh(sbx_host, "gpusimctl fault 0 nvlink-garbled")
     limits = ("--limit", HOST, "--limit", BESIDE)
     try:
-        proc = fleet.pyinfra("--json", *limits, *CUDA_063, "deploys/full.py", timeout=600)
+        proc = fleet.pyinfra("--json", *limits, *FLEET_CUDA, "deploys/full.py", timeout=600)
     finally:
         fleet.ssh(sbx_host, "gpusimctl fault clear")
     assert proc.returncode == 1, proc.stderr[-3000:]
@@ -161,7 +160,7 @@ def test_a_parser_error_fails_that_host_and_the_run_goes_on(fleet):
     assert BESIDE in hosts_with(data, "success") | hosts_with(data, "no_change")
 
     # The fault cleared, HOST's one read parses again and both converge.
-    proc = fleet.pyinfra("--json", *limits, *CUDA_063, "deploys/full.py", timeout=600)
+    proc = fleet.pyinfra("--json", *limits, *FLEET_CUDA, "deploys/full.py", timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads(proc.stdout)["results"]["failed_hosts"] == []
 
@@ -174,35 +173,14 @@ STACK = STACKS["0.17.0"]
 CUDA_0_17 = ("--data", "vllm_device=cuda", "--data", f"vllm_version={STACK.vllm}",
              "--data", "nvidia_driver_branch=580-server",
              "--data", "vllm_start=false", "--data", "tensor_parallel_size=1")
-RECORDED = Path(__file__).resolve().parents[1] / "fixtures" / "vllm-cuda-0.17.0" / "probe.json"
 
 
 def test_the_h200_host_builds_the_cuda_0_17_stack_from_its_lock_and_probes_it(fleet):
-    """vLLM 0.17.0 (CUDA 12.8, driver 570 or newer: the 580 host passes the gate) installed
-    from its lock with hashes and proven on a host without a real GPU: the probe finds what
-    the development machine's install recorded (tests/fixtures/vllm-cuda-0.17.0), names what
-    it could not check without a GPU, and the unit uses only options its server lists."""
+    """vLLM 0.17.0 (CUDA 12.8, driver 570 or newer: the 580 host passes the gate), the
+    previous row operators roll back to, installed from its lock with hashes and probed
+    (test_full.assert_built_and_probed: tests/fixtures/vllm-cuda-0.17.0)."""
     proc = fleet.pyinfra("--json", "--limit", H200, *CUDA_0_17, "deploys/full.py", timeout=2400)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    host = fleet.host(H200)
-    env = fleet.ssh(host, "readlink /opt/vllm/current").stdout.strip()
-    assert env.startswith(f"/opt/vllm/envs/vllm-{STACK.vllm}-"), env
-    runtime = json.loads(fleet.ssh(host, f"cat {env}/pyinfra-vllm-env.json").stdout)["runtime"]
-    recorded = json.loads(RECORDED.read_text())["runtime"]
-    assert (runtime["vllm"], runtime["vllm_dist"], runtime["device"], runtime["torch"],
-            runtime["torch_cuda"]) == ("0.17.0", "vllm", "cuda", STACK.torch, STACK.cuda)
-    assert tuple(runtime["cuda_archs"]) == STACK.cuda_archs
-    assert "Qwen3_5ForConditionalGeneration" in runtime["architectures"]
-    assert runtime["architectures"] == recorded["architectures"]
-    assert runtime["flags"] == recorded["flags"]
-    assert runtime["gpus"] is None
-    assert runtime["unchecked"] == [vllm_probe.UNCHECKED_KERNELS, vllm_probe.UNCHECKED_GPUS,
-                                    vllm_probe.UNCHECKED_HELP]
-    unit = fleet.ssh(host, "cat /etc/systemd/system/vllm.service").stdout
-    start = unit.split("\nExecStart=", 1)[1].split("\nExecStartPost=", 1)[0]
-    used = set(re.findall(r'"(--[a-z0-9][a-z0-9-]*)"', start))
-    assert {"--tensor-parallel-size", "--uds", "--gpu-memory-utilization"} <= used
-    assert used <= set(runtime["flags"]), used - set(runtime["flags"])
-    assert f'"{env}/bin/python"' in unit
+    assert_built_and_probed(fleet, H200, STACK)
     proc = fleet.pyinfra("--json", "--limit", H200, *CUDA_0_17, "deploys/full.py", timeout=600)
     assert proc.returncode == 0 and json.loads(proc.stdout)["results"]["totals"]["success"] == 0
