@@ -13,16 +13,20 @@
 # deploys/full.py (a temporary git worktree) against the same hosts, for a before/after.
 #
 # Root, from the repository root, with the sandbox's uv cache already holding the stack's
-# wheels (any earlier run of it, e.g. the e2e tests). The stack is vLLM 0.6.3's CUDA
-# build (about 6.4 GB installed) with the engine not started, as in bench/whole_run.md,
-# whose 47 s (warm, copied) this compares with. Each run boots a new `seed` host; the
-# sandbox is torn down at the end.
+# wheels (any earlier run of it, e.g. the e2e tests). The stack is a CUDA build with the
+# engine not started: the example fleet's (group_data/a100_nvlink.py) on a seed580 host
+# unless VLLM_VERSION, DRIVER_BRANCH and SCENARIO say otherwise (bench/bench_host.sh
+# cuda_stack; the design's 0.6.3, about 6.4 GB installed, as in bench/whole_run.md:
+# VLLM_VERSION=0.6.3 DRIVER_BRANCH=535-server SCENARIO=seed). Each run boots a new host;
+# the sandbox is torn down at the end.
 set -euo pipefail
 PY=.venv/bin/python
 PYINFRA=.venv/bin/pyinfra
 INV=.sandbox/inventory.py
 RUNS=${1:-2}
-DATA=(--data vllm_device=cuda --data vllm_version=0.6.3 --data vllm_start=false)
+. bench/bench_host.sh
+cuda_stack
+DATA=("${CUDA_DATA[@]}")
 read -r -a MODES <<<"${MODES:-hardlink copy}"
 HERE=$PWD
 CHECKOUT=$HERE
@@ -35,7 +39,7 @@ fi
 fresh() {  # $1: hardlink or copy; prints the whole run's wall time and totals
     local up_args=() start end
     [ "$1" = hardlink ] && up_args=(--own-caches)
-    $PY -m sandbox up --hosts 1 --scenario seed "${up_args[@]}" >/dev/null
+    $PY -m sandbox up --hosts 1 --scenario "$SCENARIO" "${up_args[@]}" >/dev/null
     [ -n "${MODEL_S:-}" ] && slow_model "$MODEL_S"
     start=$(date +%s.%N)
     (cd "$CHECKOUT" && "$HERE/$PYINFRA" -y --json "$HERE/$INV" deploys/full.py "${DATA[@]}") \
