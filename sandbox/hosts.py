@@ -29,7 +29,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from sandbox import gpu, model_mirror, net, rootfs, supervise
-from sandbox.util import CACHE_DIR, RUN_DIR, STATE_DIR, SandboxError, run, write_file
+from sandbox.util import (
+    CACHE_DIR,
+    RUN_DIR,
+    STATE_DIR,
+    SandboxError,
+    remove_tree,
+    run,
+    write_file,
+)
 
 # h200 is an extra gpusim scenario (one H200, driver 580.159.04 packages and module), matching
 # the H200 captures; seed580 is seed's two NVLink-joined A100s on that driver, the branch the
@@ -846,10 +854,10 @@ def _down(log=print) -> list[str]:
     for host_dir in host_dirs:
         if (host_dir / "console.log").is_file():
             shutil.copy(host_dir / "console.log", LOG_DIR / f"{host_dir.name}.console.log")
-        if not _mounts_under(host_dir):
-            shutil.rmtree(host_dir, ignore_errors=True)
-        else:
+        if _mounts_under(host_dir):
             problems.append(f"{host_dir} still has mounts; left in place")
+        elif problem := remove_tree(host_dir, step=f"{host_dir.name}: remove its directory"):
+            problems.append(problem)
     for path in (STATE_FILE, INVENTORY_FILE, KNOWN_HOSTS):
         path.unlink(missing_ok=True)
     problems += supervise.remove_cgroups()

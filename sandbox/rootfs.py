@@ -13,7 +13,7 @@ import shutil
 import time
 from pathlib import Path
 
-from sandbox.util import CACHE_DIR, SandboxError, run, write_file
+from sandbox.util import CACHE_DIR, SandboxError, remove_tree, run, write_file
 
 # Bump when the bake steps below change, so old caches are not reused.
 BUILD_VERSION = "4"
@@ -182,7 +182,9 @@ def _remove_tree(path: Path) -> None:
     listing = run(["findmnt", "-rn", "-o", "TARGET"], step="rootfs: findmnt", check=False)
     if any(t.startswith(str(path) + "/") for t in listing.stdout.split()):
         raise SandboxError(f"rootfs: {path} still has mounts; remove it by hand")
-    shutil.rmtree(path)
+    problem = remove_tree(path, step="rootfs: remove")
+    if problem:
+        raise SandboxError(problem)
 
 
 def build(*, force: bool = False, log=print) -> Path:

@@ -47,6 +47,22 @@ def run(
     return proc
 
 
+def remove_tree(path: Path, *, step: str) -> str | None:
+    """``path`` removed by ``rm -rf`` in a process of its own; what failed, or None.
+
+    Not shutil.rmtree in this process: where gevent has patched it (importing pyinfra_cli
+    runs ``monkey.patch_all()``; the test suite's process is patched so), gevent's
+    ``os.close`` (gevent/os.py, since 25.8.1) defers closing a directory's descriptor until
+    its loop runs, and the loop does not run during the walk. A host with its own caches
+    holds tens of thousands of directories: the process ran out of descriptors (EMFILE),
+    and ``ignore_errors`` hid the tree it left. ``--one-file-system``: nothing on a file
+    system still mounted below ``path`` is removed."""
+    proc = run(["rm", "-rf", "--one-file-system", "--", str(path)], step=step, check=False)
+    if proc.returncode != 0 or path.exists():
+        return f"{step}: {path} not removed: {proc.stderr.strip()[-300:]}"
+    return None
+
+
 def write_file(path: Path, text: str, mode: int = 0o644) -> None:
     """Write a text file, creating parent dirs, with an explicit mode."""
     path.parent.mkdir(parents=True, exist_ok=True)
