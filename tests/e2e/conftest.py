@@ -179,9 +179,11 @@ def booted(scenarios: list[str], leave_up_for: str | None = None,
     ``take_over`` and the same scenarios, which then uses it instead of booting.
     ``own_caches``: for the modules that build vLLM environments, each host gets its own
     hard-linked copy of the package caches and builds with hard links (``sandbox up
-    --own-caches``): about 30 s less per environment than copying its several GB. Not
-    for test_full's eight hosts, two of which build: the copies and their return at
-    ``down`` cost more there (about 30 s) than the two builds save (measured).
+    --own-caches``): about 30 s less per environment than copying its several GB. Each
+    host's copy costs about 2 s at ``up`` and 2 s at ``down`` (its downloads returned, its
+    directory removed): test_full's eight hosts, three of which build CUDA stacks of
+    several GB, took 256 s with it and 285 s without (test_full.py and
+    test_full_gpu_health.py alone, this machine kind).
 
     With SANDBOX_REUSE=1 and a running sandbox, that sandbox is used as is and kept.
     """

@@ -50,7 +50,7 @@ OP_SYSCTL = "full | sysctl | Sysctl: kernel parameters persisted and applied"
 
 @pytest.fixture(scope="module")
 def fleet():
-    with booted(SCENARIOS, leave_up_for="gpu-health") as sandbox:
+    with booted(SCENARIOS, leave_up_for="gpu-health", own_caches=True) as sandbox:
         yield sandbox
 
 

