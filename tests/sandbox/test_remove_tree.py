@@ -24,19 +24,14 @@ print(remove_tree(Path(sys.argv[1]), step="gpu-sbx-1: remove its directory"),
 """
 
 
-def make_host_dir(path, packages: int):
-    for number in range(packages):
-        package = path / "upper" / "opt" / "envs" / f"package{number}" / "sub"
-        package.mkdir(parents=True)
-        (package / "module.py").write_text("")
-
-
 def test_a_tree_of_more_directories_than_descriptors_goes_from_a_patched_process(tmp_path):
     host_dir = tmp_path / "gpu-sbx-1"
-    make_host_dir(host_dir, 300)
+    for number in range(300):
+        package = host_dir / "upper" / "opt" / "envs" / f"package{number}" / "sub"
+        package.mkdir(parents=True)
+        (package / "module.py").write_text("")
     proc = subprocess.run([sys.executable, "-c", REMOVE, str(host_dir)], cwd=REPO_ROOT,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == "None False\n"
     assert not host_dir.exists()
-
