@@ -22,7 +22,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -385,6 +385,21 @@ def _own_caches(host: Host, lower: Path) -> None:
             step=f"{host.name}: own copy of {name}")
 
 
+def cache_owners(hosts: list[Host], own_caches: bool | Collection[str]) -> set[str]:
+    """The names of the hosts that get their own copy of the caches (``up``'s
+    ``own_caches``: True for every host, or the names of some). Each copy costs a few
+    seconds at ``up`` and at ``down`` (a hard link per cache entry: about 170,000 with the
+    suite's stacks cached): a fleet in which few hosts build names those."""
+    names = [host.name for host in hosts]
+    if isinstance(own_caches, bool):
+        return set(names) if own_caches else set()
+    unknown = sorted(set(own_caches) - set(names))
+    if unknown:
+        raise SandboxError(f"own_caches names {', '.join(unknown)}: not among the hosts "
+                           f"planned ({', '.join(names)})")
+    return set(own_caches)
+
+
 def _private_parents(upper: Path, lower: Path, path: Path) -> None:
     """``path``'s directories made in the overlay's upper directory with the modes the
     rootfs gives them, 0700 where it has none: an upper directory's mode is the merged
@@ -472,13 +487,14 @@ def up(
     disk_size: str = DEFAULT_DISK_SIZE,
     model_base_url: str | None = None,
     tls: bool = False,
-    own_caches: bool = False,
+    own_caches: bool | Collection[str] = False,
     log=print,
 ) -> list[Host]:
     """Boot `count` hosts and write .sandbox/inventory.py; tears down a previous sandbox first.
     With ``tls`` the gateways serve HTTPS with a self-signed certificate made for them; with
-    ``own_caches`` each host gets its own hard-linked copy of the package caches
-    (_own_caches) and builds environments with hard links (python_env_link_mode)."""
+    ``own_caches`` each host (True) or each host named gets its own hard-linked copy of the
+    package caches (_own_caches) and builds environments with hard links
+    (python_env_link_mode)."""
     with _exclusive():
         return _up(count, scenarios, disk_size=disk_size, model_base_url=model_base_url,
                    tls=tls, own_caches=own_caches, log=log)
@@ -497,11 +513,12 @@ def _up(
     disk_size: str = DEFAULT_DISK_SIZE,
     model_base_url: str | None = None,
     tls: bool = False,
-    own_caches: bool = False,
+    own_caches: bool | Collection[str] = False,
     log=print,
 ) -> list[Host]:
     """Boot `count` hosts and write .sandbox/inventory.py; tears down a previous sandbox first."""
     hosts = plan(count, scenarios)
+    owners = cache_owners(hosts, own_caches)
     _check_disk_size(disk_size)
     lower = rootfs.rootfs_path()
     preflight(need_debootstrap=not lower.is_dir())
@@ -530,11 +547,11 @@ def _up(
         for host in hosts:
             state["hosts"].append(asdict(host))
             save_state(state)
-            prepare_host(host, lower, client_pub, disk_size, gpu_plan, own_caches)
+            prepare_host(host, lower, client_pub, disk_size, gpu_plan, host.name in owners)
             state["hosts"][-1] = asdict(host)
             save_state(state)
             starts[host.name] = time.monotonic()
-            _start_supervisor(host, _nspawn_argv(host, own_caches))
+            _start_supervisor(host, _nspawn_argv(host, host.name in owners))
         # After the hosts' veths exist: the repo server binds to their gateway addresses.
         gpu.start_services(hosts, gpu_plan, state)
         mirror_url = model_mirror.start(hosts[0].gateway, state)
@@ -550,7 +567,7 @@ def _up(
             new_certificate(hosts)
         for host in hosts:
             host.data = host_data(host, gpu_plan, model_base_url, mirror_url)
-            if own_caches:
+            if host.name in owners:
                 host.data["python_env_link_mode"] = "hardlink"
             if tls:
                 host.data.update(gateway_tls_cert=str(TLS_CERT_FILE),

@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import urllib.request
+from collections.abc import Collection
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -173,18 +174,17 @@ def _down() -> None:
 
 @contextmanager
 def booted(scenarios: list[str], leave_up_for: str | None = None,
-           take_over: str | None = None, own_caches: bool = False):
+           take_over: str | None = None, own_caches: bool | Collection[str] = False):
     """Boot one host per scenario (one sandbox per machine), tear it down afterwards; with
     ``leave_up_for``, leave it up for the next module booted with the same name as
     ``take_over`` and the same scenarios, which then uses it instead of booting.
-    ``own_caches``: for the modules that build vLLM environments, each host gets its own
-    hard-linked copy of the package caches and builds with hard links (``sandbox up
-    --own-caches``): about 30 s less per environment than copying its several GB. Each
-    host's copy costs about 2 s at ``up`` and 2 s at ``down`` (its downloads returned, its
-    directory removed): test_full's eight hosts, three of which build CUDA stacks of
-    several GB, took 256 s with it and 285 s and 319 s without (test_full.py and
-    test_full_gpu_health.py alone, this machine kind). In the whole suite its setup and
-    teardown took 33 s and 51 s with it, against under 10 s and 23 s in a run without.
+    ``own_caches``: for the modules that build vLLM environments, each host (True), or
+    each host named, gets its own hard-linked copy of the package caches and builds with
+    hard links (``sandbox up --own-caches``): about 30 s less per environment than copying
+    its several GB. Each host's copy costs a few seconds at ``up`` and at ``down`` (its
+    downloads returned, its directory removed): in the whole suite, test_full's eight
+    hosts, three of which build CUDA stacks, took 33 s to set up and 51 s to tear down
+    with a copy each, against under 10 s and 23 s with none; they now name the three.
 
     With SANDBOX_REUSE=1 and a running sandbox, that sandbox is used as is and kept.
     """

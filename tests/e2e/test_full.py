@@ -33,6 +33,9 @@ pytestmark = pytest.mark.e2e
 
 SCENARIOS = ["seed580", "pcie", "mismatch", "bare", "seed580", "h200", "seed", "mismatch"]
 SEED = ["gpu-sbx-1", "gpu-sbx-5"]
+# The hosts that build environments, each with its own copy of the package caches: the
+# seed580 hosts here, the h200 host in test_full_gpu_health.py.
+BUILDERS = [*SEED, "gpu-sbx-6"]
 FLEET_STACK = STACKS[FLEET_VERSION]
 DRIVER_FLOOR = (f"preflight driver_version: driver 535.129.03; the vLLM {FLEET_STACK.vllm} "
                 f"stack's CUDA runtime")
@@ -50,7 +53,7 @@ OP_SYSCTL = "full | sysctl | Sysctl: kernel parameters persisted and applied"
 
 @pytest.fixture(scope="module")
 def fleet():
-    with booted(SCENARIOS, leave_up_for="gpu-health", own_caches=True) as sandbox:
+    with booted(SCENARIOS, leave_up_for="gpu-health", own_caches=BUILDERS) as sandbox:
         yield sandbox
 
 

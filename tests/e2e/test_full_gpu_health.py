@@ -21,7 +21,7 @@ import pytest
 
 from pyinfra_vllm.core.stacks import STACKS
 from tests.e2e.conftest import FLEET_CUDA, booted
-from tests.e2e.test_full import SCENARIOS, assert_built_and_probed, hosts_with
+from tests.e2e.test_full import BUILDERS, SCENARIOS, assert_built_and_probed, hosts_with
 
 pytestmark = pytest.mark.e2e
 
@@ -53,7 +53,7 @@ VALUE = {"failing": 2, "degraded": 1}
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
-    with booted(SCENARIOS, take_over="gpu-health", own_caches=True) as sandbox:
+    with booted(SCENARIOS, take_over="gpu-health", own_caches=BUILDERS) as sandbox:
         reports = tmp_path_factory.mktemp("audit-reports")
         sandbox.reports = reports
         run(sandbox)  # the baseline audit the "rising" reasons compare with

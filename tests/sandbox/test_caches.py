@@ -1,13 +1,17 @@
 """A host's own package caches (sandbox/hosts.py _own_caches, _keep_downloads): what it
-downloaded goes back into the shared caches as hard links, nothing there replaced. On a
-temporary directory laid out as a stopped host's; no containers, no root needed."""
+downloaded goes back into the shared caches as hard links, nothing there replaced (on a
+temporary directory laid out as a stopped host's; no containers, no root needed); which
+hosts of a plan get one."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
+import pytest
+
 from sandbox import hosts as sbx
+from sandbox.util import SandboxError
 
 
 def test_a_host_s_downloads_are_kept_and_the_shared_entries_left_as_they_were(
@@ -48,3 +52,13 @@ def test_the_own_cache_s_parents_keep_the_rootfs_modes(tmp_path):
              for path in ("root", "root/.cache", "var", "var/cache")}
     # An upper directory's mode is the merged one's: /root stays root's alone.
     assert modes == {"root": 0o700, "root/.cache": 0o700, "var": 0o755, "var/cache": 0o700}
+
+
+def test_the_hosts_with_their_own_caches_are_every_host_or_those_named():
+    hosts = sbx.plan(3, ["seed580", "bare", "h200"])
+    assert sbx.cache_owners(hosts, True) == {"gpu-sbx-1", "gpu-sbx-2", "gpu-sbx-3"}
+    assert sbx.cache_owners(hosts, False) == set()
+    assert sbx.cache_owners(hosts, ["gpu-sbx-1", "gpu-sbx-3"]) == {"gpu-sbx-1", "gpu-sbx-3"}
+    with pytest.raises(SandboxError, match=r"own_caches names gpu-sbx-6: not among the hosts "
+                                           r"planned \(gpu-sbx-1, gpu-sbx-2, gpu-sbx-3\)"):
+        sbx.cache_owners(hosts, ["gpu-sbx-1", "gpu-sbx-6"])
