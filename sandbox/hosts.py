@@ -306,11 +306,25 @@ def _start_supervisor(host: Host, argv: list[str]) -> int:
     return proc.pid
 
 
-def ssh_argv(address: str) -> list[str]:
+# A shared connection's socket in the host's directory, one per remote user: gone with the
+# directory at ``down``, so a later host at the same address never gets an old connection.
+SSH_CONTROL = "ssh-%r"
+
+
+def ssh_argv(address: str, control_dir: Path | str | None = None) -> list[str]:
     """ssh client argv (without the command) for the operator on a sandbox host, pinned
-    host key. Commands that need root go through sudo, as on a real server."""
+    host key. Commands that need root go through sudo, as on a real server.
+
+    With ``control_dir`` (the host's directory) the calls share one connection (OpenSSH's
+    ControlMaster, kept 60 s after the last call, given up after 15 s without an answer):
+    a call takes about 0.015 s instead of 0.25 s for its own key exchange and login."""
+    shared = [] if control_dir is None else [
+        "-o", "ControlMaster=auto", "-o", f"ControlPath={Path(control_dir) / SSH_CONTROL}",
+        "-o", "ControlPersist=60", "-o", "ServerAliveInterval=5",
+        "-o", "ServerAliveCountMax=3"]
     return [
         "ssh",
+        *shared,
         "-i",
         str(KEY_FILE),
         "-o",
@@ -332,8 +346,18 @@ def ssh(
 ) -> subprocess.CompletedProcess[str]:
     """Run a command as root on a sandbox host: ssh as the operator, then sudo (the remote
     side joins argv with spaces)."""
-    return run([*ssh_argv(host.address), "--", "sudo", "-n", "--", *command], step=step,
-               check=check, timeout=timeout)
+    return run([*ssh_argv(host.address, host.dir), "--", "sudo", "-n", "--", *command],
+               step=step, check=check, timeout=timeout)
+
+
+def close_ssh_connections(host_dir: Path) -> None:
+    """Ends the connections ssh_argv's calls share with the host (its sockets in
+    ``host_dir``), before the host stops: nothing is left waiting on a peer that is gone."""
+    for control in sorted(host_dir.glob(SSH_CONTROL.replace("%r", "*"))):
+        if control.is_socket():
+            run(["ssh", "-o", f"ControlPath={control}", "-O", "exit", "sandbox-host"],
+                step=f"{host_dir.name}: its shared ssh connection closed", check=False,
+                timeout=10)
 
 
 def _console_tail(host: Host, lines: int = 25) -> str:
@@ -850,6 +874,7 @@ def _down(log=print) -> list[str]:
     problems: list[str] = []
     host_dirs = sorted(HOSTS_DIR.glob("*")) if HOSTS_DIR.is_dir() else []
     for host_dir in host_dirs:
+        close_ssh_connections(host_dir)
         problems += stop_host(host_dir)
         problems += _keep_downloads(host_dir)
     problems += gpu.stop_services(state)

@@ -103,7 +103,8 @@ class Sandbox:
         self, host: SandboxHost, command: str, *, check: bool = True, timeout: float = 300
     ) -> subprocess.CompletedProcess[str]:
         """Run a shell command line on a host as root (ssh as the operator, then sudo)."""
-        argv = [*sbx.ssh_argv(host.address), "--", "sudo -n sh -c " + shlex.quote(command)]
+        argv = [*sbx.ssh_argv(host.address, host.host_dir), "--",
+                "sudo -n sh -c " + shlex.quote(command)]
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
         if check and proc.returncode != 0:
             pytest.fail(

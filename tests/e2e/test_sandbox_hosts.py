@@ -63,6 +63,14 @@ def test_reached_as_operators_reach_servers(sandbox) -> None:
     assert set(json.loads(proc.stdout)["server.User"].values()) == {"root"}
 
 
+def test_the_tests_calls_share_one_connection_per_host(sandbox) -> None:
+    # One TCP connection from this machine to each host's sshd, the same each time
+    # (ssh_argv's ControlMaster): logged in once.
+    ssh_in = "ss -Htn state established '( sport = :22 )'"
+    seen = [sandbox.ssh(host, ssh_in).stdout.split() for host in (*sandbox.hosts, *sandbox.hosts)]
+    assert seen[:2] == seen[2:] and all(len(lines) == 4 for lines in seen), seen
+
+
 @pytest.mark.parametrize("index", [0, 1])
 def test_systemd_is_pid1_and_running(sandbox, index: int) -> None:
     host = sandbox.hosts[index]
@@ -144,7 +152,10 @@ def test_teardown_leaves_nothing(sandbox) -> None:
         pytest.skip("SANDBOX_REUSE=1: the sandbox is left running")
     pids = [p for h in sandbox.hosts for p in _container_pids(h)]
     assert pids, "expected running containers before teardown"
+    masters = [p for h in sandbox.hosts for p in _ssh_masters(h)]
+    assert len(masters) == len(sandbox.hosts), masters  # the tests' calls share them
     assert sbx.down() == []
+    assert [p for p in masters if _alive(p)] == [], "a shared ssh connection survived"
     assert not [n for n in net.netns_list() if n.startswith("gpu-sbx-")]
     losetup = subprocess.run(["losetup", "-a"], capture_output=True, text=True).stdout
     assert str(sbx.RUN_DIR) not in losetup
@@ -160,6 +171,13 @@ def test_teardown_leaves_nothing(sandbox) -> None:
 def _container_pids(host) -> list[int]:
     pid_file = host.host_dir / "nspawn.pid"
     return sbx._descendants(int(pid_file.read_text())) if pid_file.is_file() else []
+
+
+def _ssh_masters(host) -> list[int]:
+    """The ssh processes holding a connection shared through the host's directory."""
+    found = subprocess.run(["pgrep", "-f", f"^ssh: {host.host_dir}/"],  # its title
+                           capture_output=True, text=True).stdout
+    return [int(pid) for pid in found.split()]
 
 
 def _alive(pid: int) -> bool:
