@@ -183,9 +183,10 @@ def booted(scenarios: list[str], leave_up_for: str | None = None,
     each host named, gets its own hard-linked copy of the package caches and builds with
     hard links (``sandbox up --own-caches``): about 30 s less per environment than copying
     its several GB. Each host's copy costs a few seconds at ``up`` and at ``down`` (its
-    downloads returned, its directory removed): in the whole suite, test_full's eight
-    hosts, three of which build CUDA stacks, took 33 s to set up and 51 s to tear down
-    with a copy each, against under 10 s and 23 s with none; they now name the three.
+    downloads returned, its directory removed). test_full's eight hosts, three of which
+    build CUDA stacks, name those three: in two whole-suite runs their set-up took 14-16 s
+    and their teardown 16-17 s, against 33 s and 51 s with a copy for each of the eight,
+    and the two runs that build 62-64 s and 42 s, against 84 s and 61 s.
 
     With SANDBOX_REUSE=1 and a running sandbox, that sandbox is used as is and kept.
     """
