@@ -63,12 +63,13 @@ def test_reached_as_operators_reach_servers(sandbox) -> None:
     assert set(json.loads(proc.stdout)["server.User"].values()) == {"root"}
 
 
-def test_the_tests_calls_share_one_connection_per_host(sandbox) -> None:
+def test_calls_share_one_connection_per_host(sandbox) -> None:
     # One TCP connection from this machine to each host's sshd, the same each time
     # (ssh_argv's ControlMaster): logged in once.
     ssh_in = "ss -Htn state established '( sport = :22 )'"
     seen = [sandbox.ssh(host, ssh_in).stdout.split() for host in (*sandbox.hosts, *sandbox.hosts)]
-    assert seen[:2] == seen[2:] and all(len(lines) == 4 for lines in seen), seen
+    count = len(sandbox.hosts)
+    assert seen[:count] == seen[count:] and all(len(fields) == 4 for fields in seen), seen
 
 
 @pytest.mark.parametrize("index", [0, 1])
