@@ -46,9 +46,19 @@ Other drivers name the CRC counters ``Data CRC Errors`` / ``Flit CRC Errors``, a
 Blackwell-era drivers print other counters in the same ``Link N: <name>: <value>``
 form; every such counter is kept (snake_case name), non-numeric values as None.
 
-Kernel log Xid lines (``NVRM: Xid (PCI:0000:91:00): 79, pid=..., name=..., text``)
-are NVIDIA's documented Xid format (https://docs.nvidia.com/deploy/xid-errors/index.html),
-read here in every prefix dmesg and journalctl give them.
+The kernel log and dcgmi diag parsers are in facts/gpu_health_logs.py.
+
+Fail closed. A GPU the output names but that cannot be read keeps its record, every
+leaf None, with ``"unreadable": {"code", "detail"}`` (the key is absent on a record read
+whole): ``gpu_unreadable`` (nvidia-smi's "Unable to determine the device handle for GPU
+<bus id>: <error>"), ``gpu_lost`` (the same, saying "GPU is lost"), ``gpu_no_data`` (a
+GPU block, or ``<gpu>`` element, with nothing in it). GPUs that ``Attached GPUs`` /
+``<attached_gpus>`` counts but the output does not list are one record under the key
+``"missing"`` (MISSING_KEY), code ``gpu_missing``, with ``attached`` and ``listed``. An
+output that cannot be read at all (a line over the bound of facts/gpu_health_input.py,
+XML that is not well-formed or that declares a DTD of its own or an entity) raises
+UnreadableOutput: a fact raising it fails its host with pyinfra's "could not process
+fact" and the reason (facts/base.py), never a host read as healthy.
 """
 
 from __future__ import annotations
@@ -61,6 +71,8 @@ from typing import Any
 from typing_extensions import override
 
 from facts.base import FactBase
+from facts.gpu_health_input import MAX_LINE_CHARS, UnreadableOutput, bounded_lines
+from facts.gpu_health_logs import DIAG_ROW_RE, diag_heading, is_kernel_log_line, read_kernel_log
 from facts.gpus import parse_query_csv
 from facts.nvidia_smi import EMPTY_CELLS, NvidiaSmiFact, nvml_failure, split_smi_output
 from facts.topology import NVLINK_GPU_RE, parse_nvlink_status
@@ -111,7 +123,21 @@ _REPAIR_KEYS = ("channel repair pending", "tpc repair pending", "unrepairable me
 
 _BUS_ID_RE = re.compile(r"^([0-9A-Fa-f]{4,8}):([0-9A-Fa-f]{2}):([0-9A-Fa-f]{2})(?:\.([0-7]))?$")
 _GPU_HEADER_RE = re.compile(r"^GPU\s+([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7])\s*$")
-_KV_RE = re.compile(r"^( *)(\S.*?)\s+:\s?(.*)$")
+# nvidia-smi, for a GPU whose NVML handle it cannot get (one fallen off the bus), in
+# place of its block or row: "Unable to determine the device handle for GPU
+# 0000:0B:00.0: Unknown Error" (also "for gpu", "GPU0000:...", "GPU is lost. Reboot the
+# system to recover this GPU"; NVIDIA/open-gpu-kernel-modules#387, NVIDIA/nvidia-docker#1553).
+_DEVICE_HANDLE_RE = re.compile(
+    r"^Unable to (?:determine|detect) the device handle for (?:GPU|gpu) ?"
+    r"([0-9A-Fa-f]{3,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?): (.*)$"
+)
+_ATTACHED_RE = re.compile(r"^Attached GPUs +: (\d+)$")
+_NVSMI_BANNER_RE = re.compile(r"^=+NVSMI LOG=+$")
+_INT_RE = re.compile(r"^(-?\d+)(?: *[A-Za-z%()]+)? *$")
+_LEADING_INT_RE = re.compile(r"^(-?\d+)\b")
+_FLOAT_RE = re.compile(r"^(-?\d+(?:\.\d+)?)")
+# The key of the record standing for the GPUs an output counts but does not list.
+MISSING_KEY = "missing"
 
 
 def normalize_bus_id(value: str | None) -> str | None:
@@ -201,9 +227,7 @@ def _int(text: str | None) -> int | None:
     value = _value(text)
     if value is None:
         return None
-    match = re.match(r"^(-?\d+)(?:\s*[A-Za-z%()]*)?\s*(?:x)?$", value)
-    if match is None:
-        match = re.match(r"^(-?\d+)\b", value)
+    match = _INT_RE.match(value) or _LEADING_INT_RE.match(value)
     return int(match.group(1)) if match is not None else None
 
 
@@ -211,7 +235,7 @@ def _float(text: str | None) -> float | None:
     value = _value(text)
     if value is None:
         return None
-    match = re.match(r"^(-?\d+(?:\.\d+)?)", value)
+    match = _FLOAT_RE.match(value)
     return float(match.group(1)) if match is not None else None
 
 
@@ -277,37 +301,59 @@ def _gen_max(device_max: int | None, host_max: int | None, link_max: int | None)
 # --- nvidia-smi -q text -------------------------------------------------------------
 
 
-def _text_tree(lines: list[str]) -> list[tuple[str | None, dict[str, Any]]]:
-    """The GPU blocks of -q text as nested dicts with lower-case keys; a block with no
-    ``GPU <bus id>`` header (an excerpt) has None as its id."""
-    blocks: list[tuple[str | None, dict[str, Any]]] = []
+def _key_value(line: str, indent: int) -> tuple[str, str] | None:
+    """``(key, value)`` of a ``Key      : value`` line, the key ending at the first colon
+    with a space before it (nvidia-smi pads every key so); None for a section's name.
+    String search, not a pattern: linear in the line whatever it holds."""
+    colon = line.find(":", indent + 1)
+    while colon >= 0 and line[colon - 1] != " ":
+        colon = line.find(":", colon + 1)
+    if colon < 0:
+        return None
+    return line[indent:colon].strip().lower(), line[colon + 1:].strip()
+
+
+# One entry of -q text: (bus id as printed or None, the block as nested dicts or None,
+# nvidia-smi's device-handle error for the GPU or None).
+_TextEntry = tuple[str | None, dict[str, Any] | None, str | None]
+
+
+def _text_tree(lines: list[str]) -> list[_TextEntry]:
+    """The GPU blocks of -q text as nested dicts with lower-case keys, and the GPUs
+    nvidia-smi could not get a handle for, in output order; a block with no ``GPU <bus
+    id>`` header (an excerpt) has None as its id."""
+    entries: list[_TextEntry] = []
     stack: list[tuple[int, dict[str, Any]]] = []
     for raw in lines:
         line = raw.rstrip().replace("\t", "    ")
         if not line.strip() or line.strip() == "[...]":
             continue
-        header = _GPU_HEADER_RE.match(line)
-        if header is not None:
-            blocks.append((header.group(1), {}))
-            stack = [(-1, blocks[-1][1])]
+        lost = _DEVICE_HANDLE_RE.match(line.strip())
+        if lost is not None:
+            entries.append((lost.group(1), None, lost.group(0)))
+            stack = []
             continue
+        header = _GPU_HEADER_RE.match(line)
         indent = len(line) - len(line.lstrip(" "))
-        if not stack:
-            if indent == 0:
-                continue  # the log's own lines: Timestamp, Driver Version...
-            blocks.append((None, {}))
-            stack = [(-1, blocks[-1][1])]
+        if header is None and not stack and indent == 0:
+            continue  # the log's own lines: Timestamp, Driver Version...
+        if header is not None or not stack:
+            block: dict[str, Any] = {}
+            entries.append((header.group(1) if header else None, block, None))
+            stack = [(-1, block)]
+            if header is not None:
+                continue
         while len(stack) > 1 and stack[-1][0] >= indent:
             stack.pop()
-        match = _KV_RE.match(line)
+        pair = _key_value(line, indent)
         parent = stack[-1][1]
-        if match is not None:
-            parent.setdefault(match.group(2).strip().lower(), match.group(3).strip())
+        if pair is not None:
+            parent.setdefault(*pair)
         else:
             child: dict[str, Any] = {}
             parent.setdefault(line.strip().lower(), child)
             stack.append((indent, child))
-    return blocks
+    return entries
 
 
 def _section(tree: dict[str, Any], *names: str) -> dict[str, Any]:
@@ -446,29 +492,91 @@ def _text_record(bus_id: str | None, index: int, tree: dict[str, Any]) -> dict[s
     return record
 
 
+def _unreadable(code: str, detail: str, **extra: Any) -> dict[str, Any]:
+    return {"code": code, "detail": detail, **extra}
+
+
+def _device_unreadable(error: str) -> dict[str, Any]:
+    """A GPU nvidia-smi could not get a handle for: lost where its error says so."""
+    code = "gpu_lost" if "gpu is lost" in error.lower() else "gpu_unreadable"
+    return _unreadable(code, f"nvidia-smi: {error}")
+
+
+def _put(result: dict[str, dict[str, Any]], key: str, record: dict[str, Any]) -> None:
+    """``record`` under ``key``, merged into one already there."""
+    result[key] = merge_records(result[key], record) if key in result else record
+
+
+def unreadable_gpus(lines: Iterable[str]) -> dict[str, dict[str, Any]]:
+    """``{bus id: record}`` for each GPU an nvidia-smi output says it could not get a
+    handle for ("Unable to determine the device handle for GPU ..."), each leaf None
+    and ``unreadable`` saying why; ``{}`` when there is none."""
+    lost: dict[str, dict[str, Any]] = {}
+    for line in lines:
+        match = _DEVICE_HANDLE_RE.match(line.strip())
+        if match is not None:
+            record = empty_record()
+            record["bus_id"] = normalize_bus_id(match.group(1))
+            record["unreadable"] = _device_unreadable(match.group(0))
+            _put(lost, record["bus_id"] or match.group(1), record)
+    return lost
+
+
+def _add_missing(result: dict[str, dict[str, Any]], attached: int | None, listed: int) -> None:
+    """The GPUs an output counts as attached but does not list, as one record."""
+    if attached is None or attached <= listed:
+        return
+    record = empty_record()
+    record["unreadable"] = _unreadable(
+        "gpu_missing", f"nvidia-smi counts {attached} attached GPU(s); its output lists "
+        f"{listed}", attached=attached, listed=listed)
+    result[MISSING_KEY] = record
+
+
+def _attached(lines: list[str]) -> int | None:
+    """``Attached GPUs : N`` of -q text, None where it is not printed."""
+    for line in lines:
+        match = _ATTACHED_RE.match(line.strip())
+        if match is not None:
+            return int(match.group(1))
+    return None
+
+
 def parse_query_text(lines: Iterable[str]) -> dict[str, dict[str, Any]] | None:
     """Parse ``nvidia-smi -q`` (whole, or ``-d`` sections, or an excerpt).
 
     Returns ``{bus_id: record}`` (see the module docstring for the record), keyed by
     the bus id printed after ``GPU `` (normalised, ``00000000:17:00.0``), or by the
     block's position (``"0"``) for an excerpt without that header. ``index`` is the
-    block's position: nvidia-smi lists GPUs in index order. None on an NVML error or
-    when there is no GPU block at all.
+    block's position: nvidia-smi lists GPUs in index order. A GPU nvidia-smi could not
+    get a handle for, a block with nothing in it and the GPUs ``Attached GPUs`` counts
+    but the output does not list are records with ``unreadable``. None on an NVML error
+    or when there is no GPU at all. Raises UnreadableOutput for a line over the bound.
     """
-    kept, _status = split_smi_output(lines)
+    kept, _status = split_smi_output(bounded_lines(lines, "nvidia-smi -q"))
     if nvml_failure(kept) is not None:
         return None
-    blocks = _text_tree(kept)
-    if not blocks:
+    entries = _text_tree(kept)
+    attached = _attached(kept)
+    if not entries and not attached:
         return None
     result: dict[str, dict[str, Any]] = {}
-    for position, (bus_id, tree) in enumerate(blocks):
-        record = _text_record(bus_id, position, tree)
-        result[record["bus_id"] or str(position)] = record
+    for position, (bus_id, tree, error) in enumerate(entries):
+        record = _text_record(bus_id, position, tree or {})
+        if error is not None:
+            record["unreadable"] = _device_unreadable(error)
+        elif not tree:
+            record["unreadable"] = _unreadable(
+                "gpu_no_data", f"GPU {bus_id or position}: its block in nvidia-smi -q "
+                "holds nothing")
+        _put(result, record["bus_id"] or bus_id or str(position), record)
+    _add_missing(result, attached, len(entries))
     return result
 
 
 # --- nvidia-smi -q -x ---------------------------------------------------------------
+
+_XML_REASON_PREFIX_RE = re.compile(r"^clocks_(?:event|throttle)_reason_")
 
 
 def _xml_text(node: ElementTree.Element | None, path: str) -> str | None:
@@ -532,7 +640,7 @@ def _xml_clocks(gpu: ElementTree.Element, record: dict[str, Any]) -> None:
             continue
         states: dict[str, bool | None] = {}
         for child in block:
-            suffix = re.sub(r"^clocks_(?:event|throttle)_reason_", "", child.tag)
+            suffix = _XML_REASON_PREFIX_RE.sub("", child.tag)
             states[_REASON_ALIASES.get(suffix, suffix)] = _active(child.text)
         if any(state is not None for state in states.values()):
             active = [name for name in REASON_NAMES if states.get(name)]
@@ -577,31 +685,74 @@ def _xml_pcie_and_sensors(gpu: ElementTree.Element, record: dict[str, Any]) -> N
     )
 
 
+# nvidia-smi's own DOCTYPE line (an external DTD, never loaded); any other DTD, and any
+# entity declaration, is refused: an entity can expand into anything (the "billion
+# laughs") and hide or invent the values judged.
+_NVSMI_DOCTYPE_RE = re.compile(r'^<!DOCTYPE nvidia_smi_log SYSTEM "nvsmi_device_v\d+\.dtd">$')
+
+
+def _xml_root(lines: list[str]) -> ElementTree.Element:
+    """The ``<nvidia_smi_log>`` element of -q -x lines; UnreadableOutput for XML with a
+    DTD or entity of its own, not well-formed (cut short, a character XML does not
+    allow) or with another root."""
+    body: list[str] = []
+    for number, line in enumerate(lines, 1):
+        if _NVSMI_DOCTYPE_RE.match(line.strip()):
+            continue
+        if "<!DOCTYPE" in line or "<!ENTITY" in line:
+            raise UnreadableOutput(
+                f"nvidia-smi -q -x: line {number} declares a DTD or an entity of its own, "
+                "which nvidia-smi never writes: the XML is not read")
+        body.append(line)
+    try:
+        root = ElementTree.fromstring("\n".join(body))
+    except ElementTree.ParseError as error:
+        raise UnreadableOutput(
+            f"nvidia-smi -q -x: not well-formed XML ({error}): cut short, or holding a "
+            "character XML does not allow") from error
+    if root.tag != "nvidia_smi_log":
+        raise UnreadableOutput(f"nvidia-smi -q -x: the root element is <{root.tag[:40]}>, "
+                               "not nvidia-smi's <nvidia_smi_log>")
+    return root
+
+
+def _xml_record(gpu: ElementTree.Element, position: int) -> dict[str, Any]:
+    record = empty_record()
+    record["bus_id"] = normalize_bus_id(gpu.get("id")) or normalize_bus_id(
+        _xml_text(gpu, "pci/pci_bus_id")
+    )
+    record["index"] = position
+    record["name"] = _value(_xml_text(gpu, "product_name"))
+    _xml_memory(gpu, record)
+    _xml_clocks(gpu, record)
+    _xml_pcie_and_sensors(gpu, record)
+    if len(gpu) == 0:
+        record["unreadable"] = _unreadable(
+            "gpu_no_data", f"GPU {gpu.get('id') or position}: its <gpu> element in "
+            "nvidia-smi -q -x holds nothing")
+    return record
+
+
 def parse_query_xml(text: str) -> dict[str, dict[str, Any]] | None:
     """Parse ``nvidia-smi -q -x``: ``{bus_id: record}`` from each ``<gpu id=...>``
-    element actually present (``attached_gpus`` is not trusted: a cut file says 16 and
-    holds 1). ``index`` is the element's position (nvidia-smi writes them in index
-    order). None for text that is not such XML, or without any ``<gpu>``."""
-    kept, _status = split_smi_output(text.splitlines())
+    element actually present, the GPUs nvidia-smi could not get a handle for, and the
+    GPUs ``<attached_gpus>`` counts but the file does not hold (a cut file says 16 and
+    holds 1: MISSING_KEY). ``index`` is the element's position (nvidia-smi writes them
+    in index order). None on an NVML error or without any GPU. Raises UnreadableOutput
+    for XML it cannot read (_xml_root) and for a line over the bound."""
+    kept, _status = split_smi_output(bounded_lines(text.splitlines(), "nvidia-smi -q -x"))
     if nvml_failure(kept) is not None:
         return None
-    body = "\n".join(line for line in kept if not line.startswith("<!DOCTYPE"))
-    try:
-        root = ElementTree.fromstring(body)
-    except ElementTree.ParseError:
-        return None
+    lost = unreadable_gpus(kept)
+    root = _xml_root([line for line in kept if _DEVICE_HANDLE_RE.match(line.strip()) is None])
     result: dict[str, dict[str, Any]] = {}
-    for position, gpu in enumerate(root.iter("gpu")):
-        record = empty_record()
-        record["bus_id"] = normalize_bus_id(gpu.get("id")) or normalize_bus_id(
-            _xml_text(gpu, "pci/pci_bus_id")
-        )
-        record["index"] = position
-        record["name"] = _value(_xml_text(gpu, "product_name"))
-        _xml_memory(gpu, record)
-        _xml_clocks(gpu, record)
-        _xml_pcie_and_sensors(gpu, record)
-        result[record["bus_id"] or str(position)] = record
+    gpus = root.findall("gpu")
+    for position, gpu in enumerate(gpus):
+        record = _xml_record(gpu, position)
+        _put(result, record["bus_id"] or str(position), record)
+    for key, record in lost.items():
+        _put(result, key, record)
+    _add_missing(result, _int(root.findtext("attached_gpus")), len(gpus) + len(lost))
     return result or None
 
 
@@ -625,8 +776,11 @@ def _csv_rows(
     lines: Iterable[str], fields: list[str] | None
 ) -> list[dict[str, str | None]] | None:
     """parse_query_csv with the old ``clocks_throttle_reasons`` names renamed and every
-    "no value" spelling as None."""
-    rows = parse_query_csv(lines, fields)
+    "no value" spelling as None; nvidia-smi's device-handle errors left out (see
+    unreadable_gpus). Raises UnreadableOutput for a line over the bound."""
+    kept = [line for line in bounded_lines(lines, "nvidia-smi --query CSV")
+            if _DEVICE_HANDLE_RE.match(line.strip()) is None]
+    rows = parse_query_csv(kept, fields)
     if rows is None:
         return None
     return [
@@ -714,8 +868,10 @@ def parse_health_csv(
 ) -> dict[str, dict[str, Any]] | None:
     """Parse a ``--query-gpu=... --format=csv`` output (any fields, any order, units in
     the header or not; ``fields`` for a ``noheader`` one) into ``{key: record}``, keyed
-    by ``pci.bus_id`` where the query has it, else by ``index``, else by row number.
-    None on an NVML error."""
+    by ``pci.bus_id`` where the query has it, else by ``index``, else by row number;
+    a GPU nvidia-smi could not get a handle for is a record with ``unreadable``. None on
+    an NVML error. Raises UnreadableOutput for a line over the bound."""
+    lines = list(lines)
     rows = _csv_rows(lines, fields)
     if rows is None:
         return None
@@ -723,9 +879,18 @@ def parse_health_csv(
     for number, row in enumerate(rows):
         record = _csv_record(row)
         index = record["index"]
-        key = record["bus_id"] or (str(index) if index is not None else str(number))
-        result[key] = record
+        result[record["bus_id"] or (str(index) if index is not None else str(number))] = record
+    for key, record in unreadable_gpus(lines).items():
+        _put(result, key, record)
     return result
+
+
+def health_csv_fields(lines: list[str]) -> list[str] | None:
+    """HEALTH_QUERY_FIELDS for a health CSV saved without its header (its first row, past
+    nvidia-smi's device-handle errors, starts with a number), None for one with it."""
+    first = next((line for line in lines
+                  if line.strip() and _DEVICE_HANDLE_RE.match(line.strip()) is None), "")
+    return HEALTH_QUERY_FIELDS if not any(c.isalpha() for c in first[:6]) else None
 
 
 def _row_key(row: dict[str, str | None], number: int) -> str:
@@ -782,7 +947,9 @@ def parse_retired_pages_csv(lines: Iterable[str]) -> dict[str, dict[str, Any]] |
 
 # --- nvidia-smi nvlink -e / -s --------------------------------------------------------
 
-_NVLINK_COUNTER_RE = re.compile(r"^Link (\d+): (.+?):\s*(\S.*)$")
+_NVLINK_COUNTER_RE = re.compile(r"^Link (\d+): ([^:]+):\s*(\S.*)$")
+_NVLINK_LINK_RE = re.compile(r"^Link \d+: ")
+_NOT_SNAKE_RE = re.compile(r"[^a-z0-9]+")
 _NVLINK_KEYS = {
     "replay errors": "replay",
     "recovery errors": "recovery",
@@ -796,8 +963,9 @@ def parse_nvlink_errors(lines: Iterable[str]) -> dict[int, dict[int, dict[str, i
     """Parse ``nvidia-smi nvlink -e``: ``{gpu_index: {link: {"replay": 0, "recovery": 0,
     "crc_flit": 0, ...}}}``. The one-number ``CRC Errors`` line of older drivers is the
     flow-control (flit) CRC counter; other counters keep a snake_case name. ``{}`` for
-    no output (NVLink not exposed), None on an NVML error."""
-    kept, _status = split_smi_output(lines)
+    no output (NVLink not exposed), None on an NVML error. Raises UnreadableOutput for a
+    line over the bound."""
+    kept, _status = split_smi_output(bounded_lines(lines, "nvidia-smi nvlink -e"))
     if nvml_failure(kept) is not None:
         return None
     result: dict[int, dict[int, dict[str, int | None]]] = {}
@@ -813,9 +981,9 @@ def parse_nvlink_errors(lines: Iterable[str]) -> dict[int, dict[int, dict[str, i
         if counter is None or current is None:
             continue
         label = counter.group(2).strip().lower()
-        key = _NVLINK_KEYS.get(label) or re.sub(r"[^a-z0-9]+", "_", label).strip("_")
+        key = _NVLINK_KEYS.get(label) or _NOT_SNAKE_RE.sub("_", label).strip("_")
         value = _value(counter.group(3))
-        number = int(value) if value is not None and re.fullmatch(r"\d+", value) else None
+        number = int(value) if value is not None and value.isascii() and value.isdigit() else None
         result[current].setdefault(int(counter.group(1)), {})[key] = number
     return result
 
@@ -830,8 +998,9 @@ def nvlink_applicability(lines: Iterable[str]) -> dict[int, dict[str, Any]] | No
     gives them), ``"all_inactive"`` ("all links are inActive": a fault on an NVLink
     part, normal on a PCIe card without a bridge), ``"not_applicable"`` ("Device does
     not have or support Nvlink") or ``"unknown"`` (MIG mode: not queryable). Neither
-    of the last two is a link failure. None on an NVML error."""
-    kept, _status = split_smi_output(lines)
+    of the last two is a link failure. None on an NVML error. Raises UnreadableOutput
+    for a line over the bound."""
+    kept, _status = split_smi_output(bounded_lines(lines, "nvidia-smi nvlink -s"))
     parsed = parse_nvlink_status(kept)
     if parsed is None:
         return None
@@ -857,197 +1026,13 @@ def nvlink_applicability(lines: Iterable[str]) -> dict[int, dict[str, Any]] | No
     return result
 
 
-# --- the kernel log -------------------------------------------------------------------
-
-_ISO = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d+)?(?:[+-]\d\d:?\d\d|Z)?"
-_LOG_PREFIXES = (
-    # journalctl -k -o short-iso: 2026-12-02T02:42:57+0000 host kernel: ...
-    re.compile(rf"^({_ISO}) \S+ kernel: (.*)$"),
-    # journalctl -k (short) and syslog files: Nov 29 11:28:11 zeus kernel: ...
-    re.compile(r"^([A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d) \S+ kernel: (.*)$"),
-    # dmesg --time-format=iso: 2024-11-15T12:02:03,470068+00:00 ...
-    re.compile(rf"^({_ISO}) (.*)$"),
-    # dmesg -T: [Sun Feb 23 16:24:18 2025] ...
-    re.compile(r"^\[([A-Z][a-z]{2} [A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \d{4})\] ?(.*)$"),
-    # dmesg: [6781741.548779] ...
-    re.compile(r"^\[\s*(\d+\.\d+)\] ?(.*)$"),
-)
-# dmesg --decode's facility and level columns: "kern  :warn  : ".
-_DECODE_RE = re.compile(r"^[a-z]+\s*:[a-z]+\s*: (.*)$")
-_XID_RE = re.compile(r"^NVRM: Xid \((?:PCI:)?([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2})"
-                     r"(?:\.[0-7])?\): (\d+)(?:, (.*))?$")
-_PID_RE = re.compile(r"^pid=('?<unknown>'?|'N/A'|N/A|\d+)(?:, |$)")
-_NAME_RE = re.compile(r"^name=([^,]*)(?:, |$)")
-
-
-def _strip_log_prefix(line: str) -> tuple[str | None, str] | None:
-    """(time as printed, message) of one kernel log line, or None for a line that is
-    not one (a bare ``NVRM: ...`` line, as ``dmesg -t`` prints it, has no time)."""
-    text = line.rstrip("\r\n").strip()
-    decoded = _DECODE_RE.match(text)
-    if decoded is not None:
-        text = decoded.group(1)
-    for pattern in _LOG_PREFIXES:
-        match = pattern.match(text)
-        if match is not None:
-            message = match.group(2).strip()
-            # journalctl on a kernel with printk times: "kernel: [  12.3] NVRM: ..."
-            message = re.sub(r"^\[\s*\d+\.\d+\]\s*", "", message)
-            return match.group(1), message
-    if text.startswith("NVRM:"):
-        return None, text
-    return None
-
-
-def _xid_fields(rest: str) -> tuple[int | None, str | None, str]:
-    pid: int | None = None
-    process: str | None = None
-    match = _PID_RE.match(rest)
-    if match is not None:
-        pid = int(match.group(1)) if match.group(1).isdigit() else None
-        rest = rest[match.end():]
-    match = _NAME_RE.match(rest)
-    if match is not None:
-        name = match.group(1).strip()
-        process = None if name in ("<unknown>", "'<unknown>'", "N/A", "") else name
-        rest = rest[match.end():]
-    return pid, process, rest.strip()
-
-
-def parse_kernel_log(lines: Iterable[str]) -> list[dict[str, Any]]:
-    """The NVRM Xid events of kernel log lines (dmesg plain, ``-T``, ``--time-format
-    iso``, ``--decode``; ``journalctl -k`` short and short-iso): ``[{"time": str|None
-    (as printed), "pci": "0000:91:00" (lower-case), "code": 79, "pid": int|None,
-    "process": str|None, "text": "GPU has fallen off the bus."}]``, in log order.
-    NVSwitch SXid lines, NVRM lines without an Xid and other lines are skipped."""
-    events: list[dict[str, Any]] = []
-    for line in lines:
-        parsed = _strip_log_prefix(line)
-        if parsed is None:
-            continue
-        time, message = parsed
-        match = _XID_RE.match(message)
-        if match is None:
-            continue
-        pid, process, text = _xid_fields(match.group(3) or "")
-        events.append({"time": time, "pci": match.group(1).lower(), "code": int(match.group(2)),
-                       "pid": pid, "process": process, "text": text})
-    return events
-
-
-# --- dcgmi diag -------------------------------------------------------------------------
-
-_DIAG_SECTION_RE = re.compile(r"^[|+]-+\s+(\w[\w ]*?)\s+-+\+")
-_DIAG_BORDER_RE = re.compile(r"^\+[-=+]+\+$")
-_DIAG_GPU_ROW_RE = re.compile(r"^GPU(\d+): (\w+)")
-_DIAG_OLD_RESULT_RE = re.compile(r"^(Pass|Fail|Skip|Warn)\s*-\s*GPUs?:\s*([\d,\s]+)$")
-_DIAG_LEVELS = ("Warning", "Error", "Info")
-_RESULT_RANK = {"Skip": 0, "Pass": 1, "Warn": 2, "Fail": 3, "Error": 3}
-
-
-def _diag_cells(line: str) -> tuple[str, str] | None:
-    """(left cell, right cell) of one table row. The right cell keeps its text's own
-    spaces, less one padding space each side: dcgmi cuts long text every N characters,
-    mid-word, so the pieces join by plain concatenation."""
-    if not line.startswith("|"):
-        return None
-    try:
-        split = line.index("|", 1)
-    except ValueError:
-        return None
-    right = line[split + 1:]
-    # A row is "| left | " + text + "  |": one padding space before, two after.
-    for closing in ("  |", " |", "|"):
-        if right.endswith(closing):
-            right = right[: -len(closing)]
-            break
-    return line[1:split].strip(), right[1:] if right.startswith(" ") else right
-
-
-def _diag_result(test: dict[str, Any], value: str) -> None:
-    old = _DIAG_OLD_RESULT_RE.match(value)
-    if old is not None:
-        for gpu in re.findall(r"\d+", old.group(2)):
-            test["gpus"][int(gpu)] = old.group(1)
-        worst = max(test["gpus"].values(), key=lambda r: _RESULT_RANK.get(r, 0))
-        test["result"] = worst
-    elif test["result"] is None:
-        test["result"] = value.split()[0] if value else None
-
-
-def parse_dcgmi_diag(lines: Iterable[str]) -> dict[str, Any]:
-    """Parse a ``dcgmi diag`` table, old layout (``Pass - GPUs: 1, 2`` / ``Fail - GPU: 0``
-    cells, wrapped ``Warning``/``Error`` rows) or DCGM 4.x (lower-case test names, one
-    ``GPUn: Pass`` row per GPU). Returns ``{"tests": {name: {"section", "result",
-    "gpus": {index: result}, "messages": [{"level", "text"}]}}, "metadata": {...},
-    "complete": bool}``; complete is False for a table that does not end with its
-    closing border (the tests after the cut are unknown, not passed). An ``Error`` row
-    with no test before it becomes a test named after its section, failed ("Error")
-    on the GPUs its text names."""
-    tests: dict[str, dict[str, Any]] = {}
-    metadata: dict[str, str] = {}
-    section: str | None = None
-    current: dict[str, Any] | None = None
-    message: dict[str, Any] | None = None
-    last = ""
-    for raw in lines:
-        line = raw.rstrip("\r\n")
-        if line.strip():
-            last = line.strip()
-        heading = _DIAG_SECTION_RE.match(line)
-        if heading is not None:
-            section, current, message = heading.group(1).strip(), None, None
-            continue
-        cells = _diag_cells(line)
-        if cells is None or (cells[0], cells[1].strip()) == ("Diagnostic", "Result"):
-            continue
-        left, right = cells
-        if left and section == "Metadata":
-            metadata[left] = right.strip()
-        elif left in _DIAG_LEVELS:
-            current = current or _diag_orphan(tests, section or "Diagnostic")
-            message = {"level": left, "text": right.lstrip()}
-            current["messages"].append(message)
-        elif left:
-            current = tests.setdefault(left, {"section": section, "result": None, "gpus": {},
-                                              "messages": []})
-            message = None
-            _diag_result(current, right.strip())
-        elif current is not None:
-            row = _DIAG_GPU_ROW_RE.match(right.strip())
-            if row is not None:
-                current["gpus"][int(row.group(1))] = row.group(2)
-                message = None
-            elif message is None and _DIAG_OLD_RESULT_RE.match(right.strip()):
-                _diag_result(current, right.strip())
-            elif message is not None:
-                message["text"] += right
-    _diag_attribute_errors(tests)
-    return {"tests": tests, "metadata": metadata,
-            "complete": bool(_DIAG_BORDER_RE.match(last))}
-
-
-def _diag_orphan(tests: dict[str, dict[str, Any]], section: str) -> dict[str, Any]:
-    return tests.setdefault(section, {"section": section, "result": "Error", "gpus": {},
-                                      "messages": []})
-
-
-def _diag_attribute_errors(tests: dict[str, dict[str, Any]]) -> None:
-    """An ``Error`` message naming ``GPU n`` fails that GPU in its test."""
-    for test in tests.values():
-        for message in test["messages"]:
-            message["text"] = message["text"].strip()
-            if message["level"] != "Error":
-                continue
-            for gpu in re.findall(r"\bGPU (\d+)\b", message["text"]):
-                test["gpus"][int(gpu)] = "Error"
-
-
 # --- which output is this? --------------------------------------------------------------
 
-_CSV_HEALTH_HINTS = ("pci.bus_id", "ecc.", "remapped_rows.", "retired_pages.", "pcie.link",
+# A header field that makes a --query-gpu CSV a health one (an inventory CSV of names,
+# memory and driver versions says nothing of health: it is not read as such).
+_CSV_HEALTH_HINTS = ("ecc.", "remapped_rows.", "retired_pages.", "pcie.link",
                      "clocks_event_reasons", "clocks_throttle_reasons", "temperature.gpu",
-                     "power.draw", "pstate")
+                     "power.draw")
 
 
 def _detect_csv(lines: list[str]) -> str | None:
@@ -1066,9 +1051,6 @@ def _detect_csv(lines: list[str]) -> str | None:
     return None
 
 
-_DIAG_ROW_RE = re.compile(r"^\| (?:Diagnostic\s+\| Result|[^|]+\| (?:Pass|Fail|Skip|Warn)\b)")
-
-
 def _nvlink_message(line: str) -> bool:
     lowered = line.lower()
     return "all links are inactive" in lowered or any(
@@ -1076,36 +1058,51 @@ def _nvlink_message(line: str) -> bool:
     )
 
 
-def detect_kind(text: str) -> str | None:
-    """Which saved output ``text`` is: ``"query_text"``, ``"query_xml"``,
-    ``"health_csv"``, ``"remapped_rows_csv"``, ``"retired_pages_csv"``,
-    ``"nvlink_errors"``, ``"nvlink_status"``, ``"kernel_log"``, ``"dcgmi_diag"``, or
-    None (empty or not recognised)."""
-    lines, _status = split_smi_output(text.splitlines())
-    lines = [line for line in lines if line.strip()]
-    if not lines:
-        return None
-    stripped = text.lstrip()
-    if stripped.startswith("<?xml") or "<nvidia_smi_log" in text:
+def _detect_smi(lines: list[str]) -> str | None:
+    """The kind of an nvidia-smi or dcgmi output among ``lines`` (no device-handle
+    errors among them), None for none."""
+    if lines[0].lstrip().startswith("<") and any("nvidia_smi_log" in line for line in lines):
         return "query_xml"
-    if "NVSMI LOG" in text or any(_GPU_HEADER_RE.match(line) for line in lines) or (
+    if nvml_failure(lines[:2]) is not None:
+        return "nvml_error"
+    if any(_NVSMI_BANNER_RE.match(line.strip()) or _GPU_HEADER_RE.match(line)
+           for line in lines) or (
         lines[0].strip() in ("ECC Errors", "Remapped Rows", "Retired Pages")
     ):
         return "query_text"
-    if any(_DIAG_SECTION_RE.match(line) or _DIAG_ROW_RE.match(line) for line in lines):
+    if any(diag_heading(line) or DIAG_ROW_RE.match(line) for line in lines):
         return "dcgmi_diag"
     if NVLINK_GPU_RE.match(lines[0].strip()):
         if any(_NVLINK_COUNTER_RE.match(line.strip()) for line in lines):
             return "nvlink_errors"
-        if any(re.match(r"^Link \d+: ", line.strip()) or _nvlink_message(line)
+        if any(_NVLINK_LINK_RE.match(line.strip()) or _nvlink_message(line)
                for line in lines):
             return "nvlink_status"
-        return None  # nvidia-smi -L prints the same GPU lines and nothing else
-    if any(_strip_log_prefix(line) is not None for line in lines):
-        return "kernel_log"
-    if "," in lines[0]:
-        return _detect_csv(lines)
+        # nvidia-smi -L prints the same GPU lines and nothing else: not health.
     return None
+
+
+def detect_kind(text: str) -> str | None:
+    """Which saved output ``text`` is: ``"query_text"``, ``"query_xml"``,
+    ``"health_csv"``, ``"remapped_rows_csv"``, ``"retired_pages_csv"``,
+    ``"nvlink_errors"``, ``"nvlink_status"``, ``"kernel_log"``, ``"dcgmi_diag"``,
+    ``"nvml_error"`` (nvidia-smi saying NVML cannot work), ``"device_error"`` (only
+    nvidia-smi's device-handle errors, unreadable_gpus reads them), or None (empty or
+    not recognised). Only the first MAX_LINE_CHARS characters of a line are looked at:
+    the parser of the kind found refuses a longer line."""
+    lines, _status = split_smi_output(line[:MAX_LINE_CHARS] for line in text.splitlines())
+    lines = [line for line in lines if line.strip()]
+    others = [line for line in lines if _DEVICE_HANDLE_RE.match(line.strip()) is None]
+    if not lines:
+        return None
+    kind = _detect_smi(others) if others else None
+    if kind is None and any(is_kernel_log_line(line) for line in others):
+        kind = "kernel_log"
+    if kind is None and others and "," in others[0]:
+        kind = _detect_csv(others)
+    if kind is None and len(others) < len(lines):
+        kind = "device_error"
+    return kind
 
 
 # --- the facts ----------------------------------------------------------------------------
@@ -1158,28 +1155,34 @@ _XID_COMMAND = (
     "if command -v journalctl >/dev/null 2>&1"
     ' && [ -n "$(journalctl -k -b -q --no-pager -n 1 2>/dev/null)" ]; then'
     f" echo '{SOURCE_MARKER}journal';"
-    " journalctl -k -b -q --no-pager -o short-iso 2>/dev/null | grep -E 'NVRM: Xid' || true;"
+    " journalctl -k -b -q --no-pager -o short-iso 2>/dev/null | grep -F 'NVRM:' || true;"
     # A dmesg that may not read the log (dmesg_restrict without root) prints nothing:
     # unknown, not "no Xid".
     " elif command -v dmesg >/dev/null 2>&1"
     " && log=$(dmesg --time-format iso 2>/dev/null || dmesg 2>/dev/null); then"
     f" echo '{SOURCE_MARKER}dmesg';"
-    " printf '%s\\n' \"$log\" | grep -E 'NVRM: Xid' || true;"
+    " printf '%s\\n' \"$log\" | grep -F 'NVRM:' || true;"
     " fi"
 )
 
 
 class XidEvents(FactBase[dict[str, Any] | None]):
     """
-    Returns the NVRM Xid events of the kernel log since boot (root: run it with sudo):
+    Returns the NVRM Xid events of the kernel log since boot, and the notices that
+    name a failing GPU without an Xid (facts/gpu_health_logs.py; root: run it with sudo):
 
     .. code:: python
 
         {"source": "journal",
          "events": [{"time": "2024-11-15T12:02:03,470068+00:00", "pci": "0000:19:00",
-                     "code": 48, "pid": None, "process": None, "text": "An uncorrectable..."}]}
+                     "code": 48, "pid": None, "process": None, "text": "An uncorrectable..."}],
+         "notices": [{"time": "...", "pci": "0000:91:00", "notice": "fallen_off_bus",
+                      "text": "GPU has fallen off the bus."}]}
 
-    ``events`` is ``[]`` on a clean log; None where neither journalctl nor dmesg exists.
+    ``events`` is ``[]`` on a clean log; ``notices`` is there only when there is one.
+    None where neither journalctl nor dmesg exists or dmesg may not read the log
+    (unknown, never "no Xid"). A log line it cannot read (over the bound, an Xid line
+    without a PCI address or code) fails the host (facts/base.py).
     """
 
     @override
@@ -1199,4 +1202,8 @@ class XidEvents(FactBase[dict[str, Any] | None]):
                 lines.append(line)
         if source is None:
             return None
-        return {"source": source, "events": parse_kernel_log(lines)}
+        log = read_kernel_log(lines)
+        result: dict[str, Any] = {"source": source, "events": log["events"]}
+        if log["notices"]:
+            result["notices"] = log["notices"]
+        return result

@@ -1,5 +1,6 @@
-"""Per-GPU health verdicts from the facts of facts/gpu_health.py: ok, degraded or failing,
-with stable reason codes (Prometheus label values) and the action each one asks for.
+"""Per-GPU health verdicts from the facts of facts/gpu_health.py: ok, degraded, unknown or
+failing, with stable reason codes (Prometheus label values) and the action each one asks
+for.
 
 Pure functions over parsed data: no host access, so the audit, the monitoring exporter
 and tools/gpu_health.py judge a GPU the same way.
@@ -8,9 +9,10 @@ Severities: "failing" means the GPU should not take work until acted on (an
 uncorrectable error waiting for a reset to be remapped or retired, a remap that failed,
 a fallen-off-the-bus or firmware fault, a tensor-parallel NVLink down); "degraded"
 means it works but below spec or trending bad (a correctable remap pending, counters
-rising, a hardware slowdown). Informational states (SW power cap, idle PCIe link
-power saving, application-caused Xids, NVLink not applicable or not queryable) give
-no reason at all.
+rising, a hardware slowdown). "unknown" means what was to be read of it could not be:
+it is never "ok", and ranks above degraded (it may hide anything) and below failing.
+Informational states (SW power cap, idle PCIe link power saving, application-caused
+Xids, NVLink not applicable or not queryable) give no reason at all.
 
 The Xid table follows NVIDIA's Xid catalogue
 (https://docs.nvidia.com/deploy/xid-errors/index.html and its catalogue for Ampere
@@ -26,7 +28,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from facts.gpu_health import normalize_bus_id, same_gpu
+from facts.gpu_health import MISSING_KEY, normalize_bus_id, same_gpu
 
 RESET = "reset the GPU when no process uses it (nvidia-smi -r -i N), or reboot"
 REBOOT = "reboot the host"
@@ -66,11 +68,40 @@ XID_CODES: dict[int, tuple[str, str, str]] = {
 }
 UNKNOWN_XID = ("not in this suite's table: see NVIDIA's Xid catalogue", RESET, "degraded")
 
+READ_AGAIN = ("read the GPU again (nvidia-smi -q, the kernel log); if it still cannot be "
+              "read, check the driver, then the GPU")
+# A record's "unreadable" code (facts/gpu_health.py) -> (severity, action).
+UNREADABLE_CODES: dict[str, tuple[str, str]] = {
+    "gpu_unreadable": ("unknown", f"{READ_AGAIN}: {REBOOT}; {RESEAT}"),
+    "gpu_lost": ("failing", f"{REBOOT}; {RESEAT}"),
+    "gpu_no_data": ("unknown", READ_AGAIN),
+    "gpu_missing": ("unknown", READ_AGAIN),
+}
+# A kernel notice naming a failing GPU without an Xid (facts/gpu_health_logs.py) ->
+# (what it says, action); its reason is "gpu_<notice>", failing.
+NOTICES: dict[str, tuple[str, str]] = {
+    "fallen_off_bus": ("GPU has fallen off the bus", f"{REBOOT}; {RESEAT}"),
+    "init_failed": ("the driver could not initialise the GPU (RmInitAdapter failed)",
+                    f"{REBOOT}; {RESEAT}; check that the driver supports this GPU"),
+    "lost": ("GPU is lost", f"{REBOOT}; {RESEAT}"),
+}
+# Read on the host, but nothing of this GPU (pyinfra_vllm/plans/gpu_health.py
+# host_gpu_health): reason code -> (detail, action).
+NOT_READ: dict[str, tuple[str, str]] = {
+    "health_not_read": ("nvidia-smi -q gave no health record of this GPU: its ECC, row "
+                        "remapping, clocks and PCIe link are unknown", READ_AGAIN),
+    "kernel_log_not_read": ("the kernel log could not be read (neither the journal nor "
+                            "dmesg answered): its Xids are unknown",
+                            "read it as root (sudo dmesg); check journald"),
+}
+
 _HW_SLOWDOWN = ("hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown")
-_SEVERITY_RANK = {"degraded": 1, "failing": 2}
+_SEVERITY_RANK = {"degraded": 1, "unknown": 2, "failing": 3}
+VERDICTS = ("ok", "degraded", "unknown", "failing")
 
 
-def _reason(code: str, severity: str, detail: str, action: str) -> dict[str, str]:
+def reason(code: str, severity: str, detail: str, action: str) -> dict[str, str]:
+    """One reason of a verdict: its stable code, severity, detail and what to do."""
     return {"code": code, "severity": severity, "detail": detail, "action": action}
 
 
@@ -99,25 +130,25 @@ def _memory_reasons(health: dict[str, Any]) -> list[dict[str, str]]:
             and (_positive(pages.get("double_bit")) or _positive(volatile_unc)))
     )
     if uncorrectable_pending:
-        reasons.append(_reason("ecc_uncorrectable_pending", "failing",
+        reasons.append(reason("ecc_uncorrectable_pending", "failing",
                                "uncorrectable memory errors with a repair (row remap, page "
                                "retirement, channel/TPC repair) pending a reset", RESET))
     elif rows.get("pending") is True:
-        reasons.append(_reason("row_remap_pending", "degraded",
+        reasons.append(reason("row_remap_pending", "degraded",
                                f"{rows.get('correctable') or 0} correctable row remap(s) "
                                "pending a reset", RESET))
     elif pages.get("pending") is True:
-        reasons.append(_reason("retired_pages_pending", "degraded",
+        reasons.append(reason("retired_pages_pending", "degraded",
                                "page retirement pending a reset", RESET))
     if rows.get("failure") is True:
-        reasons.append(_reason("row_remap_failure", "failing",
+        reasons.append(reason("row_remap_failure", "failing",
                                "a row remapping failed: the memory cannot be repaired", RMA))
     # Degraded, not failing: since the last reset the GPU had an uncorrectable error,
     # but that error was handled (contained and the page offlined on Ampere and later;
     # the context killed on older GPUs). What still needs the reset is the pending
     # remap or retirement, judged above as failing; without one, the GPU serves.
     if _positive(volatile_unc):
-        reasons.append(_reason("ecc_volatile_uncorrectable", "degraded",
+        reasons.append(reason("ecc_volatile_uncorrectable", "degraded",
                                f"{volatile_unc} uncorrectable ECC error(s) since the last "
                                "reset", f"{RESET}; {RMA} if it recurs"))
     return reasons
@@ -144,20 +175,20 @@ def _link_reasons(health: dict[str, Any], busy: bool) -> list[dict[str, str]]:
     width, width_max = pcie.get("width_current"), pcie.get("width_max")
     gen, gen_max = pcie.get("gen_current"), pcie.get("gen_max")
     if isinstance(width, int) and isinstance(width_max, int) and width < width_max:
-        reasons.append(_reason("pcie_degraded", "degraded",
+        reasons.append(reason("pcie_degraded", "degraded",
                                f"PCIe link x{width} of x{width_max}", RESEAT))
     elif (isinstance(gen, int) and isinstance(gen_max, int) and gen < gen_max
           and not _is_idle(health, busy)):
-        reasons.append(_reason("pcie_degraded", "degraded",
+        reasons.append(reason("pcie_degraded", "degraded",
                                f"PCIe link gen {gen} of {gen_max} while not idle", RESEAT))
     active = _get(health, "clocks_event_reasons", "active") or []
     hardware = [name for name in _HW_SLOWDOWN if name in active]
     if hardware:
-        reasons.append(_reason("hw_slowdown", "degraded",
+        reasons.append(reason("hw_slowdown", "degraded",
                                "hardware clock slowdown active: " + ", ".join(hardware),
                                COOLING))
     if "sw_thermal_slowdown" in active and busy:
-        reasons.append(_reason("thermal_slowdown", "degraded",
+        reasons.append(reason("thermal_slowdown", "degraded",
                                "SW thermal slowdown active under load", COOLING))
     return reasons
 
@@ -174,9 +205,45 @@ def _xid_reasons(xids: list[dict[str, Any]]) -> list[dict[str, str]]:
         events = by_code[code]
         times = [event.get("time") for event in events if event.get("time")]
         when = f", first {times[0]}, last {times[-1]}" if times else ""
-        reasons.append(_reason(f"xid_{code}", severity,
+        reasons.append(reason(f"xid_{code}", severity,
                                f"Xid {code} ({meaning}): {len(events)} event(s){when}", action))
     return reasons
+
+
+def _unreadable_reasons(health: dict[str, Any]) -> list[dict[str, str]]:
+    """What a record that could not be read says (facts/gpu_health.py ``unreadable``)."""
+    unreadable = health.get("unreadable")
+    if not isinstance(unreadable, dict):
+        return []
+    code = str(unreadable.get("code") or "gpu_unreadable")
+    severity, action = UNREADABLE_CODES.get(code, ("unknown", READ_AGAIN))
+    return [reason(code, severity, str(unreadable.get("detail") or code), action)]
+
+
+def _notice_reasons(notices: list[dict[str, Any]]) -> list[dict[str, str]]:
+    by_notice: dict[str, list[dict[str, Any]]] = {}
+    for notice in notices:
+        by_notice.setdefault(str(notice["notice"]), []).append(notice)
+    reasons = []
+    for name, found in by_notice.items():
+        meaning, action = NOTICES.get(name, (name.replace("_", " "), f"{REBOOT}; {RESEAT}"))
+        times = [notice.get("time") for notice in found if notice.get("time")]
+        when = f", first {times[0]}, last {times[-1]}" if times else ""
+        reasons.append(reason(f"gpu_{name}", "failing",
+                               f"kernel log: {meaning}: {len(found)} notice(s){when}", action))
+    return reasons
+
+
+def not_read_reason(code: str) -> dict[str, str]:
+    """The unknown reason of something read on the host that says nothing of a GPU."""
+    detail, action = NOT_READ[code]
+    return reason(code, "unknown", detail, action)
+
+
+def judged(reasons: list[dict[str, str]]) -> dict[str, Any]:
+    """``{"verdict", "reasons"}``: the verdict is the worst reason's severity."""
+    worst = max((_SEVERITY_RANK[found["severity"]] for found in reasons), default=0)
+    return {"verdict": VERDICTS[worst], "reasons": reasons}
 
 
 def _nvlink_reasons(links: list[dict[str, Any]] | None, had_nvlink: bool) -> list[dict[str, str]]:
@@ -189,7 +256,7 @@ def _nvlink_reasons(links: list[dict[str, Any]] | None, had_nvlink: bool) -> lis
         detail = "all NVLink links inactive"
     else:
         return []
-    return [_reason("nvlink_down", "failing", detail, f"{NVLINK_BRIDGE}; {RESET}")]
+    return [reason("nvlink_down", "failing", detail, f"{NVLINK_BRIDGE}; {RESET}")]
 
 
 def gpu_counters(
@@ -248,7 +315,7 @@ def _rising_reasons(now: dict[str, int], before: dict[str, int]) -> list[dict[st
     for code, names, detail, action in _RISING:
         for name in names:
             if name in now and name in before and now[name] > before[name]:
-                reasons.append(_reason(code, "degraded",
+                reasons.append(reason(code, "degraded",
                                        f"{detail}: {before[name]} -> {now[name]} ({name})",
                                        action))
                 break
@@ -267,17 +334,21 @@ def gpu_verdict(
     health: dict[str, Any] | None,
     *,
     xids: list[dict[str, Any]] | tuple[dict[str, Any], ...] = (),
+    notices: list[dict[str, Any]] | tuple[dict[str, Any], ...] = (),
     nvlink_links: list[dict[str, Any]] | None = None,
     nvlink_errors: dict[int, dict[str, int | None]] | None = None,
     tp_member: bool = False,
     previous: dict[str, Any] | None = None,
     busy: bool = False,
 ) -> dict[str, Any]:
-    """One GPU's verdict: ``{"verdict": "ok"|"degraded"|"failing", "reasons": [{"code",
-    "severity", "detail", "action"}]}``, the verdict being the worst reason's severity.
+    """One GPU's verdict: ``{"verdict": "ok"|"degraded"|"unknown"|"failing", "reasons":
+    [{"code", "severity", "detail", "action"}]}``, the verdict being the worst reason's
+    severity.
 
-    ``health`` is a facts/gpu_health record (None: only the other inputs are judged);
-    ``xids`` this GPU's kernel log events; ``nvlink_links`` its facts.topology
+    ``health`` is a facts/gpu_health record (None: only the other inputs are judged;
+    one with ``unreadable`` is unknown, or failing where nvidia-smi said the GPU is
+    lost); ``xids`` this GPU's kernel log events and ``notices`` its kernel notices
+    (facts/gpu_health_logs.py: failing); ``nvlink_links`` its facts.topology
     NvlinkStatus links (None: not judged; ``[]`` is "down" only where the GPU has
     NVLink: error counters, or links in ``previous``); NVLink is judged for a
     ``tp_member`` only. ``previous`` is an earlier input of the same GPU
@@ -287,18 +358,18 @@ def gpu_verdict(
     """
     reasons: list[dict[str, str]] = []
     if health is not None:
+        reasons += _unreadable_reasons(health)
         reasons += _memory_reasons(health)
         reasons += _link_reasons(health, busy)
     reasons += _xid_reasons(list(xids))
+    reasons += _notice_reasons(list(notices))
     if tp_member:
         had = bool(nvlink_errors) or bool((previous or {}).get("nvlink_links"))
         reasons += _nvlink_reasons(nvlink_links, had)
     before = _previous_counters(previous)
     if before is not None:
         reasons += _rising_reasons(gpu_counters(health, nvlink_errors), before)
-    worst = max((_SEVERITY_RANK[reason["severity"]] for reason in reasons), default=0)
-    verdict = {0: "ok", 1: "degraded", 2: "failing"}[worst]
-    return {"verdict": verdict, "reasons": reasons}
+    return judged(reasons)
 
 
 def _by_index(mapping: dict[Any, Any] | None, index: int | None) -> Any:
@@ -308,13 +379,19 @@ def _by_index(mapping: dict[Any, Any] | None, index: int | None) -> Any:
 
 
 def _host_gpus(state: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """bus id -> {"index", "name", "uuid", "health"} from GpuHealth and GpuInventory."""
+    """bus id -> {"index", "name", "uuid", "health"} from GpuHealth and GpuInventory.
+    GpuHealth's record of the GPUs its output counts but does not list (MISSING_KEY)
+    stands on its own only without an inventory: with one, each GPU of it that has no
+    record is judged on its own (health_not_read)."""
     gpus: dict[str, dict[str, Any]] = {}
+    inventory = state.get("gpus") or []
     for key, record in (state.get("gpu_health") or {}).items():
+        if key == MISSING_KEY and inventory:
+            continue
         bus_id = normalize_bus_id(record.get("bus_id")) or key
         gpus[bus_id] = {"index": record.get("index"), "name": record.get("name"),
                         "uuid": None, "health": record}
-    for row in state.get("gpus") or []:
+    for row in inventory:
         bus_id = normalize_bus_id(row.get("pci_bus_id"))
         if bus_id is None:
             continue
@@ -327,6 +404,17 @@ def _host_gpus(state: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return gpus
 
 
+def _not_read(state: dict[str, Any], gpu: dict[str, Any]) -> list[dict[str, str]]:
+    """The unknown reasons of a GPU whose health, or whose host's kernel log, was read
+    and says nothing of it. A state without the key was not read: nothing is said."""
+    reasons = []
+    if "gpu_health" in state and gpu["health"] is None:
+        reasons.append(not_read_reason("health_not_read"))
+    if "xid" in state and state["xid"] is None:
+        reasons.append(not_read_reason("kernel_log_not_read"))
+    return reasons
+
+
 def host_gpu_health(
     state: dict[str, Any], tp_indices: list[int], previous: dict[str, Any] | None = None
 ) -> dict[str, dict[str, Any]]:
@@ -336,41 +424,52 @@ def host_gpu_health(
     ``state`` holds the facts: ``"gpu_health"`` (GpuHealth), ``"nvlink"``
     (NvlinkStatus), ``"nvlink_errors"`` (NvlinkErrors), ``"xid"`` (XidEvents),
     ``"processes"`` (GpuProcesses) and ``"gpus"`` (GpuInventory), any of them None or
-    missing. ``tp_indices``: the GPUs of the tensor-parallel group. ``previous``: an
-    earlier result of this function (its counters). An Xid whose PCI address matches
-    no GPU (one that fell off the bus is no longer listed) is reported under that
-    address with index None. ``{}`` when the state has no GPU data at all.
+    missing. A GPU is unknown where ``gpu_health`` was read (the key is there) and has
+    no record of it, or where ``xid`` was read and is None (the kernel log could not
+    be). ``tp_indices``: the GPUs of the tensor-parallel group. ``previous``: an
+    earlier result of this function (its counters). An Xid or a kernel notice whose
+    PCI address matches no GPU (one that fell off the bus is no longer listed) is
+    reported under that address with index None. ``{}`` when the state has no GPU
+    data at all.
     """
     gpus = _host_gpus(state)
     xid_state = state.get("xid")
-    events = list(xid_state.get("events") or []) if isinstance(xid_state, dict) else None
+    log = xid_state if isinstance(xid_state, dict) else {}
+    events = list(log.get("events") or []) if isinstance(xid_state, dict) else None
+    notices = list(log.get("notices") or [])
     busy_uuids = {row.get("gpu_uuid") for row in state.get("processes") or []}
     result: dict[str, dict[str, Any]] = {}
     for bus_id, gpu in gpus.items():
         index = gpu["index"]
         mine = [event for event in events or [] if same_gpu(bus_id, event["pci"])]
         errors = _by_index(state.get("nvlink_errors"), index)
-        judged = gpu_verdict(
-            gpu["health"], xids=mine, nvlink_links=_by_index(state.get("nvlink"), index),
+        verdict = gpu_verdict(
+            gpu["health"], xids=mine,
+            notices=[notice for notice in notices if same_gpu(bus_id, notice["pci"])],
+            nvlink_links=_by_index(state.get("nvlink"), index),
             nvlink_errors=errors, tp_member=index in tp_indices,
             previous=(previous or {}).get(bus_id),
             busy=gpu["uuid"] is not None and gpu["uuid"] in busy_uuids,
         )
+        verdict = judged(_not_read(state, gpu) + verdict["reasons"])
         counters = gpu_counters(gpu["health"], errors, mine if events is not None else None)
-        result[bus_id] = {"index": index, "name": gpu["name"], **judged, "counters": counters}
-    _orphan_xids(result, events or [], previous)
+        result[bus_id] = {"index": index, "name": gpu["name"], **verdict, "counters": counters}
+    _orphan_xids(result, events or [], notices, previous)
     return result
 
 
 def _orphan_xids(
     result: dict[str, dict[str, Any]], events: list[dict[str, Any]],
-    previous: dict[str, Any] | None,
+    notices: list[dict[str, Any]], previous: dict[str, Any] | None,
 ) -> None:
-    orphans: dict[str, list[dict[str, Any]]] = {}
-    for event in events:
-        if not any(same_gpu(bus_id, event["pci"]) for bus_id in result if ":" in bus_id):
-            orphans.setdefault(event["pci"], []).append(event)
-    for pci, mine in orphans.items():
-        judged = gpu_verdict(None, xids=mine, previous=(previous or {}).get(pci))
-        result[pci] = {"index": None, "name": None, **judged,
+    """The Xids and notices of GPUs ``result`` does not hold, under their PCI address."""
+    known = [bus_id for bus_id in result if ":" in bus_id]
+    orphans: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {}
+    for position, found in enumerate((events, notices)):
+        for item in found:
+            if not any(same_gpu(bus_id, item["pci"]) for bus_id in known):
+                orphans.setdefault(item["pci"], ([], []))[position].append(item)
+    for pci, (mine, told) in orphans.items():
+        verdict = gpu_verdict(None, xids=mine, notices=told, previous=(previous or {}).get(pci))
+        result[pci] = {"index": None, "name": None, **verdict,
                        "counters": gpu_counters(None, None, mine)}

@@ -55,7 +55,7 @@ def metrics_text(host: str, checks: list[dict[str, Any]], info: dict[str, Any],
 
 
 # A GPU's verdict as a number: the alert rules compare it.
-_VERDICT_VALUE = {"ok": 0, "degraded": 1, "failing": 2}
+_VERDICT_VALUE = {"ok": 0, "degraded": 1, "failing": 2, "unknown": 3}
 # Counters that follow the load, not the GPU's health (the PCIe generation drops when a
 # GPU idles): left out, so that a converged host's file stays the same between runs.
 _VOLATILE_COUNTERS = {"pcie_gen_current"}
@@ -66,7 +66,8 @@ def gpu_health_text(host: str, health: dict[str, Any]) -> str:
     and its error counters (pyinfra_vllm.plans.gpu_health.host_gpu_health's result)."""
     lines = [
         "# Written by pyinfra-vllm (deploys/preflight.py); replaced on every run.",
-        "# HELP pyinfra_vllm_gpu_health GPU health verdict: 0 ok, 1 degraded, 2 failing.",
+        "# HELP pyinfra_vllm_gpu_health GPU health verdict: 0 ok, 1 degraded, 2 failing, "
+        "3 unknown (could not be read).",
         "# TYPE pyinfra_vllm_gpu_health gauge",
     ]
     gpus = sorted(health.items(), key=lambda item: (item[1].get("index") is None,
