@@ -39,9 +39,10 @@ CLIENT = ("/opt/vllm/current/bin/python /usr/local/lib/pyinfra-vllm/bench_client
           f"--seed 0 --disable-tqdm --random-input-len {SHAPE['input_len']} "
           f"--random-output-len {SHAPE['output_len']} --num-prompts {SHAPE['requests']} "
           f"--max-concurrency {SHAPE['concurrency']}")
-# The key arrives on standard input; the engine's from its root-only file.
+# The key arrives on standard input; the engine's from its root-only file, for the
+# engine's listener alone (--owner: the client sends a key only to that user's listener).
 DIRECT = ("set -a; . /etc/vllm/engine-key.env; set +a; OPENAI_API_KEY=$VLLM_API_KEY "
-          f"{CLIENT} --base-url http://{ADDRESS}:8000")
+          f"{CLIENT.replace(' -- ', ' --owner vllm -- ', 1)} --base-url http://{ADDRESS}:8000")
 GATEWAY = ("read -r OPENAI_API_KEY; export OPENAI_API_KEY; "
            "SSL_CERT_FILE=/etc/nginx/vllm-tls/cert.pem NO_PROXY=127.0.0.1 "
            f"{CLIENT} --base-url https://127.0.0.1:8001")

@@ -1,7 +1,8 @@
 """How the suite's helpers on the host talk to the engine: HTTP over TCP or over the
 engine's Unix socket, never through a proxy, and only to a listener the engine's user
-owns. Imported by wait_ready.py and engine_idle.py from the directory they are in.
-Standard library only.
+owns. Imported by wait_ready.py, engine_idle.py and bench_client.py (which checks the
+gateway's listener, root's, the same way) from the directory they are in. Standard
+library only.
 """
 
 from __future__ import annotations
@@ -49,10 +50,11 @@ def request(url: str, unix_socket: str | None, timeout: float, body: bytes | Non
         return None, str(exc).encode()
 
 
-def listener_uids(url: str, unix_socket: str | None) -> set[int]:
+def listener_uids(url: str, unix_socket: str | None) -> set[int] | None:
     """The uids that own the engine's listener: the socket file's owner, or every uid
     with a TCP socket listening on the URL's port (/proc/net/tcp and tcp6: state 0A, the
-    port in hex, the uid in column 8). Empty when nothing listens."""
+    port in hex, the uid in column 8). Empty when nothing listens; None when neither
+    table could be read (who listens is unknown)."""
     if unix_socket:
         try:
             return {os.stat(unix_socket).st_uid}
@@ -60,6 +62,7 @@ def listener_uids(url: str, unix_socket: str | None) -> set[int]:
             return set()
     port = f":{urllib.parse.urlsplit(url).port or 80:04X}"
     uids: set[int] = set()
+    read = False
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
             with open(table, encoding="ascii") as rows:
@@ -67,16 +70,22 @@ def listener_uids(url: str, unix_socket: str | None) -> set[int]:
                     fields = row.split()
                     if len(fields) > 7 and fields[3] == "0A" and fields[1].endswith(port):
                         uids.add(int(fields[7]))
+            read = True
         except OSError:
-            continue
-    return uids
+            continue  # tcp6 is absent where IPv6 is off
+    return uids if read else None
 
 
-def foreign_listener(url: str, unix_socket: str | None, uid: int) -> str | None:
-    """Why the listener is not the engine's (``uid``'s), or None when it is or nothing
-    listens: a client sends the engine's key to no one else."""
-    others = sorted(listener_uids(url, unix_socket) - {uid})
+def foreign_listener(url: str, unix_socket: str | None, uid: int,
+                     owner: str = "the engine's") -> str | None:
+    """Why the listener is not ``owner``'s (``uid``'s), or None when it is or nothing
+    listens: a client sends its key to no one else. Unknown owners are not ``uid``."""
+    where = unix_socket or url
+    found = listener_uids(url, unix_socket)
+    if found is None:
+        return (f"who holds {where} is unknown (/proc/net/tcp and /proc/net/tcp6 cannot "
+                "be read)")
+    others = sorted(found - {uid})
     if not others:
         return None
-    where = unix_socket or url
-    return f"{where} is held by uid {', '.join(map(str, others))}, not the engine's ({uid})"
+    return f"{where} is held by uid {', '.join(map(str, others))}, not {owner} ({uid})"

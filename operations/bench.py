@@ -36,7 +36,8 @@ def measured(python: str, args: list[str], env: dict[str, str], shape: dict[str,
     + shape: the benchmark's shape, recorded with the result (and naming the job)
     + stack: the stack's words, recorded with the result
     + textfile: node_exporter's textfile the job writes the figures to
-    + client: local path of files/bench_client.py
+    + client: local path of files/bench_client.py; engine_client.py beside it, which it
+      imports (the gateway's listener checked before the key is sent), goes with it
 
     A job of the same shape still running (a run stopped or disconnected mid-way) is
     followed, not started again. Fails when the job fails or leaves no record.
@@ -59,6 +60,8 @@ def measured(python: str, args: list[str], env: dict[str, str], shape: dict[str,
         yield from jobs.start(unit, f"pyinfra-vllm benchmark ({stack})",
                               [("vLLM's benchmark client through the gateway", command)],
                               env=env_file_text(env),
-                              payload=[(client, "bench_client.py")])
+                              payload=[(client, "bench_client.py"),
+                                       (os.path.join(os.path.dirname(client),
+                                                     "engine_client.py"), "engine_client.py")])
         yield jobs.watch(unit, "bench", meter)
     yield FunctionCommand(fetch_record, (), {"out_dir": os.environ.get(bench_plan.OUT_ENV)})

@@ -16,6 +16,7 @@ from pyinfra_vllm.plans.engine_access import KEY_ENV_PATH, KEY_NGINX_PATH, KEY_R
 from pyinfra_vllm.plans.vllm_service import (
     IDLE_PATH,
     SERVICE,
+    SERVICE_USER,
     UNIT,
 )
 
@@ -109,9 +110,11 @@ def canary_rejected_command(textfile: str) -> StringCommand:
 def idle_command(python: str, metrics_url: str, grace_s: int,
                  client: Sequence[str] = ()) -> StringCommand:
     """files/engine_idle.py: until no request is in flight, at most ``grace_s``;
-    ``client``: how it reaches the engine (``engine_access.client_args``)."""
+    ``client``: how it reaches the engine (``engine_access.client_args``). It asks only
+    a listener of the engine's user."""
     return StringCommand(QuoteString(python), QuoteString(IDLE_PATH), "--url",
                          QuoteString(metrics_url), "--grace", QuoteString(str(grace_s)),
+                         "--user", QuoteString(SERVICE_USER),
                          *(QuoteString(arg) for arg in client))
 
 

@@ -5,13 +5,15 @@ On loopback, a stack whose server takes ``--uds`` listens on a Unix socket in
 No other local user can connect to the engine, nor create a socket in its place while it
 is down (a TCP port is anyone's to bind once its owner let go of it). A stack without
 ``--uds`` (vLLM 0.6.3), and an engine that listens beyond loopback, use TCP; every client
-the suite runs (the readiness wait, the audit) then first checks that the listener belongs
-to the engine's user.
+the suite runs (the readiness wait, the idle check, the audit) then first checks that the
+listener belongs to the engine's user, and the firewall below lets no other listener
+complete a handshake.
 
 The engine demands a key of its own, one per host: made on the host from 32 random bytes
 (operations/util/vllm_service.py ``engine_key_command``), never a client's key, never on the operator's machine, in two root-only
 files, the engine's (``KEY_ENV_PATH``) and the one nginx sends it from
-(``KEY_NGINX_PATH``). vLLM checks it only on paths that start with ``/v1``.
+(``KEY_NGINX_PATH``). vLLM checks it only on paths that start with ``/v1``, and nginx
+sends it there only (templates/nginx-vllm.conf.j2, location /v1/).
 """
 
 from __future__ import annotations
@@ -160,7 +162,18 @@ def client_args(place: Endpoint) -> list[str]:
 # done: nginx, the readiness wait and the audit reach it not at all), only root, nginx's
 # workers and the engine's user connect to it on the host, and beyond loopback only the
 # machines of vllm_engine_allow. nftables' meta skuid (nft(8), "META EXPRESSIONS") is the
-# owner of the packet's socket; a listener's SYN-ACK carries the listener's.
+# owner of the packet's socket; a listener's SYN-ACK carries the listener's. A packet
+# with no socket, or one its process closed, has no owner and matches neither "skuid X"
+# nor "skuid != X" (net/netfilter/nft_meta.c, nft_meta_get_eval_skugid): a SYN cookie's
+# SYN-ACK (net/ipv4/tcp_output.c, tcp_make_synack: attached to no socket; a listener whose
+# backlog is full, or 0, answers with cookies), the kernel's resets and TIME_WAIT ACKs,
+# and whatever a socket sends after close(). So the table accepts from the port what the
+# engine's user's sockets send, drops every other SYN, accepts the rest of a connection
+# whose SYN-ACK was the engine's (a conntrack mark, FIREWALL_MARK, set by that SYN-ACK)
+# and resets, and drops everything else. Not "ct state established": a SYN cookie's
+# SYN-ACK is the first answer of its connection, established for conntrack. The ct
+# expressions make the kernel track the host's connections (nf_conntrack) while the
+# table is loaded.
 FIREWALL_PATH = "/etc/vllm/engine-firewall.nft"
 FIREWALL_TABLE = "pyinfra_vllm_engine"
 FIREWALL_TEMPLATE = "vllm-engine-firewall.nft.j2"
@@ -171,6 +184,9 @@ FIREWALL_COMMENT = "pyinfra-vllm"
 # Who may connect to the engine on the host: root (the audit), nginx's workers (the
 # gateway) and the engine's user (the readiness wait, the idle check).
 FIREWALL_CLIENTS = ("root", SOCKET_GROUP)
+# The conntrack mark bit of the engine's connections (one bit: other rules' marks are
+# left as they are).
+FIREWALL_MARK = 0x00100000
 # facts.vllm_service.EngineFirewall's arguments.
 FIREWALL_READ = {"nft": NFT, "table": FIREWALL_TABLE, "comment": FIREWALL_COMMENT}
 
@@ -191,6 +207,7 @@ def render_firewall(settings: Settings, user: str) -> str | None:
         "table": FIREWALL_TABLE,
         "port": place.port,
         "user": user,
+        "mark": f"{FIREWALL_MARK:#010x}",
         "clients": [*FIREWALL_CLIENTS, user],
         "beyond": beyond,
         "allow4": [str(net) for net in allow if net.version == 4],

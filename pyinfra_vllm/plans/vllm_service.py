@@ -30,7 +30,8 @@ HELPER_DIR = "/usr/local/lib/pyinfra-vllm"
 GUARD_PATH = f"{HELPER_DIR}/gpu_guard.py"
 READY_PATH = f"{HELPER_DIR}/wait_ready.py"
 IDLE_PATH = f"{HELPER_DIR}/engine_idle.py"
-# What both import: HTTP to the engine over TCP or its socket, and whose listener it is.
+# What both import, and the canary's bench_client.py: HTTP to the engine over TCP or its
+# socket, and whose listener it is.
 CLIENT_PATH = f"{HELPER_DIR}/engine_client.py"
 # files/amx_permission.py as the sitecustomize of every Python process of a CPU engine:
 # its directory is on the unit's PYTHONPATH (the module says why).

@@ -5,8 +5,10 @@ an HTTP server that answers with a recorded vLLM /metrics."""
 from __future__ import annotations
 
 import contextlib
+import getpass
 import hashlib
 import http.server
+import os
 import posixpath
 import stat
 import subprocess
@@ -24,6 +26,7 @@ from operations.util import rolling as rolling_util
 from operations.util import vllm_service as vllm_service_util
 from operations.util.uploads import SECRET_DIR, UPLOAD_ROOT
 from pyinfra_vllm.plans.gateway import DRAIN_DIR, DRAIN_FLAG
+from tests.unit.impostor import impostor
 
 ROOT = Path(__file__).resolve().parents[2]
 METRICS = (ROOT / "tests/fixtures/vllm-cpu/metrics.txt").read_text()
@@ -223,7 +226,7 @@ def test_the_restart_and_drain_commands():
     assert vllm_service_util.idle_command("/opt/vllm/current/bin/python", "http://[::1]:8000/metrics",
                             120).get_raw_value() == (
         "/opt/vllm/current/bin/python /usr/local/lib/pyinfra-vllm/engine_idle.py --url "
-        "'http://[::1]:8000/metrics' --grace 120")
+        "'http://[::1]:8000/metrics' --grace 120 --user vllm")
 
 
 def test_draining_never_changes_the_secrets_directory_nor_does_a_secret_upload_the_flags(
@@ -318,7 +321,8 @@ def idle(url: str, grace: str) -> tuple[str, float]:
     start = time.monotonic()
     result = subprocess.run(
         [sys.executable, str(ROOT / "files/engine_idle.py"), "--url", url, "--grace", grace,
-         "--interval", "0.1"], capture_output=True, text=True, timeout=60, check=True)
+         "--interval", "0.1", "--user", getpass.getuser()], capture_output=True, text=True,
+        timeout=60, check=True)
     return result.stdout.strip(), time.monotonic() - start
 
 
@@ -357,3 +361,15 @@ def test_idle_does_not_wait_for_an_engine_that_does_not_answer():
     line, seconds = idle(url, "30")
     assert line.startswith(f"engine-idle: {url} unreadable (") and line.endswith("): not waiting")
     assert seconds < 10
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to listen as another user")
+def test_idle_never_asks_a_listener_of_another_user(tmp_path):
+    # nobody holds the port (the engine down): not asked, nothing to wait for.
+    seen = tmp_path / "seen"
+    with impostor(seen) as port:
+        url = f"http://127.0.0.1:{port}/metrics"
+        line, _seconds = idle(url, "30")
+    assert line == (f"engine-idle: {url} unreadable ({url} is held by uid 65534, not the "
+                    "engine's (0): not asked): not waiting")
+    assert seen.read_text() == ""
