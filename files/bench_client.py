@@ -12,22 +12,33 @@ fails before it starts; the module's own parser and ``main`` are what it would c
 
 The API key comes from OPENAI_API_KEY (vLLM's client sends it as a Bearer token), never
 from the command line. Over TLS the gateway's certificate is the only authority trusted
-(SSL_CERT_FILE, read by Python's default context); the job sets both.
+(SSL_CERT_FILE, read by Python's default context); the job sets both. The key goes to
+the gateway alone: before vLLM's client starts, the port of ``--base-url`` on this host
+must be held by root only (nginx's master binds it; ``--owner`` names another user, such
+as the engine's for bench/gateway_cost.py's direct runs: engine_client.py, uploaded
+beside this file, reads /proc/net/tcp), or nothing is sent and the exit is 1.
 
 Writes, each through a temporary file and a rename: ``DIR/latest.json`` (the record,
 ``DIR/previous.json`` the one before), ``DIR/latest-vllm.json`` (vLLM's own result) and
-the Prometheus textfile. Exit 0 with a record
+the Prometheus textfile. Root writes only where no other account can change a directory
+on the way (``refusal``): the textfile's directory is checked before anything runs or
+moves, and every write again. Exit 0 with a record
 whatever the requests did (failed requests are counted in it); 1 when the client could
-not run at all.
+not run at all, or the textfile's directory was refused.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
+import pwd
+import stat
 import sys
+
+from engine_client import foreign_listener
 
 PERCENTILES = "50,95,99"
 # Percentiles as a label of their own: "quantile" belongs to summaries (promtool check
@@ -106,14 +117,105 @@ def textfile(entry: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+class UnsafePath(Exception):
+    """A file root would write through a directory another account can change."""
+
+
+def unsafe_directory(directory: str) -> str | None:
+    """Why another account could steer a write into ``directory``, or None. Every
+    directory from / down must exist, be no symbolic link, be root's (or this process's
+    user's) and be writable by no one else; a sticky one (/tmp) may be, as there only an
+    entry's owner renames or removes it, and each entry on the path is root's."""
+    trusted = {0, os.geteuid()}
+    current = "/"
+    for part in ["", *(part for part in os.path.abspath(directory).split("/") if part)]:
+        current = os.path.join(current, part)
+        try:
+            info = os.lstat(current)
+        except OSError as exc:
+            return f"{current} cannot be read ({exc.strerror})"
+        if stat.S_ISLNK(info.st_mode):
+            return f"{current} is a symbolic link (owned by {_user(info.st_uid)})"
+        if not stat.S_ISDIR(info.st_mode):
+            return f"{current} is not a directory"
+        if info.st_uid not in trusted:
+            return (f"{current} is owned by {_user(info.st_uid)}, who can swap what is in "
+                    "it for a symbolic link")
+        if info.st_mode & 0o022 and not info.st_mode & stat.S_ISVTX:
+            return (f"{current} is writable by its group or others (mode "
+                    f"{stat.S_IMODE(info.st_mode):04o})")
+    return None
+
+
+def _user(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"
+
+
+def made_where_missing(directory: str) -> None:
+    """``directory`` made, root's and 0755, where it is missing and its parent is a
+    directory only root may change: the suite's own textfile directory, where the metrics
+    stage, which makes it too, is skipped."""
+    parent = os.path.dirname(os.path.abspath(directory))
+    if not os.path.lexists(directory) and unsafe_directory(parent) is None:
+        os.mkdir(directory, 0o755)
+        os.chmod(directory, 0o755)  # the umask took bits away
+
+
+def refusal(path: str) -> str | None:
+    """Why root must not write ``path`` (``unsafe_directory`` of its directory), with
+    what to do; None when it may."""
+    problem = unsafe_directory(os.path.dirname(os.path.abspath(path)))
+    if problem is None:
+        return None
+    return (f"refusing to write {path}: {problem}, and so steer what root writes there "
+            "(another file, or its mode); nothing was written. Make every directory above "
+            "it root's and writable by root alone (chown root:root DIR; chmod 755 DIR), or "
+            "set textfile_collector_dir to a directory of the suite's own (the default, "
+            "which the metrics stage makes; docs/monitoring.md)")
+
+
 def write(path: str, text: str, mode: int) -> None:
-    """``path`` replaced whole: written beside it, then renamed over it."""
+    """``path`` replaced whole: written beside it under a new name, with its final mode
+    from its creation (no link followed), synced, then renamed over it. Refused
+    (UnsafePath), nothing written, where another account could change a directory above
+    it (``refusal``)."""
+    problem = refusal(path)
+    if problem is not None:
+        raise UnsafePath(problem)
     new = f"{path}.new"
-    fd = os.open(new, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(new)
+    fd = os.open(new, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
     with os.fdopen(fd, "w") as out:
+        os.fchmod(fd, mode)  # the umask took bits away at creation
         out.write(text)
-    os.chmod(new, mode)
+        out.flush()
+        os.fsync(fd)
     os.replace(new, path)
+
+
+def foreign_gateway(bench: list[str], owner: str = "root") -> str | None:
+    """Why vLLM's client must not be started with ``bench``: no ``--base-url``, or its
+    port on this host held by another user than ``owner`` (root: nginx's master binds
+    the gateway's port, and a listener that took it while nginx was down would receive
+    the API key), or by no one known; None when only ``owner``'s listener, or none,
+    holds it."""
+    try:
+        uid = pwd.getpwnam(owner).pw_uid
+    except KeyError:
+        return f"no user {owner!r} on this host"
+    url = None
+    for at, word in enumerate(bench):
+        if word == "--base-url" and at + 1 < len(bench):
+            url = bench[at + 1]
+        elif word.startswith("--base-url="):
+            url = word.split("=", 1)[1]
+    if not url:
+        return "no --base-url: the API key goes to the gateway's URL only"
+    return foreign_listener(url, None, uid, f"{owner}'s")
 
 
 def client_args(argv: list[str]) -> argparse.Namespace:
@@ -150,13 +252,27 @@ def main(argv: list[str]) -> int:
                         help="put the record before the latest back (a rejected canary)")
     parser.add_argument("--stack", help="the stack's words, for the record")
     parser.add_argument("--shape", help="the shape, as JSON")
+    parser.add_argument("--owner", default="root",
+                        help="the only user whose listener is sent the key (default root: "
+                        "nginx's master, the gateway)")
     parser.add_argument("bench", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
+    # Before anything runs or moves: node_exporter's directory is often another
+    # account's (Debian's /var/lib/prometheus is prometheus's).
+    made_where_missing(os.path.dirname(os.path.abspath(args.textfile)))
+    refused = refusal(args.textfile)
+    if refused is not None:
+        print(f"bench: {refused}", file=sys.stderr)
+        return 1
     if args.restore:
         return restore(args.record, args.textfile)
     if args.stack is None or args.shape is None:
         parser.error("--stack and --shape are needed to benchmark")
     bench = args.bench[1:] if args.bench[:1] == ["--"] else args.bench
+    foreign = foreign_gateway(bench, args.owner)
+    if foreign is not None:
+        print(f"bench: {foreign}: the API key was not sent, nothing ran", file=sys.stderr)
+        return 1
     try:
         from vllm.benchmarks.serve import main as bench_main
 

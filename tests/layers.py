@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 LAYERS: list[tuple[str, tuple[str, ...], str]] = [
     ("core", ("pyinfra_vllm/core",),
      "settings, stacks as data, templates, version numbers, names shared with files/, "
-     "secrets and locks on the operator's machine"),
+     "secrets and locks on the operator's machine, text from hosts made safe to show"),
     ("facts", ("facts",), "what is read from a host: pyinfra facts"),
     ("plans", ("pyinfra_vllm/plans",),
      "what a host should look like, and the verdicts on what it is: pure functions"),

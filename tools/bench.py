@@ -37,6 +37,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from pyinfra_vllm.core.host_text import printable
 from pyinfra_vllm.plans import bench as bench_plan
 from tools import repository_env
 
@@ -119,6 +120,16 @@ def write_reports(report: dict[str, Any], report_dir: Path) -> dict[str, Path]:
     return paths
 
 
+def terminal_lines(report: dict[str, Any]) -> list[str]:
+    """Each host's result in one line for the terminal: ``printable``, since the records
+    are the hosts' words (no escape sequence of theirs reaches the terminal)."""
+    lines = [printable(f"bench: {name}: {entry['output_tokens_per_s']:g} output tokens/s, "
+                       f"TTFT p95 {entry['ttft_ms']['p95']} ms, {entry['failed']} failed")
+             for name, entry in sorted(report["hosts"].items())]
+    return lines + [printable(f"bench: {name}: {reason}")
+                    for name, reason in sorted(report["failed_hosts"].items())]
+
+
 def run(argv: list[str]) -> int:
     try:
         inventory, options, report_dir = parse_args(argv)
@@ -142,11 +153,8 @@ def run(argv: list[str]) -> int:
               file=sys.stderr)
         return 2
     paths = write_reports(report, report_dir)
-    for name, entry in sorted(report["hosts"].items()):
-        print(f"bench: {name}: {entry['output_tokens_per_s']:g} output tokens/s, TTFT p95 "
-              f"{entry['ttft_ms']['p95']} ms, {entry['failed']} failed", file=sys.stderr)
-    for name, reason in sorted(report["failed_hosts"].items()):
-        print(f"bench: {name}: {reason}", file=sys.stderr)
+    for line in terminal_lines(report):
+        print(line, file=sys.stderr)
     print(f"bench: reports {paths['md']} and {paths['latest']}", file=sys.stderr)
     return 1 if report["failed_hosts"] else 0
 

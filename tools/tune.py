@@ -5,7 +5,8 @@ settings, put it back as it was, and say which combination serves best.
         [--max-ttft-p95-ms MS] [--concurrency N] [--input-len N] [--output-len N]
         [--requests N] [--report-dir DIR] [PYINFRA OPTION ...]
 
-For one host (``--limit``, exactly one), from the repository root:
+For one host (``--limit``, exactly one: a group or a glob that matches several hosts of
+the inventory, or none, is refused before anything runs), from the repository root:
 
 1. every combination is checked first, by a ``--dry`` run of deploys/full.py with its
    settings: a value the settings refuse stops the tuning before the host is touched;
@@ -39,9 +40,11 @@ import os
 import subprocess
 import sys
 import tempfile
+from fnmatch import fnmatch
 from pathlib import Path
 from typing import Any
 
+from pyinfra_vllm.core.host_text import markdown_text
 from pyinfra_vllm.plans.gateway import DRAIN_DIR, ROTATION_FLAG
 from tools import repository_env
 
@@ -101,11 +104,49 @@ def parse_args(argv: list[str]) -> dict[str, Any]:
             raise UsageError(f"{arg} needs a value\n{USAGE}")
         elif arg in ("-y", "--yes", "--dry", "--json"):
             raise UsageError(f"{arg}: the tuning runs pyinfra itself")
+        elif arg.startswith(("--limit=", "--exclude")):
+            # pyinfra would add these to the tuning's own --limit.
+            raise UsageError(f"{arg}: the tuning's one host is given as --limit HOST")
         else:
             args["pyinfra"].append(arg)
     if args["host"] is None or not args["grid"]:
         raise UsageError(f"--limit HOST and at least one --grid are needed\n{USAGE}")
     return args
+
+
+def inventory_matches(inventory: Any, limit: str) -> list[str]:
+    """The names of the hosts pyinfra's ``--limit LIMIT`` runs on: a group's hosts when
+    LIMIT names a group, else every host whose name matches it as a glob (pyinfra_cli's
+    ``_get_inventory_pattern_matches``, pyinfra 3)."""
+    from pyinfra.api.exceptions import NoGroupError
+
+    try:
+        return sorted(found.name for found in inventory.get_group(limit))
+    except NoGroupError:
+        return sorted(found.name for found in inventory if fnmatch(found.name, limit))
+
+
+def resolve_host(inventory: str, limit: str) -> str:
+    """The one host of ``inventory`` that ``--limit`` names, as pyinfra reads the
+    inventory (group_data/ from the repository root) and the limit; UsageError, naming
+    what matched, unless that is exactly one host, which its own name names alone."""
+    from pyinfra.api import State
+    from pyinfra.context import ctx_state
+    from pyinfra_cli.inventory import make_inventory
+
+    # pyinfra's CLI reads inventory and group_data files with a state in context.
+    with ctx_state.use(State()):
+        made = make_inventory(inventory, cwd=str(ROOT))
+    found = inventory_matches(made, limit)
+    if len(found) != 1:
+        matched = (f"the hosts {', '.join(found)}" if found else "no host")
+        raise UsageError(f"--limit {limit}: matches {matched} of {inventory}, as pyinfra "
+                         "reads it (a group's name, else a glob on host names); a tuning "
+                         "restarts its engine once per combination: name exactly one host")
+    if inventory_matches(made, found[0]) != found:
+        raise UsageError(f"--limit {limit}: its host {found[0]!r} is not named by its own "
+                         "name alone (a group of that name, or a glob in it): rename it")
+    return found[0]
 
 
 def combinations(grid: dict[str, list[str]]) -> list[dict[str, str]]:
@@ -135,10 +176,12 @@ def table(rows: list[dict[str, Any]], target: float | None) -> str:
     winner = best(rows, target)
     for row in rows:
         record = row.get("record")
+        # The record is the host's: markdown_text, for the terminal and the .md alike.
         figures = (["-"] * 5 if record is None else
-                   [f"{record['output_tokens_per_s']:g}", str(record["ttft_ms"]["p50"]),
-                    str(record["ttft_ms"]["p95"]), str(record["itl_ms"]["p50"]),
-                    str(record["failed"])])
+                   [f"{record['output_tokens_per_s']:g}",
+                    *(markdown_text(value) for value in (
+                        record["ttft_ms"]["p50"], record["ttft_ms"]["p95"],
+                        record["itl_ms"]["p50"], record["failed"]))])
         mark = "best" if row is winner else (row.get("error") or "")
         lines.append("| " + " | ".join([*(row["settings"][key] for key in keys), *figures,
                                          mark]) + " |")
@@ -151,6 +194,12 @@ def table(rows: list[dict[str, Any]], target: float | None) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _inventory_path(inventory: str) -> str:
+    """An inventory file named relative to the caller's directory, as the runs from the
+    repository root find it."""
+    return os.path.abspath(inventory) if os.path.exists(inventory) else inventory
+
+
 class Tuning:
     """One host's tuning: pyinfra and tools.bench run from the repository root."""
 
@@ -158,8 +207,7 @@ class Tuning:
         self.args = args
         self.out = out
         self.env = repository_env()
-        inventory = args["inventory"]
-        self.inventory = os.path.abspath(inventory) if os.path.exists(inventory) else inventory
+        self.inventory = _inventory_path(args["inventory"])
 
     def deploy(self, *extra: str, dry: bool = False, report: bool = False
                ) -> subprocess.CompletedProcess:
@@ -238,6 +286,12 @@ def run(argv: list[str]) -> int:
     except UsageError as exc:
         print(exc, file=sys.stderr)
         return 2
+    try:
+        # Before anything runs: pyinfra would take every host a group or a glob matches.
+        args["host"] = resolve_host(_inventory_path(args["inventory"]), args["host"])
+    except UsageError as exc:
+        print(exc, file=sys.stderr)
+        return 2
     combos = combinations(args["grid"])
     at = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     with tempfile.TemporaryDirectory(prefix="pyinfra-vllm-tune-") as tmp:
@@ -269,7 +323,8 @@ def run(argv: list[str]) -> int:
     text = table(rows, args["target"])
     if again is not None:
         text += (f"\nBack on the inventory's settings: {again['output_tokens_per_s']:g} output "
-                 f"tokens/s, TTFT p95 {again['ttft_ms']['p95']} ms (the host's record).\n")
+                 f"tokens/s, TTFT p95 {markdown_text(again['ttft_ms']['p95'])} ms (the host's "
+                 "record).\n")
     print(text)
     report_dir: Path = args["report_dir"]
     report_dir.mkdir(parents=True, exist_ok=True)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
+from pyinfra_vllm.core.host_text import markdown_text, printable
 from pyinfra_vllm.core.settings import Settings
 from pyinfra_vllm.plans import gateway as gateway_plan
 from pyinfra_vllm.plans import vllm_service as vllm_service_plan
@@ -95,7 +96,7 @@ def regression(previous: dict[str, Any], new: dict[str, Any], bound: float) -> s
                      f"before ({_change(before_ttft, after_ttft)})")
     if not found:
         return None
-    return "; ".join(found) + f" (rollout_max_regression {bound:.0%})"
+    return printable("; ".join(found) + f" (rollout_max_regression {bound:.0%})")
 
 
 def _change(before: float, after: float) -> str:
@@ -120,11 +121,13 @@ def textfile_path(settings: Settings) -> str:
 
 # --- judging ----------------------------------------------------------------------------
 def record_words(entry: dict[str, Any]) -> str:
-    """A record's figures in one line."""
+    """A record's figures in one line, for the terminal (the host wrote the record:
+    ``printable``)."""
     ttft = entry.get("ttft_ms") or {}
-    return (f"{entry['output_tokens_per_s']:g} output tokens/s, {entry.get('requests_per_s')} "
-            f"requests/s, TTFT p50 {ttft.get('p50')} ms p95 {ttft.get('p95')} ms, ITL p50 "
-            f"{(entry.get('itl_ms') or {}).get('p50')} ms, {entry.get('failed')} failed")
+    return printable(
+        f"{entry['output_tokens_per_s']:g} output tokens/s, {entry.get('requests_per_s')} "
+        f"requests/s, TTFT p50 {ttft.get('p50')} ms p95 {ttft.get('p95')} ms, ITL p50 "
+        f"{(entry.get('itl_ms') or {}).get('p50')} ms, {entry.get('failed')} failed")
 
 
 def age_s(entry: dict[str, Any], now: datetime.datetime) -> float | None:
@@ -180,15 +183,16 @@ def thresholds_text(settings: Settings) -> str:
 
 
 def bench_words(entry: dict[str, Any]) -> str:
-    """The host's last benchmark (``entry["bench"]``), in a few words."""
+    """The host's last benchmark (``entry["bench"]``), in a few words (``printable``: the
+    host wrote the record)."""
     last = (entry.get("bench") or {}).get("record")
     if last is None:
         return "none recorded on this host (python -m tools.bench)"
     age = entry["bench"].get("age_s")
     ago = "" if age is None else f", {age / 3600:.1f} h ago"
-    return (f"{last['output_tokens_per_s']:g} output tokens/s, TTFT p95 "
-            f"{(last.get('ttft_ms') or {}).get('p95')} ms, {last.get('failed')} failed, "
-            f"on {last.get('stack')} at {last.get('at')}{ago}")
+    return printable(f"{last['output_tokens_per_s']:g} output tokens/s, TTFT p95 "
+                     f"{(last.get('ttft_ms') or {}).get('p95')} ms, {last.get('failed')} "
+                     f"failed, on {last.get('stack')} at {last.get('at')}{ago}")
 
 
 # --- reports ----------------------------------------------------------------------------
@@ -212,31 +216,33 @@ def _shape_words(shape: dict[str, Any]) -> str:
 
 
 def markdown(report: dict[str, Any]) -> str:
-    """The run's Markdown report: one row per host, failures named below."""
-    lines = [f"# Benchmark, {report['at']}", "",
+    """The run's Markdown report: one row per host, failures named below. Every value of
+    a record is the host's: ``markdown_text`` keeps it one cell, with no link, HTML or
+    escape sequence of its own."""
+    lines = [f"# Benchmark, {markdown_text(report['at'])}", "",
              "| host | " + " | ".join(name for name, _ in COLUMNS) + " | stack | shape |",
              "|---" * (len(COLUMNS) + 3) + "|"]
     for name, entry in sorted(report["hosts"].items()):
-        cells = [str(get(entry)) for _, get in COLUMNS]
-        lines.append(f"| {_cell(name)} | " + " | ".join(cells) +
-                     f" | {_cell(entry['stack'])} | {_shape_words(entry['shape'])} |")
+        cells = [markdown_text(get(entry)) for _, get in COLUMNS]
+        lines.append(f"| {markdown_text(name)} | " + " | ".join(cells) +
+                     f" | {markdown_text(entry['stack'])} | "
+                     f"{markdown_text(_shape_words(entry['shape']))} |")
     for name, reason in sorted(report.get("failed_hosts", {}).items()):
-        lines.append(f"\n- {_cell(name)}: no result: {_cell(reason)}")
+        lines.append(f"\n- {markdown_text(name)}: no result: {markdown_text(reason)}")
     return "\n".join(lines) + "\n"
 
 
-def _cell(text: Any) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
-
-
 def html(report: dict[str, Any]) -> str:
-    """The same table for a browser, every value escaped."""
-    from html import escape
+    """The same table for a browser, every value ``printable`` and escaped."""
+    from html import escape as html_escape
+
+    def escape(value: Any) -> str:
+        return html_escape(printable(value))
 
     head = "".join(f"<th>{escape(name)}</th>" for name, _ in COLUMNS)
     rows = []
     for name, entry in sorted(report["hosts"].items()):
-        cells = "".join(f"<td>{escape(str(get(entry)))}</td>" for _, get in COLUMNS)
+        cells = "".join(f"<td>{escape(get(entry))}</td>" for _, get in COLUMNS)
         rows.append(f"<tr><th>{escape(name)}</th>{cells}<td>{escape(entry['stack'])}</td>"
                     f"<td>{escape(_shape_words(entry['shape']))}</td></tr>")
     failed = "".join(f"<li>{escape(name)}: no result: {escape(reason)}</li>"

@@ -8,6 +8,13 @@ drop-in is written before the package is installed, so the package's first start
 listens on loopback alone. A central Prometheus reads it through the gateway's
 ``/node-metrics`` (docs/monitoring.md).
 
+Root writes the textfiles, so ``textfile_collector_dir`` (default: a directory of the
+suite's own, made root's, 0755) and every directory above it must be root's and writable
+by root alone: else the host is refused before anything is written, naming the directory
+and its owner (pyinfra_vllm/plans/metrics.py ``textfile_dir_problem``). Debian's
+/var/lib/prometheus/node-exporter is not: /var/lib/prometheus is prometheus's, which
+could swap node-exporter for a symbolic link and steer root's writes to any file.
+
 The checks preflight ran (OS, driver, GPUs, NVLink, and the model's architecture,
 context length and capacity), the stack, and the capacity plan, as Prometheus gauges in
 ``{textfile_collector_dir}/pyinfra_vllm.prom`` (pyinfra_vllm/plans/textfile.py). node_exporter's
@@ -25,7 +32,7 @@ from pyinfra import host, logger
 from pyinfra.facts.deb import DebPackage
 from pyinfra.operations import systemd
 
-from facts.files import FileDigests, PathTypes
+from facts.files import FileDigests, PathComponents, PathTypes
 from facts.units import UnitActivation
 from operations import file_set, units
 from pyinfra_vllm.core.settings import Settings
@@ -66,6 +73,7 @@ def metrics_reads(settings: Settings) -> list[Read]:
     """What the metrics stage reads of a converged host: the run's one read."""
     textfile = f"{settings.textfile_collector_dir}/{metrics_plan.TEXTFILE_NAME}"
     reads = [Read(PathTypes, {"paths": [metrics_plan.LEGACY_SCRAPE_JOB]}),
+             Read(PathComponents, {"path": settings.textfile_collector_dir}),
              Read(FileDigests, {"paths": [textfile]})]
     if settings.node_exporter_install:
         reads += [Read(FileDigests, {"paths": [metrics_plan.DROP_IN]}),
@@ -78,6 +86,10 @@ def metrics_reads(settings: Settings) -> list[Read]:
 def metrics(ctx: HostContext) -> None:
     """Metrics: node_exporter on loopback, and this host's verdicts for its textfile
     collector."""
+    problem = textfile_dir_problem(ctx.settings)
+    if problem is not None:
+        ctx.refuse("Metrics: host refused", [f"metrics: {problem}"])
+        return
     if ctx.settings.node_exporter_install:
         node_exporter(ctx.settings.node_exporter_port, ctx.settings.textfile_collector_dir)
     file_set.absent(name="Metrics: no per-host scrape job (the operator's Prometheus "
@@ -89,6 +101,16 @@ def metrics(ctx: HostContext) -> None:
                         "next run writes them", fg="yellow", log_func=logger.warning)
         return
     _verdicts(ctx)
+
+
+def textfile_dir_problem(settings: Settings) -> str | None:
+    """Why root must not write node_exporter's textfiles in textfile_collector_dir on
+    this host (``metrics_plan.textfile_dir_problem``), or None; None too where the metrics
+    stage is skipped (nothing is written there then)."""
+    if "metrics" in settings.skip_stages:
+        return None
+    path = settings.textfile_collector_dir
+    return metrics_plan.textfile_dir_problem(path, host.get_fact(PathComponents, path=path))
 
 
 def _verdicts(ctx: HostContext) -> None:
@@ -120,4 +142,5 @@ def _verdicts(ctx: HostContext) -> None:
                 "644",
             )
         },
+        parent_mode=metrics_plan.TEXTFILE_DIR_MODE,
     )

@@ -11,7 +11,9 @@ to the weights (the numbers are shown). A failed check stops this host (and only
 host) with what is wrong and what to do. Changes nothing but one file: the GPUs' health
 for node_exporter's textfile collector (unless the metrics stage is skipped), written
 before the checks are judged, so that a host refused for a failing GPU still tells the
-alert rules which GPU and why.
+alert rules which GPU and why; and only where every directory of textfile_collector_dir
+is root's and writable by root alone: else the host is refused, nothing written
+(pyinfra_vllm/plans/metrics.py ``textfile_dir_problem``).
 
     pyinfra inventory.py deploys/preflight.py
 """
@@ -20,7 +22,7 @@ from __future__ import annotations
 
 from pyinfra import host, logger
 
-from facts.files import FileDigests
+from facts.files import FileDigests, PathComponents
 from operations import file_set
 from pyinfra_vllm.core.settings import Settings
 from pyinfra_vllm.plans import metrics as metrics_plan
@@ -30,12 +32,14 @@ from pyinfra_vllm.plans.textfile import gpu_health_text
 from pyinfra_vllm.run.context import HostContext
 from pyinfra_vllm.run.host_reads import Read
 from pyinfra_vllm.run.stage import stage
+from pyinfra_vllm.stages.metrics import textfile_dir_problem
 
 
 def preflight_reads(settings: Settings) -> list[Read]:
     """What the preflight stage reads of a converged host: the run's one read."""
     reads = []
     if "metrics" not in settings.skip_stages:
+        reads.append(Read(PathComponents, {"path": settings.textfile_collector_dir}))
         reads.append(Read(FileDigests, {"paths": [metrics_plan.health_textfile(settings.textfile_collector_dir)]}))
     return reads
 
@@ -50,7 +54,11 @@ def preflight(ctx: HostContext) -> None:
         # The CPU engine uses no GPU: their health is reported, never a stop.
         checks += [dict(c, severity="warning") for c in check_gpu_health(
             ctx.state, settings, health)]
-    health_textfile(settings, health)
+    # Root writes node_exporter's textfiles (this health file first): refused here, before
+    # any change, where another account could steer those writes.
+    textfile_problem = textfile_dir_problem(settings)
+    if textfile_problem is None:
+        health_textfile(settings, health)
     if ctx.lock is not None:
         registry = installed_registry(ctx.environments(host), ctx.environment_path(host))
         checks += model_gates(settings, ctx.lock, ctx.state, registry)["checks"]
@@ -58,10 +66,11 @@ def preflight(ctx: HostContext) -> None:
         if check["ok"] is False and check["severity"] == "warning":
             host.log_styled(f"warning: {check['detail']}: {check['fix']}", fg="yellow",
                             log_func=logger.warning)
-    failed = blocking(checks)
-    if failed:
-        ctx.refuse("Preflight: host refused",
-                   [f"preflight {c['name']}: {c['detail']}; {c['fix']}" for c in failed])
+    reasons = [f"preflight {c['name']}: {c['detail']}; {c['fix']}" for c in blocking(checks)]
+    if textfile_problem is not None:
+        reasons.append(f"preflight: {textfile_problem}")
+    if reasons:
+        ctx.refuse("Preflight: host refused", reasons)
 
 
 def health_textfile(settings: Settings, health: dict) -> None:
@@ -71,4 +80,5 @@ def health_textfile(settings: Settings, health: dict) -> None:
         file_set.present(
             name="Preflight: GPU health for node_exporter's textfile collector",
             files={path: (gpu_health_text(host.name, health).encode(), "644")},
+            parent_mode=metrics_plan.TEXTFILE_DIR_MODE,
         )

@@ -28,7 +28,7 @@ pytestmark = pytest.mark.e2e
 HOST = "gpu-sbx-1"
 BESIDE = "gpu-sbx-5"  # test_full.py's other seed host, converged beside HOST
 BUS = "00000000:17:00.0"  # GPU 0 of the seed580 scenario (sandbox/gpusim)
-TEXTFILE = "/var/lib/prometheus/node-exporter/pyinfra_vllm_gpu_health.prom"
+TEXTFILE = "/var/lib/pyinfra-vllm-metrics/pyinfra_vllm_gpu_health.prom"
 LABELS = f'host="{HOST}",gpu="0",bus_id="{BUS}"'
 
 # (gpusimctl fault arguments, reason code, its severity, the textfile line the alert

@@ -58,7 +58,7 @@ OPERATOR_NOTES = f"{ENV_ROOT}/operator-notes.txt"
 OPERATOR_LINK = f"{ENV_ROOT}/operator-data"
 OPERATOR_DATA = "/srv/operator-data"
 OPERATOR_TEMPLATE = f"{MODEL_DIR}/operator-template.jinja"
-TEXTFILES = "/var/lib/prometheus/node-exporter"  # textfile_collector_dir
+TEXTFILES = "/var/lib/pyinfra-vllm-metrics"  # textfile_collector_dir (its default)
 SLOW_SECONDS = 30  # the largest file's download under the slow fault
 OP_JOBS_STOPPED = ("remove | Remove: the suite's running jobs stopped (a model download, an "
                    "environment's build)")

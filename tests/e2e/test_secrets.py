@@ -100,7 +100,7 @@ PROXY_PASSWORD = "pw-" + secrets.token_hex(16)
 # Where a secret could be left on the host for root to find (the journal of every unit,
 # nginx's logs, the metrics textfiles), read as root.
 ROOT_READS = ("journalctl --no-pager -o cat; cat /var/log/nginx/* "
-              "/var/lib/prometheus/node-exporter/*.prom; true")
+              "/var/lib/pyinfra-vllm-metrics/*.prom; true")
 
 
 def mirror_certificate(tmp_path: Path, address: str) -> ssl.SSLContext:

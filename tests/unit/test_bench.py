@@ -6,18 +6,25 @@ the command line and the reports (tools/bench.py), and the settings' shape."""
 from __future__ import annotations
 
 import datetime
+import http.server
 import json
+import os
+import re
 import shutil
+import stat
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 
 from pyinfra_vllm.core.settings import SettingsError, validate
 from pyinfra_vllm.plans import bench as bench_plan
+from tests.unit.impostor import impostor
 from tests.unit.test_gateway import CERT_PEM, KEY_PEM
 from tools import bench as bench_tool
+from tools import tune
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "bench"
@@ -74,6 +81,104 @@ def test_a_rejected_canary_s_record_is_set_aside_and_the_one_before_restored(tmp
     assert bench_client.main(["--record", str(tmp_path), "--textfile", str(textfile),
                               "--restore"]) == 1
     assert json.loads((tmp_path / "latest.json").read_text()) == RECORD
+
+
+NOBODY = 65534
+# nobody's move, with an open descriptor of the directory it owns (it cannot pass the
+# test's 0700 directories by name): the directory below swapped for a symbolic link.
+SWAP = ("import os, sys\n"
+        "fd = int(sys.argv[1])\n"
+        "os.rename('node-exporter', 'old', src_dir_fd=fd, dst_dir_fd=fd)\n"
+        "os.symlink(sys.argv[2], 'node-exporter', dir_fd=fd)\n")
+
+
+def as_nobody(directory: Path, code: str, *args: str) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
+                        sys.executable, "-c", code, str(fd), *args], pass_fds=(fd,), check=True)
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="root writes the textfile, nobody swaps its "
+                    "directory: needs root")
+def test_root_writes_no_textfile_through_a_directory_another_account_can_swap(tmp_path):
+    # Debian's layout: /var/lib/prometheus is prometheus's, node-exporter in it root's.
+    prometheus = tmp_path / "prometheus"
+    (prometheus / "node-exporter").mkdir(parents=True)
+    os.chown(prometheus, NOBODY, NOBODY)
+    # Elsewhere, a file of root's that only root may read.
+    elsewhere = tmp_path / "etc"
+    elsewhere.mkdir()
+    target = elsewhere / "pyinfra_vllm_bench.prom"
+    target.write_text("root's own\n")
+    target.chmod(0o600)
+    before = target.stat()
+    as_nobody(prometheus, SWAP, str(elsewhere))
+    assert (prometheus / "node-exporter").is_symlink()
+
+    textfile = prometheus / "node-exporter" / "pyinfra_vllm_bench.prom"
+    refused = (f"refusing to write {textfile}: {prometheus} is owned by nobody, who can swap "
+               "what is in it for a symbolic link")
+    try:
+        bench_client.write(str(textfile), bench_client.textfile(RECORD), 0o644)
+        error = ""
+    except Exception as exc:  # noqa: BLE001 - checked below, after root's file
+        error = f"{type(exc).__name__}: {exc}"
+    untouched(target, before)
+    assert error.startswith(f"UnsafePath: {refused}"), error
+    # The whole client, a rejected canary's restore: refused before anything moves.
+    records = tmp_path / "records"
+    records.mkdir()
+    (records / "previous.json").write_text(json.dumps(RECORD))
+    (records / "latest.json").write_text("{}")
+    proc = subprocess.run([sys.executable, str(ROOT / "files" / "bench_client.py"),
+                           "--record", str(records), "--textfile", str(textfile), "--restore"],
+                          capture_output=True, text=True, check=False)
+    assert proc.returncode == 1
+    assert proc.stderr.startswith(f"bench: {refused}") and "chown root:root" in proc.stderr
+    assert sorted(p.name for p in records.iterdir()) == ["latest.json", "previous.json"]
+    untouched(target, before)
+
+
+def untouched(target: Path, before: os.stat_result) -> None:
+    """Root's file as it was: the same file, content, owner and mode, nothing beside it."""
+    after = target.stat()
+    assert target.read_text() == "root's own\n"
+    assert (after.st_ino, after.st_uid, stat.S_IMODE(after.st_mode)) == (before.st_ino, 0, 0o600)
+    assert [p.name for p in target.parent.iterdir()] == [target.name]
+
+
+def test_the_textfile_is_refused_in_a_directory_others_may_write_or_that_is_a_link(tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o775)
+    assert bench_client.refusal(str(shared / "x.prom")).startswith(
+        f"refusing to write {shared / 'x.prom'}: {shared} is writable by its group or others "
+        "(mode 0775)")
+    (tmp_path / "link").symlink_to(tmp_path)
+    assert f"{tmp_path / 'link'} is a symbolic link (owned by " in bench_client.refusal(
+        str(tmp_path / "link" / "x.prom"))
+    assert "cannot be read (No such file or directory)" in bench_client.refusal(
+        str(tmp_path / "absent" / "x.prom"))
+    # A directory only root may change: written whole, with its mode whatever the umask.
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    umask = os.umask(0o077)
+    try:
+        bench_client.write(str(mine / "x.prom"), "x 1\n", 0o644)
+    finally:
+        os.umask(umask)
+    assert stat.S_IMODE((mine / "x.prom").stat().st_mode) == 0o644
+    assert [p.name for p in mine.iterdir()] == ["x.prom"]
+    # The textfile's directory missing below such a directory (the metrics stage skipped):
+    # the client makes it, root's, 0755.
+    (tmp_path / "previous.json").write_text(json.dumps(RECORD))
+    made = tmp_path / "made"
+    assert bench_client.main(["--record", str(tmp_path), "--textfile", str(made / "b.prom"),
+                              "--restore"]) == 0
+    assert stat.S_IMODE(made.stat().st_mode) == 0o755 and (made / "b.prom").is_file()
 
 
 def test_the_client_gets_the_gateway_the_key_in_its_environment_and_the_certificate(tmp_path):
@@ -177,6 +282,43 @@ def test_the_reports_hold_each_host_and_name_the_failed_ones(tmp_path):
     assert "&lt;b&gt;" in page and "<b>" not in page
 
 
+# What a host could write into its record: a terminal link (OSC 8), a colour, a Markdown
+# link, a table cell and HTML.
+HOSTILE = "\x1b]8;;http://evil\x07link\x1b]8;;\x07\x1b[31m[x](http://evil)|<script>"
+CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def test_a_host_s_words_in_its_record_are_shown_escaped_and_kept_exact(tmp_path):
+    entry = {**RECORD, "stack": HOSTILE, "at": HOSTILE, "model": HOSTILE,
+             "shape": {**RECORD["shape"], "input_len": HOSTILE},
+             "ttft_ms": {**RECORD["ttft_ms"], "p50": HOSTILE}}
+    report = {"at": "2026-12-03T13:14:30Z", "hosts": {"gpu-1": entry},
+              "failed_hosts": {"gpu-2": HOSTILE}}
+    paths = bench_tool.write_reports(report, tmp_path)
+    # The JSON keeps the host's words exact: they are data.
+    assert json.loads(paths["json"].read_text())["hosts"]["gpu-1"] == entry
+    markdown = paths["md"].read_text()
+    escaped = "link\\[x\\](http\\://evil)\\|&lt;script&gt;"
+    row = next(line for line in markdown.splitlines() if line.startswith("| gpu-1 |"))
+    assert row.count(escaped) == 3  # TTFT p50, stack, shape: each one cell
+    assert len(re.findall(r"(?<!\\)\|", row)) == len(bench_plan.COLUMNS) + 4
+    assert f"- gpu-2: no result: {escaped}" in markdown
+    for raw in ("\x1b", "\x07", "[x](", "<script>", "http://evil"):
+        assert raw not in markdown
+    page = paths["html"].read_text()
+    assert "&lt;script&gt;" in page and "<script>" not in page and "\x1b" not in page
+    # On the terminal: the words, without a control character.
+    shown = [*bench_tool.terminal_lines({**report, "hosts": {"gpu-1": {
+                 **entry, "ttft_ms": {**RECORD["ttft_ms"], "p95": HOSTILE}}}}),
+             bench_plan.record_words(entry),
+             bench_plan.bench_words({"bench": {"record": entry, "age_s": None}}),
+             bench_plan.regression(RECORD, {**RECORD, "failed": HOSTILE}, 0.1)]
+    for line in shown:
+        assert "link[x](http://evil)|<script>" in line and not CONTROL.search(line), line
+    tuned = tune.table([{"settings": {"block_size": "16"}, "record": entry}], None)
+    assert f"| 16 | 154.878 | {escaped} | 101.482 |" in tuned and "\x1b" not in tuned
+
+
 def test_the_audit_says_the_last_benchmark_and_its_age():
     entry = {"bench": {"record": RECORD, "age_s": 7200.0}}
     assert bench_plan.bench_words(entry) == (
@@ -221,3 +363,74 @@ def test_the_drain_reaches_the_engine_where_it_runs_now():
         "/metrics") == "http://[::1]:8001/metrics"
     assert running_endpoint([*server, "--port", "8000"]) is None
     assert running_endpoint([*server, "--host", "127.0.0.1", "--port"]) is None
+
+
+# --- the gateway's listener, checked before the key leaves -----------------------------
+# A stand-in for vLLM's benchmark module (vllm/benchmarks/serve.py: add_cli_args, main),
+# which sends what vLLM's openai backend sends: the key from OPENAI_API_KEY as a Bearer
+# token, to --base-url plus --endpoint.
+VLLM_CLIENT = (
+    "import os, urllib.request\n"
+    "def add_cli_args(parser):\n"
+    "    for name in ('--base-url', '--endpoint', '--percentile-metrics',\n"
+    "                 '--metric-percentiles'):\n"
+    "        parser.add_argument(name)\n"
+    "def main(args):\n"
+    "    request = urllib.request.Request(args.base_url + args.endpoint, data=b'{}', headers={\n"
+    "        'Authorization': 'Bearer ' + os.environ['OPENAI_API_KEY']})\n"
+    "    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))\n"
+    "    opener.open(request, timeout=10).read()\n"
+    "    return {'completed': 1, 'output_throughput': 1.0}\n"
+)
+
+
+def run_client(tmp_path: Path, port: int) -> subprocess.CompletedProcess[str]:
+    """files/bench_client.py as the job runs it, against 127.0.0.1:``port``, vLLM's module
+    the stand-in, the key in its environment."""
+    package = tmp_path / "site" / "vllm" / "benchmarks"
+    package.mkdir(parents=True, exist_ok=True)
+    for init in (package.parent / "__init__.py", package / "__init__.py"):
+        init.touch()
+    (package / "serve.py").write_text(VLLM_CLIENT)
+    return subprocess.run(
+        [sys.executable, str(ROOT / "files/bench_client.py"), "--record", str(tmp_path / "rec"),
+         "--textfile", str(tmp_path / "bench.prom"), "--stack", "s", "--shape", "{}", "--",
+         "--base-url", f"http://127.0.0.1:{port}", "--endpoint", "/v1/completions"],
+        capture_output=True, text=True, timeout=60,
+        env={**os.environ, "PYTHONPATH": str(tmp_path / "site"), "OPENAI_API_KEY": KEY})
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to listen as another user")
+def test_the_key_goes_to_no_listener_but_root_s_on_the_gateway_s_port(tmp_path):
+    # nobody holds the gateway's port (nginx down): vLLM's client never starts.
+    seen = tmp_path / "seen"
+    with impostor(seen) as port:
+        refused = run_client(tmp_path, port)
+    assert (refused.returncode, refused.stderr) == (1, (
+        f"bench: http://127.0.0.1:{port} is held by uid 65534, not root's (0): the API key "
+        "was not sent, nothing ran\n"))
+    assert seen.read_text() == ""
+    assert not (tmp_path / "rec").exists()
+
+    # root's listener (nginx's master binds the port as root): the key goes, as before.
+    received: list[str | None] = []
+
+    class Gateway(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            received.append(self.headers.get("Authorization"))
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Gateway)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        served = run_client(tmp_path, server.server_address[1])
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert served.returncode == 0, served.stderr
+    assert received == [f"Bearer {KEY}"]

@@ -4,6 +4,7 @@ jobs (tools.scrape_config) and the alert rules, checked by the real promtool
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -11,9 +12,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from facts.files import PathComponents
 from pyinfra_vllm.core.settings import SettingsError, validate
 from pyinfra_vllm.plans import gateway as gateway_plan
-from pyinfra_vllm.plans.metrics import render_drop_in
+from pyinfra_vllm.plans.metrics import TEXTFILE_DIR, render_drop_in, textfile_dir_problem
 from tools import scrape_config
 
 ROOT = Path(__file__).parents[2]
@@ -29,6 +31,60 @@ def _site(**extra):
     return gateway_plan.render_site(upstream="127.0.0.1:8000", gateway_port=8001,
                                    metrics_allow=["127.0.0.1/32", "10.9.0.5"], body_mib=2,
                                    proxy_timeout_s=3600, **extra)
+
+
+def components(path: Path) -> list[dict]:
+    """facts.files.PathComponents of ``path``, its real command run on this machine."""
+    fact = PathComponents()
+    output = subprocess.run(["sh", "-c", fact.command(str(path)).get_raw_value()],
+                            capture_output=True, text=True, check=True).stdout.splitlines()
+    return fact.process(output)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chowns a directory to nobody: needs root")
+def test_a_textfile_directory_another_account_can_change_is_refused(tmp_path):
+    # Debian's layout: /var/lib/prometheus is prometheus's (nobody here), node-exporter in
+    # it root's; then the account swaps node-exporter for a link to root's directory.
+    prometheus = tmp_path / "prometheus"
+    textfiles = prometheus / "node-exporter"
+    textfiles.mkdir(parents=True)
+    os.chown(prometheus, 65534, 65534)
+    advice = ("Set textfile_collector_dir to a directory of the suite's own (the default, "
+              "/var/lib/pyinfra-vllm-metrics: the metrics stage makes it root's, 0755, and "
+              "points node_exporter at it), or make every directory of the path root's and "
+              "writable by root alone (chown root:root DIR; chmod 755 DIR)")
+    found = components(textfiles)
+    assert [c["path"] for c in found][-2:] == [str(prometheus), str(textfiles)]
+    assert found[-2]["owner"] == "nobody" and found[-2]["uid"] == 65534
+    assert textfile_dir_problem(str(textfiles), found) == (
+        f"textfile_collector_dir {textfiles}: {prometheus} is owned by nobody, who can swap "
+        "what is in it for a symbolic link, and so steer what root writes there (another "
+        f"file, or its mode); nothing is written there. {advice}")
+    elsewhere = tmp_path / "etc"
+    elsewhere.mkdir()
+    textfiles.rename(prometheus / "old")
+    textfiles.symlink_to(elsewhere)
+    os.lchown(textfiles, 65534, 65534)
+    assert f"{prometheus} is owned by nobody" in textfile_dir_problem(
+        str(textfiles), components(textfiles))
+    # The link alone, in a directory of root's, is refused too.
+    os.chown(prometheus, 0, 0)
+    assert f"{textfiles} is a symbolic link (owned by nobody)" in textfile_dir_problem(
+        str(textfiles), components(textfiles))
+
+
+def test_the_suite_s_own_textfile_directory_is_taken_and_made_where_missing(tmp_path):
+    # Root's all the way down (a sticky /tmp above the test's directories): taken, and a
+    # missing directory below them is the suite's to make.
+    assert textfile_dir_problem(str(tmp_path), components(tmp_path)) is None
+    assert textfile_dir_problem(str(tmp_path / "a" / "b"), components(tmp_path / "a" / "b")) is None
+    tmp_path.chmod(0o1777)  # others may write it, and make the missing one first
+    assert "is missing in a directory others may write: one could make it first" in (
+        textfile_dir_problem(str(tmp_path / "a"), components(tmp_path / "a")))
+    tmp_path.chmod(0o775)
+    assert f"{tmp_path} is writable by its group or others (mode 0775)" in (
+        textfile_dir_problem(str(tmp_path), components(tmp_path)))
+    assert validate(OPEN).textfile_collector_dir == TEXTFILE_DIR == "/var/lib/pyinfra-vllm-metrics"
 
 
 def test_node_exporter_listens_on_loopback_and_reads_the_textfile_dir():
@@ -54,15 +110,12 @@ def test_the_gateway_serves_node_metrics_to_the_metrics_readers_only():
         "        allow 127.0.0.1/32;",
         "        allow 10.9.0.5/32;",
         "        deny all;",
-        "        # Set here, these replace the server's proxy_set_header lines, which nginx",
-        "        # inherits only into a location that sets none: the engine's Authorization header",
-        "        # is for the engine alone.",
-        '        proxy_set_header Connection "";',
-        "        proxy_set_header Host $host;",
-        '        proxy_set_header Authorization "";',
         "        proxy_pass http://127.0.0.1:9100/metrics;",
         "    }",
     ]
+    # It sets no proxy_set_header, so it inherits the server's, whose Authorization is
+    # empty: the engine's key is set in location /v1/ alone.
+    assert '\n    proxy_set_header Authorization "";\n' in site
     assert "/node-metrics" not in _site()
 
 

@@ -1,6 +1,6 @@
-"""tools/tune.py without a host: its command line, the grid's combinations, and the
-choice of the best one under a latency target (the records are the shape of a sandbox
-host's, tests/fixtures/bench)."""
+"""tools/tune.py without a host: its command line, its one host resolved in a real
+inventory file, the grid's combinations, and the choice of the best one under a latency
+target (the records are the shape of a sandbox host's, tests/fixtures/bench)."""
 
 from __future__ import annotations
 
@@ -83,3 +83,41 @@ def test_the_way_back_changed_nothing_only_when_pyinfra_says_so():
     assert not tune.changed_nothing(deployed(1, results(0)))
     assert not tune.changed_nothing(deployed(0, results(0, error=1)))
     assert not tune.changed_nothing(deployed(0, ""))  # no JSON: not known, bench again
+
+
+INVENTORY = """\
+a100_nvlink = [("gpu-1", {"ssh_user": "ubuntu"}), ("gpu-2", {"ssh_user": "ubuntu"})]
+spare = ["gpu-10"]
+"""
+
+
+def test_the_limit_is_one_host_of_the_inventory_or_nothing_runs(tmp_path, monkeypatch, capsys):
+    inventory = tmp_path / "inventory.py"
+    inventory.write_text(INVENTORY)
+    assert tune.resolve_host(str(inventory), "gpu-2") == "gpu-2"
+    # A group or a glob of one host is that host, by its own name from then on.
+    assert tune.resolve_host(str(inventory), "spare") == "gpu-10"
+    assert tune.resolve_host(str(inventory), "gpu-1?") == "gpu-10"
+    refusals = {
+        "a100_nvlink": "matches the hosts gpu-1, gpu-2 of",
+        "gpu-*": "matches the hosts gpu-1, gpu-10, gpu-2 of",
+        "gpu-3": "matches no host of",
+    }
+    for limit, words in refusals.items():
+        with pytest.raises(tune.UsageError, match=words) as refused:
+            tune.resolve_host(str(inventory), limit)
+        assert "name exactly one host" in str(refused.value)
+
+    # The whole command: refused before any pyinfra run, the dry ones included.
+    def no_run(*args, **kwargs):
+        raise AssertionError(f"ran {args[0]}")
+
+    monkeypatch.setattr(tune.subprocess, "run", no_run)
+    assert tune.run([str(inventory), "--limit", "a100_nvlink", "--grid",
+                     "max_num_seqs=8,16"]) == 2
+    assert "--limit a100_nvlink: matches the hosts gpu-1, gpu-2" in capsys.readouterr().err
+    # Nor a second limit pyinfra would add to it.
+    for extra in (["--limit=gpu-*"], ["--exclude", "gpu-2"]):
+        with pytest.raises(tune.UsageError, match="the tuning's one host is given as --limit"):
+            tune.parse_args([str(inventory), "--limit", "gpu-1", "--grid", "block_size=16",
+                             *extra])
