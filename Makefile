@@ -20,11 +20,13 @@ venv: .venv/.done
 # certificate. promtool: Debian's prometheus package (checks and unit-tests the alert
 # rules and the generated scrape config; its prometheus service is stopped and disabled).
 # chromium: tests/unit/test_report_browser.py renders the HTML audit report headless and
-# checks the screenshot and the console.
+# checks the screenshot and the console. testssl: Debian's testssl.sh (3.0.8) scans the
+# rendered TLS gateway on loopback (tests/unit/test_gateway_analyzers.py) and a sandbox
+# host's (tests/e2e/test_gateway.py).
 SYSTEM_TOOLS := debootstrap:debootstrap systemd-nspawn:systemd-container \
 	mkfs.xfs:xfsprogs ssh:openssh-client iptables:iptables nft:nftables ip:iproute2 \
 	losetup:util-linux curl:curl dpkg-deb:dpkg nginx:nginx openssl:openssl \
-	promtool:prometheus chromium:chromium
+	promtool:prometheus chromium:chromium testssl:testssl.sh
 .PHONY: system-deps
 system-deps:
 	@missing=""; for pair in $(SYSTEM_TOOLS); do \

@@ -1,12 +1,13 @@
 """Facts about nginx's configuration as nginx itself reads it: the server blocks of every
-file ``nginx -T`` dumps, with the ports they listen on.
+file ``nginx -T`` dumps, with the ports they listen on, and ``server_tokens`` set outside
+any server block.
 
 ``nginx -T`` tests the configuration and prints every file it read, each after a
 ``# configuration file PATH:`` line (nginx docs, "Command-line parameters"). The dump
 holds the API key map (a secret) and whatever else the files hold, so it is reduced on
 the host, by awk, to structure: file names, block openings and ends, and the arguments
-of ``listen``, ``server_name`` and ``location``. No other directive's arguments leave
-the host.
+of ``listen``, ``server_name``, ``server_tokens`` and ``location``. No other directive's
+arguments leave the host.
 """
 
 from __future__ import annotations
@@ -21,15 +22,15 @@ from facts.base import FactBase
 # Tokenizes nginx's syntax as ngx_conf_read_token does (nginx src/core/ngx_conf_file.c):
 # words separated by blanks, quotes with backslash escapes, "#" a comment at the start
 # of a word, ";" ending a directive, "{" and "}" blocks. Prints, per file: "F PATH",
-# "B LINE NAME [ARGS]" (ARGS for location only), "D LINE NAME ARGS" (listen and
-# server_name only), "E" (a block's end).
+# "B LINE NAME [ARGS]" (ARGS for location only), "D LINE NAME ARGS" (listen, server_name
+# and server_tokens only), "E" (a block's end).
 _AWK = r"""
 function flush() { if (word != "" || quoted) { words[n++] = word }; word = ""; quoted = 0 }
 function statement(kind,   i, out) {
   if (n == 0) { return }
   out = kind " " start " " words[0]
   if (kind == "D" || words[0] == "location") { for (i = 1; i < n; i++) out = out " " words[i] }
-  if (kind == "B" || words[0] == "listen" || words[0] == "server_name") print out
+  if (kind == "B" || words[0] == "listen" || words[0] == "server_name" || words[0] == "server_tokens") print out
   n = 0
 }
 /^# configuration file .*:$/ && inq == "" {
@@ -75,10 +76,15 @@ class NginxServers(FactBase[dict[str, Any] | None]):
              "servers": [{"line": 22, "listen": ["80 default_server",
                                                  "[::]:80 default_server"],
                           "server_name": ["_"], "locations": ["/"]}]},
-        ]}
+        ],
+         "server_tokens": []}
 
     A server's ``listen`` are the arguments of each listen directive, as written;
-    ``[]`` when it has none (nginx then listens on port 80).
+    ``[]`` when it has none (nginx then listens on port 80). ``server_tokens``: each
+    ``server_tokens`` outside a server block, ``{"path", "line", "value"}``: at http level
+    in nginx.conf's http block and in a file it includes there (conf.d/, sites-enabled/).
+    nginx -T does not say where a file was included: one included inside a server block
+    is counted here too.
     """
 
     @override
@@ -108,6 +114,7 @@ def repr_awk() -> str:
 def parse_servers(output: list[str]) -> dict[str, Any] | None:
     """NginxServers' lines as its value; None without any file."""
     files: list[dict[str, Any]] = []
+    server_tokens: list[dict[str, Any]] = []
     stack: list[dict[str, Any] | None] = []
     for raw in output:
         kind, _, rest = raw.rstrip("\n").partition(" ")
@@ -135,14 +142,17 @@ def parse_servers(output: list[str]) -> dict[str, Any] | None:
             if stack:
                 stack.pop()
         elif kind == "D":
-            _line, _, words = rest.partition(" ")
+            line, _, words = rest.partition(" ")
             name, _, args = words.partition(" ")
             current = _innermost(stack)
-            if current is not None and name == "listen":
+            if current is None and name == "server_tokens":
+                server_tokens.append({"path": files[-1]["path"], "line": int(line),
+                                      "value": args})
+            elif current is not None and name == "listen":
                 current["listen"].append(args)
             elif current is not None and name == "server_name":
                 current["server_name"] += args.split()
-    return {"files": files} if files else None
+    return {"files": files, "server_tokens": server_tokens} if files else None
 
 
 def _innermost(stack: list[dict[str, Any] | None]) -> dict[str, Any] | None:

@@ -18,7 +18,6 @@ them without a pyinfra host.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 from pyinfra import host, state
 from pyinfra.api import (
@@ -28,7 +27,7 @@ from pyinfra.api import (
     StringCommand,
     operation,
 )
-from pyinfra.facts.files import File, Sha1File
+from pyinfra.facts.files import Sha1File
 
 from operations.util import file_diff
 from operations.util.gateway import (
@@ -36,6 +35,7 @@ from operations.util.gateway import (
     swap_script,
 )
 from operations.util.uploads import private_upload
+from pyinfra_vllm.plans import access
 from pyinfra_vllm.plans.gateway import (
     DISABLED_DIR,
     KEYS_PATH,
@@ -47,13 +47,6 @@ from pyinfra_vllm.plans.gateway import (
 )
 
 
-def _drifted(file: dict[str, Any], mode: str) -> bool:
-    """A live file's mode or owner (the File fact) is not ``mode``, root:root."""
-    return file.get("mode") != int(mode) or file.get("user") != "root" or (
-        file.get("group") != "root"
-    )
-
-
 def _wanted_files(
     site_path: str, site_content: str, keys_path: str, keys_content: str,
     extra_files: dict[str, tuple[str, str]] | None,
@@ -63,7 +56,7 @@ def _wanted_files(
     its base name, which neither another file nor the redaction list may have."""
     wanted = [
         ("site.conf", site_path, site_content, "644"),
-        ("api-keys.conf", keys_path, keys_content, "600"),
+        ("api-keys.conf", keys_path, keys_content, access.mode(KEYS_PATH)),
     ]
     taken = {name for name, *_ in wanted} | {REDACT_NAME}
     for live, (content, mode) in (extra_files or {}).items():
@@ -73,22 +66,6 @@ def _wanted_files(
         taken.add(name)
         wanted.append((name, live, content, mode))
     return wanted
-
-
-def _drifted_secrets(
-    wanted: list[tuple[str, str, str, str]], changed: list[tuple[str, str, str, str]]
-) -> list[tuple[str, str]]:
-    """``(live path, mode)`` of each secret file ("600") whose content is right but whose
-    mode or owner is not."""
-    drifted = []
-    for name, live, content, mode in wanted:
-        if mode != "600" or (name, live, content, mode) in changed:
-            continue
-        # pyinfra types it as its FileDict, False for a directory, None when missing.
-        found: Any = host.get_fact(File, path=live)
-        if _drifted(found or {}, mode):
-            drifted.append((live, mode))
-    return drifted
 
 
 def _swapped_in(
@@ -149,8 +126,9 @@ def site(
     Each file is compared by sha1 with what is live. Changed files are uploaded into
     ``staging_dir``, renamed over the live ones, and ``nginx -t`` is run: if it passes,
     nginx is reloaded; if not, the previous files are put back and the operation fails with
-    nginx's message. A secret file (mode 600) whose content is right but whose mode or owner
-    drifted is closed again, without a reload. Nothing changed: no command.
+    nginx's message. Nothing changed: no command. A secret file whose content is right but
+    whose mode or owner was changed is not this operation's: operations/access.py closes
+    it again, without a reload (the access table, pyinfra_vllm/plans/access.py).
 
     **Example:**
 
@@ -177,36 +155,29 @@ def site(
             file_diff.show(host, live, content.encode(), secret=mode == "600",
                            exists=live_sums[live] is not None)
 
-    drifted = _drifted_secrets(wanted, changed)
-    for live, mode in drifted:
-        # Content unchanged, so nginx needs no reload: only close the file again.
-        yield StringCommand("chown", "root:root", QuoteString(live))
-        yield StringCommand("chmod", mode, QuoteString(live))
-
     if changed:
         yield from _swapped_in(changed, site_path, keys_path, staging_dir, service, secrets)
-
-    if not changed and not drifted:
+    else:
         host.noop("nginx site and API keys are up to date")
 
 
 @operation()
-def foreign_disabled(files: list[dict[str, Any]], disabled_dir: str = DISABLED_DIR,
+def foreign_disabled(paths: list[str], disabled_dir: str = DISABLED_DIR,
                      service: str = "nginx"):
     """
-    Take foreign nginx files that listen on the gateway's port out of nginx's
-    configuration, tested by ``nginx -t`` before nginx reloads.
+    Take foreign nginx files (servers on the gateway's ports, Debian's default site) out
+    of nginx's configuration, tested by ``nginx -t`` before nginx reloads.
 
-    + files: the files to set aside (``foreign_servers`` of facts.nginx.NginxServers,
-      without the unsafe ones): ``[{"path", "symlink"}, ...]``
-    + disabled_dir: where regular files are kept, at their own path below it
+    + paths: the files to set aside (``foreign_servers`` of facts.nginx.NginxServers,
+      without the unsafe ones; Debian's default site where nginx is installed by this run)
+    + disabled_dir: where they are kept, each at its own path below it
     + service: the systemd unit reloaded (only if it runs) after the test passed
 
-    A symlink is removed (its target stays); a regular file is moved, never deleted. If
-    ``nginx -t`` fails without them, they are put back and the operation fails with
-    nginx's message. No file: no command.
+    Each file is moved, a symlink as a symlink (its target stays), never deleted; one
+    that is not there is passed over. If ``nginx -t`` fails without them, the moved ones
+    are put back and the operation fails with nginx's message. No file: no command.
     """
-    if not files:
+    if not paths:
         host.noop("no foreign nginx server on the gateway's port")
         return
-    yield StringCommand(disable_script(files, disabled_dir, service))
+    yield StringCommand(disable_script(paths, disabled_dir, service))

@@ -4,7 +4,6 @@ foreign files set aside the same way."""
 from __future__ import annotations
 
 import shlex
-from typing import Any
 
 from pyinfra_vllm.plans.gateway import (
     KEYS_PATH,
@@ -71,28 +70,25 @@ def swap_script(
     return "; ".join(lines)
 
 
-def disable_script(files: list[dict[str, Any]], disabled_dir: str, service: str,
+def disable_script(paths: list[str], disabled_dir: str, service: str,
                    hide: str = KEYS_PATH) -> str:
-    """One shell command: set ``files`` aside, ``nginx -t``, reload, or put them back.
+    """One shell command: set ``paths`` aside, ``nginx -t``, reload, or put them back.
 
-    A symlink is removed (what it points to stays); a regular file is moved under
-    ``disabled_dir`` at its own path (``mv --backup=numbered`` keeps one set aside
-    before). One command, so the rollback runs when the test fails. A failed test's
-    lines that name ``hide`` (the API key file, whose tokens nginx would quote) are not
-    shown.
+    Each file there is moved under ``disabled_dir`` at its own path, a symlink as a symlink
+    (what it points to stays); ``mv --backup=numbered`` keeps one set aside before. One
+    that is not there is passed over (Debian's default site, where nginx's package is
+    installed by the same run and may not have made it). One command, so the rollback,
+    of the files it moved, runs when the test fails. A failed test's lines that name
+    ``hide`` (the API key file, whose tokens nginx would quote) are not shown.
     """
     q = shlex.quote
     lines, restore = [], []
-    for index, file in enumerate(files):
-        live = file["path"]
-        if file["symlink"]:
-            lines.append(f"t{index}=$(readlink {q(live)}) && rm -f {q(live)} || exit 1")
-            restore.append(f'ln -sfn "$t{index}" {q(live)}')
-        else:
-            kept = f"{disabled_dir}{live}"
-            lines.append(f"install -d -m 700 {q(kept.rpartition('/')[0])} && "
-                         f"mv --backup=numbered -f {q(live)} {q(kept)} || exit 1")
-            restore.append(f"mv -f {q(kept)} {q(live)}")
+    for index, live in enumerate(paths):
+        kept = f"{disabled_dir}{live}"
+        lines.append(f"m{index}=0; if [ -e {q(live)} ] || [ -L {q(live)} ]; then "
+                     f"install -d -m 700 {q(kept.rpartition('/')[0])} && "
+                     f"mv --backup=numbered -f {q(live)} {q(kept)} && m{index}=1 || exit 1; fi")
+        restore.append(f'[ "$m{index}" = 0 ] || mv -f {q(kept)} {q(live)}')
     lines.append(
         "if out=$(nginx -t 2>&1); then "
         f"systemctl try-reload-or-restart {q(service)}; "

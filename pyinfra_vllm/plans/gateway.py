@@ -150,6 +150,7 @@ def render_site(
     node_exporter_port: int | None = None,
     drain_flag: str = DRAIN_FLAG,
     rotation_flag: str = ROTATION_FLAG,
+    server_tokens_http: bool = True,
 ) -> str:
     """The site file (``conf.d/vllm.conf``): upstream, server, locations.
 
@@ -167,6 +168,8 @@ def render_site(
       drains the host: operations/rolling.py)
     + rotation_flag: while this file exists, /health answers 503 and /v1 serves (a host
       being tuned: tools/tune.py)
+    + server_tokens_http: ``server_tokens off`` at http level, for every server of this
+      nginx; False where another file sets server_tokens there (a second one fails nginx -t)
     """
     if http_redirect_port is not None and not tls:
         raise OperationValueError("http_redirect_port needs tls (a redirect to https)")
@@ -189,12 +192,18 @@ def render_site(
         node_exporter_port=node_exporter_port,
         drain_flag=drain_flag,
         rotation_flag=rotation_flag,
+        server_tokens_http=server_tokens_http,
     )
 
 
 # --- foreign configuration -------------------------------------------------------------
 # Where foreign nginx files are moved to: outside every include path, kept, never deleted.
 DISABLED_DIR = "/var/lib/pyinfra-vllm/nginx-disabled"
+# Debian's and Ubuntu's nginx package enables its welcome page with this symlink (to
+# sites-available/default; nginx-common's postinst, on a first install only): port 80 on
+# every address, its Server header with nginx's version. The suite owns nginx on a
+# gateway host, so the site is foreign whatever port it listens on.
+DEBIAN_DEFAULT_SITE = "/etc/nginx/sites-enabled/default"
 
 
 def listen_port(args: str) -> int | None:
@@ -225,9 +234,11 @@ def server_ports(server: dict[str, Any]) -> list[int]:
 
 
 def foreign_servers(found: dict[str, Any] | None, ports: list[int],
-                    own_paths: tuple[str, ...] = (SITE_PATH,)) -> list[dict[str, Any]]:
+                    own_paths: tuple[str, ...] = (SITE_PATH,),
+                    default_site: str = DEBIAN_DEFAULT_SITE) -> list[dict[str, Any]]:
     """The files other than the suite's own (``own_paths``) that hold a server block
-    listening on one of ``ports`` (the gateway's), from facts.nginx.NginxServers.
+    listening on one of ``ports`` (the gateway's), and ``default_site`` (Debian's default
+    site) with every server it holds, on any port, from facts.nginx.NginxServers.
 
     Each: ``{"path", "symlink", "servers": [{"line", "listen", "server_name"}], "unsafe"}``;
     ``unsafe`` says why the file cannot be set aside whole (None when it can): it is
@@ -238,7 +249,8 @@ def foreign_servers(found: dict[str, Any] | None, ports: list[int],
     for file in found_files:
         if file["path"] in own_paths:
             continue
-        clashing = [s for s in file["servers"] if set(server_ports(s)) & set(ports)]
+        clashing = [s for s in file["servers"]
+                    if file["path"] == default_site or set(server_ports(s)) & set(ports)]
         if not clashing:
             continue
         others = [s for s in file["servers"] if s not in clashing]
@@ -258,6 +270,15 @@ def foreign_servers(found: dict[str, Any] | None, ports: list[int],
     return taking
 
 
+def foreign_paths(foreign: list[dict[str, Any]], nginx_installed: bool) -> list[str]:
+    """The files to set aside: each of ``foreign`` (foreign_servers, none unsafe), or,
+    where nginx is not installed yet (this run installs it), Debian's default site, which
+    its package enables and no read of this run could see (set aside if it is there)."""
+    if not nginx_installed:
+        return [DEBIAN_DEFAULT_SITE]
+    return [entry["path"] for entry in foreign]
+
+
 def foreign_words(entry: dict[str, Any]) -> str:
     """One foreign file in a sentence: where and what it listens on."""
     servers = "; ".join(
@@ -266,3 +287,25 @@ def foreign_words(entry: dict[str, Any]) -> str:
         for s in entry["servers"]
     )
     return f"{entry['path']}{' (symlink)' if entry['symlink'] else ''}: {servers}"
+
+
+def http_server_tokens(found: dict[str, Any] | None,
+                       own_paths: tuple[str, ...] = (SITE_PATH,)) -> tuple[bool, list[str]]:
+    """Whether the site sets ``server_tokens off`` at http level, and why the host is
+    refused ([] when it is not), from facts.nginx.NginxServers' ``server_tokens``.
+
+    Another file's server_tokens at http level (nginx.conf's line uncommented) makes the
+    site's a duplicate, which fails nginx -t: where it is ``off`` it does the site's work
+    and the site leaves its own out; any other value shows nginx's version on every server
+    but the gateway's, and is refused.
+    """
+    others = [entry for entry in (found or {}).get("server_tokens") or []
+              if entry["path"] not in own_paths]
+    refusals = [
+        f"gateway: {entry['path']} line {entry['line']} sets server_tokens "
+        f"{entry['value']!r} for every server of this nginx, which then shows its version "
+        "in the Server header and on error pages; set it to off there or remove the line "
+        "(the gateway's site sets it off for every server)"
+        for entry in others if entry["value"] != "off"
+    ]
+    return not others, refusals

@@ -6,9 +6,11 @@ Checked from inside the host against 127.0.0.1:8001: SSE chunks pass through unb
 the key check, the body limit, /health and /metrics; from this machine, /metrics is
 refused. Then: a second run changes nothing and does not reload nginx, and a config that
 nginx -t rejects leaves the old one serving and fails the run with nginx's message. The
-key must appear in no pyinfra output and no nginx log. Last, TLS: a self-signed
-certificate made here, the gateway on https (checked with curl --cacert from this
-machine) and a plain HTTP port that only redirects.
+key must appear in no pyinfra output and no nginx log. Debian's default site, which
+nginx's package enables as the first run installs it, is set aside by that run. Last,
+TLS: a self-signed certificate made here, the gateway on https (checked with curl
+--cacert from this machine) and a plain HTTP port that only redirects; testssl.sh's scan
+of it finds nothing but the accepted (tests/unit/test_gateway_analyzers.py).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import pytest
 
 from pyinfra_vllm.plans.gateway import SITE_PATH, body_limit_mib
 from tests.e2e.conftest import booted
+from tests.unit.test_gateway_analyzers import TESTSSL, check_testssl_findings, scan_with_testssl
 
 pytestmark = pytest.mark.e2e
 
@@ -166,6 +169,20 @@ def test_first_run_installs_and_serves(gateway):
     assert result["elsewhere"] == 404
 
 
+def test_the_first_run_set_debians_default_site_aside(gateway):
+    # nginx's package enabled its welcome page as this run installed it (port 80, every
+    # address, nginx's version): moved, a symlink as a symlink, its target kept.
+    sandbox, host, _, _ = gateway
+    kept = "/var/lib/pyinfra-vllm/nginx-disabled/etc/nginx/sites-enabled/default"
+    found = sandbox.ssh(host, "test -e /etc/nginx/sites-enabled/default && echo enabled; "
+                              f"readlink {kept}; test -f /etc/nginx/sites-available/default "
+                              "&& echo available").stdout.split()
+    assert found == ["/etc/nginx/sites-available/default", "available"]
+    port_80 = sandbox.ssh(host, "curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:80/",
+                          check=False).stdout
+    assert port_80 == "000"
+
+
 def test_metrics_refused_from_outside_the_host(gateway):
     _, host, _, _ = gateway
     with pytest.raises(urllib.error.HTTPError) as refused:
@@ -191,10 +208,11 @@ def test_rejected_config_keeps_the_old_one_serving(gateway):
     sandbox, host, _, _ = gateway
     live = sandbox.ssh(host, f"sha1sum {SITE_PATH}").stdout
     before = nginx_pids(sandbox, host)
-    # An allowed directive (the settings pass it) with a value nginx -t rejects.
-    broken, _ = run(sandbox, "--data", 'gateway_extra_directives=["gzip maybe;"]')
+    # An allowed directive with a value of an allowed shape (the settings pass it) that
+    # nginx -t rejects: no zero buffers.
+    broken, _ = run(sandbox, "--data", 'gateway_extra_directives=["gzip_buffers 0 8k;"]')
     assert broken.returncode == 1
-    assert 'invalid value "maybe" in "gzip" directive' in broken.stderr
+    assert '"gzip_buffers" directive invalid value' in broken.stderr
     assert "nginx -t rejected the new configuration" in broken.stderr
     assert KEY not in broken.stdout + broken.stderr
     assert sandbox.ssh(host, f"sha1sum {SITE_PATH}").stdout == live
@@ -284,3 +302,19 @@ def test_tls_and_the_redirect_port(gateway, tmp_path):
     assert second.returncode == 0, second.stderr[-3000:]
     assert second_json["results"]["totals"]["success"] == 0
     assert KEY not in second.stdout + second.stderr
+
+
+@pytest.mark.skipif(TESTSSL is None, reason="testssl is not installed (make system-deps)")
+def test_testssl_finds_nothing_but_the_accepted_on_the_tls_gateway(gateway, tmp_path):
+    # The same scan and accepted findings as tests/unit/test_gateway_analyzers.py, from
+    # this machine against the host's gateway, with an ECDSA certificate: the profile's
+    # three ECDHE-ECDSA suites in TLS 1.2.
+    sandbox, host, _, _ = gateway
+    cert, key = make_certificate(tmp_path, host.address)
+    deployed, _ = run(sandbox, "--data", f"gateway_tls_cert={cert}", "--data",
+                      f"gateway_tls_key={key}")
+    assert deployed.returncode == 0, deployed.stderr[-3000:]
+    report = scan_with_testssl(f"https://{host.address}:8001/", tmp_path / "testssl.json")
+    check_testssl_findings(report, {"ECDHE-ECDSA-AES128-GCM-SHA256",
+                                    "ECDHE-ECDSA-AES256-GCM-SHA384",
+                                    "ECDHE-ECDSA-CHACHA20-POLY1305"})

@@ -10,11 +10,14 @@ from pathlib import Path
 import pytest
 from pyinfra.api import OperationValueError
 
-from operations.util.gateway import swap_script
+from operations.util.gateway import disable_script, swap_script
 from pyinfra_vllm.core.settings import Settings, validate
 from pyinfra_vllm.plans.engine_access import KEY_NGINX_PATH, SOCKET_PATH, engine_address
 from pyinfra_vllm.plans.gateway import (
+    SITE_PATH,
     body_limit_mib,
+    foreign_paths,
+    http_server_tokens,
     key_regex,
     metrics_networks,
     redactions,
@@ -187,16 +190,79 @@ def test_failed_key_checks_are_counted_per_address_and_limited_on_v1_only():
     assert "if (-f /run/pyinfra-vllm-drain/draining) {" in v1
 
 
-def test_server_tokens_off_in_every_server():
+def test_server_tokens_off_for_every_server_of_nginx_and_in_each_of_the_sites():
     for text in (site(), site(tls=True, http_redirect_port=8080)):
-        assert text.count("server {") == text.count("server_tokens off;")
-        assert text.count("server_tokens off;") >= 1
+        # At http level (the file is included inside http {}), before any block: every
+        # server of this nginx, Debian's default site and hand-made ones too.
+        top = text[: text.index("\ninclude ")]
+        assert "\nserver_tokens off;\n" in top
+        assert text.count("server {") + 1 == text.count("server_tokens off;")
+    # Another file sets it at http level: the site's own would be a duplicate.
+    text = site(server_tokens_http=False)
+    assert text.count("server_tokens off;") == text.count("server {") == 1
 
 
-def test_the_engine_gets_the_key_files_authorization_not_the_clients():
+def test_http_server_tokens_of_other_files():
+    def tokens(*entries: tuple[str, str]) -> dict:
+        return {"files": [], "server_tokens": [
+            {"path": path, "line": 21, "value": value} for path, value in entries]}
+
+    assert http_server_tokens(None) == (True, [])
+    assert http_server_tokens(tokens((SITE_PATH, "off"))) == (True, [])
+    assert http_server_tokens(tokens(("/etc/nginx/nginx.conf", "off"))) == (False, [])
+    write, refusals = http_server_tokens(tokens(("/etc/nginx/nginx.conf", "on"),
+                                                (SITE_PATH, "off")))
+    assert write is False
+    assert refusals == [
+        "gateway: /etc/nginx/nginx.conf line 21 sets server_tokens 'on' for every server of "
+        "this nginx, which then shows its version in the Server header and on error pages; "
+        "set it to off there or remove the line (the gateway's site sets it off for every "
+        "server)"]
+
+
+# Mozilla's intermediate profile (ssl-config.mozilla.org, guidelines 5.7), less its DHE
+# suites (nginx offers them only with ssl_dhparam).
+INTERMEDIATE_TLS12 = ("ECDHE-ECDSA-AES128-GCM-SHA256:ECDHE-RSA-AES128-GCM-SHA256:"
+                      "ECDHE-ECDSA-AES256-GCM-SHA384:ECDHE-RSA-AES256-GCM-SHA384:"
+                      "ECDHE-ECDSA-CHACHA20-POLY1305:ECDHE-RSA-CHACHA20-POLY1305")
+
+
+def test_tls_follows_mozillas_intermediate_profile():
+    server = site(tls=True)
+    for line in (f"ssl_ciphers {INTERMEDIATE_TLS12};",
+                 "ssl_ecdh_curve X25519:prime256v1:secp384r1;",
+                 "ssl_prefer_server_ciphers off;", "ssl_protocols TLSv1.2 TLSv1.3;"):
+        assert f"\n    {line}\n" in server, line
+    # Forward secrecy and AEAD only: no CBC, no SHA-1, no static RSA key exchange.
+    for suite in INTERMEDIATE_TLS12.split(":"):
+        assert re.fullmatch(r"ECDHE-(ECDSA|RSA)-(AES(128|256)-GCM-SHA(256|384)"
+                            r"|CHACHA20-POLY1305)", suite), suite
+    assert "ssl_ciphers" not in site()
+
+
+def test_hsts_with_tls_only_and_no_location_drops_the_servers_headers():
+    hsts = 'add_header Strict-Transport-Security "max-age=63072000" always;'
+    assert site(tls=True, http_redirect_port=8080).count(hsts) == 1
+    assert hsts not in site()
+    # nginx passes a level's add_header lines only into a location that sets none of its
+    # own: one add_header in a location would drop HSTS and X-Accel-Buffering there.
+    lines = site(tls=True, node_exporter_port=9100).splitlines()
+    starts = [index for index, line in enumerate(lines) if line.startswith("    location ")]
+    assert len(starts) == 8
+    for start in starts:
+        block = lines[start : lines.index("    }", start)]
+        assert not [line for line in block if "add_header" in line], block
+
+
+def test_the_engine_gets_the_key_files_authorization_on_v1_only_never_the_clients():
     text = site()
-    assert "proxy_set_header Authorization $vllm_upstream_authorization;" in text
-    assert 'proxy_set_header Authorization "";' not in text
+    # The server's default: no Authorization passed on, the client's stops here.
+    assert '    proxy_set_header Authorization "";\n' in text.split("    location ", 1)[0]
+    # The engine's key in location /v1/ alone, where vLLM checks it (not /health nor
+    # /metrics: whoever holds the engine's address gets no key from them).
+    v1 = text.split("    location /v1/ {\n", 1)[1].split("\n    }\n", 1)[0]
+    assert "        proxy_set_header Authorization $vllm_upstream_authorization;\n" in v1
+    assert text.count("Authorization $vllm_upstream_authorization;") == 1
 
 
 @pytest.mark.parametrize(("host", "server"), [
@@ -364,6 +430,66 @@ def test_without_keys_only_the_key_files_lines_are_hidden(tmp_path):
     assert "keys.conf" not in result.stderr
     assert "pcre2_compile() failed" in result.stderr
     assert "(2 line(s) of its output not shown" in result.stderr
+
+
+def run_disable(tmp_path: Path, nginx_passes: bool) -> tuple[subprocess.CompletedProcess[str],
+                                                              Path, Path, Path]:
+    """disable_script for real in sh on Debian's default site (a symlink) and a hand-made
+    file, with a third path that is not there; stand-ins for nginx and systemctl.
+    Returns the run, the link, the file and the directory they are kept in."""
+    etc, kept, bin_dir = tmp_path / "etc" / "nginx", tmp_path / "kept", tmp_path / "bin"
+    for path in (etc / "sites-available", etc / "sites-enabled", etc / "conf.d", bin_dir):
+        path.mkdir(parents=True, exist_ok=True)
+    (etc / "sites-available" / "default").write_text("server { listen 80 default_server; }\n")
+    link, hand = etc / "sites-enabled" / "default", etc / "conf.d" / "api.conf"
+    if not link.is_symlink():
+        link.symlink_to(etc / "sites-available" / "default")
+    hand.write_text("server { listen 8001; }\n")
+    nginx = "#!/bin/sh\nexit 0\n" if nginx_passes else (
+        "#!/bin/sh\necho 'nginx: [emerg] host not found in upstream' >&2\nexit 1\n")
+    for name, text in (("nginx", nginx), ("systemctl", "#!/bin/sh\necho reloaded\n")):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    script = disable_script([str(link), str(hand), str(etc / "conf.d" / "gone.conf")],
+                            str(kept), "nginx")
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    return (subprocess.run(["sh", "-c", script], capture_output=True, text=True, env=env,
+                           timeout=30), link, hand, kept)
+
+
+def test_foreign_files_are_moved_aside_a_symlink_as_a_symlink_never_deleted(tmp_path):
+    result, link, hand, kept = run_disable(tmp_path, nginx_passes=True)
+    assert (result.returncode, result.stdout) == (0, "reloaded\n"), result.stderr
+    assert not link.is_symlink() and not hand.exists()
+    kept_link = Path(f"{kept}{link}")
+    assert kept_link.is_symlink()
+    assert os.readlink(kept_link) == str(link.parent.parent / "sites-available" / "default")
+    assert Path(f"{kept}{hand}").read_text() == "server { listen 8001; }\n"
+    assert not Path(f"{kept}{hand.parent}/gone.conf").exists()
+    # The package's file stays where it was; a second set-aside keeps the first one.
+    assert (link.parent.parent / "sites-available" / "default").is_file()
+    result, *_ = run_disable(tmp_path, nginx_passes=True)
+    assert result.returncode == 0, result.stderr
+    assert Path(f"{kept}{link}.~1~").is_symlink() and kept_link.is_symlink()
+
+
+def test_nginx_installed_by_the_run_has_debians_default_site_set_aside():
+    # No read of the run could see the site nginx's package makes as it installs.
+    found = [{"path": "/etc/nginx/conf.d/api.conf"}]
+    assert foreign_paths(found, nginx_installed=True) == ["/etc/nginx/conf.d/api.conf"]
+    assert foreign_paths([], nginx_installed=True) == []
+    assert foreign_paths([], nginx_installed=False) == ["/etc/nginx/sites-enabled/default"]
+
+
+def test_foreign_files_come_back_when_nginx_t_fails_without_them(tmp_path):
+    result, link, hand, kept = run_disable(tmp_path, nginx_passes=False)
+    assert result.returncode == 1
+    assert "nginx -t failed without the foreign files; they are back:" in result.stderr
+    assert "host not found in upstream" in result.stderr and "reloaded" not in result.stdout
+    assert link.is_symlink() and os.readlink(link).endswith("/sites-available/default")
+    assert hand.read_text() == "server { listen 8001; }\n"
+    assert not Path(f"{kept}{link}").is_symlink() and not Path(f"{kept}{hand}").exists()
+    assert not (hand.parent / "gone.conf").exists()
 
 
 # --- TLS settings ------------------------------------------------------------------

@@ -15,6 +15,7 @@ import contextlib
 import http.client
 import http.server
 import json
+import re
 import shutil
 import socket
 import ssl
@@ -65,10 +66,12 @@ class Gateway:
                  tls: tuple[Path, Path] | None = None, http_redirect_port: int | None = None,
                  node_exporter_port: int | None = None, drain_flag: Path | None = None,
                  metrics_allow: tuple[str, ...] = ("127.0.0.1/32",),
-                 extra_directives: tuple[str, ...] = ()):
+                 extra_directives: tuple[str, ...] = (), other_server_port: int | None = None,
+                 http_directives: str = ""):
         self.root = root
         self.gateway_port = gateway_port
         self.http_redirect_port = http_redirect_port
+        self.other_server_port = other_server_port
         # The rolling restart's drain flag (test_a_draining_gateway_...).
         self.drain_flag = drain_flag or root / "draining"
         keys_path = root / "vllm-api-keys.conf"
@@ -82,6 +85,7 @@ class Gateway:
             http_redirect_port=http_redirect_port, node_exporter_port=node_exporter_port,
             drain_flag=str(self.drain_flag),
             rotation_flag=str(self.drain_flag.parent / "out-of-rotation"),
+            server_tokens_http="server_tokens" not in http_directives,
             **({"tls_cert_path": str(tls[0]), "tls_key_path": str(tls[1])} if tls else {}),
         )
         # The logs go where the test can write them.
@@ -91,10 +95,17 @@ class Gateway:
         keys_path.write_text(self.keys)
         temp = " ".join(f"{kind}_temp_path {root}/{kind};"
                         for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
+        # Debian's and Ubuntu's nginx.conf set these two in http {}: the gateway's TLS
+        # server must override them. other_server_port: a server of another file, such as
+        # Debian's default site, that the gateway's http-level lines reach too.
+        other = (f"server {{ listen 127.0.0.1:{other_server_port}; location / {{ return 404; }} }}"
+                 if other_server_port else "")
         self.conf = root / "nginx.conf"
         self.conf.write_text(
             f"error_log {root}/error.log;\npid {root}/nginx.pid;\nevents {{}}\n"
-            f"http {{\n    {temp}\n    access_log off;\n    include {root}/vllm.conf;\n}}\n"
+            f"http {{\n    {temp}\n    access_log off;\n"
+            "    ssl_protocols TLSv1 TLSv1.1 TLSv1.2 TLSv1.3;\n    ssl_prefer_server_ciphers on;\n"
+            f"    {http_directives}\n    include {root}/vllm.conf;\n    {other}\n}}\n"
         )
 
     @staticmethod
@@ -333,21 +344,27 @@ def test_the_engine_on_its_socket_gets_its_own_key_never_the_clients(tmp_path):
         shutil.rmtree(where)
 
 
-def test_engine_gets_its_own_key(tmp_path):
-    # The client's key is replaced by the engine's, on /v1 and on /metrics alike.
+def test_engine_gets_its_own_key_on_v1_only(tmp_path):
+    # The client's key is replaced by the engine's on /v1, where vLLM checks it. /health
+    # and /metrics, which vLLM leaves open, get no key at all, not even the client's: a
+    # listener that took the engine's address is handed none by a curl of /health.
     engine_key = ENGINE_KEY
     with engine() as engine_port:
         gateway = Gateway(tmp_path, keys=[KEY], engine_key=engine_key,
                           vllm_port=engine_port, gateway_port=free_port())
         with gateway.running():
-            status, _headers, body = request(gateway.gateway_port,
-                                             authorization=f"Bearer {KEY}")
-            assert status == 200
-            assert json.loads(body)["authorization"] == f"Bearer {engine_key}"
+            for path in ("/v1/models", "/v1/chat/completions"):
+                status, _headers, body = request(gateway.gateway_port, path,
+                                                 authorization=f"Bearer {KEY}")
+                assert (status, json.loads(body)) == (
+                    200, {"path": path, "authorization": f"Bearer {engine_key}"})
             assert request(gateway.gateway_port, authorization=f"Bearer {engine_key}")[0] == 401
-            status, _headers, body = request(gateway.gateway_port, "/metrics", method="GET")
-            assert status == 200
-            assert json.loads(body)["authorization"] == f"Bearer {engine_key}"
+            for path in ("/health", "/metrics"):
+                for client in (None, f"Bearer {KEY}", f"Bearer {engine_key}"):
+                    status, _headers, body = request(gateway.gateway_port, path,
+                                                     method="GET", authorization=client)
+                    assert (path, client, status, json.loads(body)) == (
+                        path, client, 200, {"path": path, "authorization": None})
 
 
 # Requests whose path nginx normalises (dot segments, percent-encoding, merged slashes:
@@ -471,6 +488,131 @@ def test_tls_serves_and_the_redirect_port_only_redirects(tmp_path, certificate):
                 assert headers["Server"] == "nginx"
 
 
+@pytest.fixture(scope="module")
+def rsa_certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A throwaway self-signed RSA certificate for localhost, and its key (0600): with an
+    RSA certificate a server can offer static RSA key exchange too (AES128-GCM-SHA256)."""
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed: no certificate for the TLS tests")
+    where = tmp_path_factory.mktemp("rsa")
+    cert, key = where / "cert.pem", where / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+         "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost",
+         "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True, timeout=60,
+    )
+    key.chmod(0o600)
+    return cert, key
+
+
+def negotiated(port: int, cert: Path, *args: str) -> str:
+    """The suite a TLS 1.2 hello with ``args`` (openssl s_client's) gets, "(NONE)" when
+    the handshake fails."""
+    hello = subprocess.run(
+        ["openssl", "s_client", "-connect", f"127.0.0.1:{port}", "-servername", "localhost",
+         "-CAfile", str(cert), "-tls1_2", *args],
+        input="", capture_output=True, text=True, timeout=30,
+    )
+    found = re.search(r"^New, \S+, Cipher is (\S+)$", hello.stdout, re.MULTILINE)
+    assert found, hello.stdout + hello.stderr
+    return found.group(1)
+
+
+# TLS 1.2 suites this machine's OpenSSL offers (SECLEVEL=0 lets it offer the weak ones)
+# and nginx's default (HIGH:!aNULL:!MD5) served: CBC with SHA-256 or SHA-1 MACs (Lucky 13),
+# static RSA key exchange (no forward secrecy), CCM8, ARIA, Camellia; and DHE, which
+# nginx offers only with ssl_dhparam.
+REFUSED_TLS12 = ["ECDHE-RSA-AES128-SHA256", "ECDHE-RSA-AES256-SHA", "AES128-SHA",
+                 "AES128-GCM-SHA256", "AES256-SHA256", "AES128-CCM8", "ECDHE-ARIA128-GCM-SHA256",
+                 "ECDHE-RSA-CAMELLIA128-SHA256", "DHE-RSA-AES128-GCM-SHA256"]
+# Mozilla's intermediate profile's suites for an RSA certificate.
+ACCEPTED_TLS12 = ["ECDHE-RSA-AES128-GCM-SHA256", "ECDHE-RSA-AES256-GCM-SHA384",
+                  "ECDHE-RSA-CHACHA20-POLY1305"]
+
+
+def test_tls_1_2_offers_only_mozillas_intermediate_suites(tmp_path, rsa_certificate):
+    cert, _key = rsa_certificate
+    with engine() as engine_port:
+        gateway = Gateway(tmp_path, keys=[KEY], vllm_port=engine_port, tls=rsa_certificate,
+                          gateway_port=free_port())
+        with gateway.running():
+            port = gateway.gateway_port
+            got = {suite: negotiated(port, cert, "-cipher", f"{suite}:@SECLEVEL=0")
+                   for suite in REFUSED_TLS12 + ACCEPTED_TLS12}
+            assert got == {**dict.fromkeys(REFUSED_TLS12, "(NONE)"),
+                           **{suite: suite for suite in ACCEPTED_TLS12}}
+            # The client's order wins (ssl_prefer_server_ciphers off, over Debian's "on"
+            # in http {}), among the profile's suites only.
+            first, second = ACCEPTED_TLS12[:2]
+            assert negotiated(port, cert, "-cipher", f"{first}:{second}") == first
+            assert negotiated(port, cert, "-cipher", f"{second}:{first}") == second
+            # The profile's curves: X25519, prime256v1, secp384r1, not secp521r1.
+            assert negotiated(port, cert, "-curves", "X25519") in ACCEPTED_TLS12
+            assert negotiated(port, cert, "-curves", "secp521r1") == "(NONE)"
+
+
+def test_hsts_on_every_tls_answer_and_never_over_plain_http(tmp_path, certificate):
+    cert, _key = certificate
+    context = ssl.create_default_context(cafile=str(cert))
+    drain_dir = Path(tempfile.mkdtemp(prefix="pyinfra-vllm-drain-"))
+    drain_dir.chmod(0o755)
+    with engine() as engine_port, contextlib.ExitStack() as cleanup:
+        cleanup.callback(shutil.rmtree, drain_dir)
+        gateway = Gateway(tmp_path, keys=[KEY], vllm_port=engine_port, tls=certificate,
+                          gateway_port=free_port(), metrics_allow=("10.0.0.0/8",),
+                          drain_flag=drain_dir / "draining")
+        with gateway.running():
+            def answer(path: str, authorization: str | None = None) -> tuple[int, str]:
+                status, headers, _body = request(gateway.gateway_port, path, tls=context,
+                                                 host="localhost", method="GET",
+                                                 authorization=authorization)
+                return status, headers.get("Strict-Transport-Security", "")
+
+            hsts = "max-age=63072000"
+            assert answer("/v1/models", f"Bearer {KEY}") == (200, hsts)
+            assert answer("/v1/models") == (401, hsts)
+            assert answer("/nope") == (404, hsts)
+            assert answer("/metrics") == (403, hsts)
+            assert answer("/health") == (200, hsts)
+            gateway.drain_flag.touch()
+            assert answer("/health") == (503, hsts)
+            assert answer("/v1/models", f"Bearer {KEY}") == (503, hsts)
+    (tmp_path / "plain").mkdir()
+    with engine() as engine_port:
+        plain = Gateway(tmp_path / "plain", keys=[KEY], vllm_port=engine_port,
+                        gateway_port=free_port())
+        with plain.running():
+            _status, headers, _body = request(plain.gateway_port, "/health", method="GET")
+            assert "Strict-Transport-Security" not in headers
+
+
+def test_no_version_on_any_server_of_this_nginx(tmp_path):
+    # The site's http-level server_tokens reaches a server of another file (Debian's
+    # default site, a hand-made one) too.
+    with engine() as engine_port:
+        gateway = Gateway(tmp_path, keys=[KEY], vllm_port=engine_port,
+                          gateway_port=free_port(), other_server_port=free_port())
+        with gateway.running():
+            assert gateway.other_server_port is not None
+            for port in (gateway.gateway_port, gateway.other_server_port):
+                status, headers, body = request(port, "/nope", method="GET")
+                assert (status, headers["Server"]) == (404, "nginx"), (port, headers)
+                assert b"nginx/" not in body
+
+
+def test_server_tokens_set_in_nginx_conf_leaves_the_sites_own_out(tmp_path):
+    # An http-level server_tokens in nginx.conf (its commented line uncommented): the site
+    # then leaves its own out, which nginx would refuse as a duplicate.
+    gateway = Gateway(tmp_path, keys=[KEY], http_directives="server_tokens off;")
+    assert not gateway.site.startswith("server_tokens") and "\nserver_tokens" not in gateway.site
+    assert gateway.test().returncode == 0, gateway.test().stderr
+    (tmp_path / "vllm.conf").write_text("server_tokens off;\n" + gateway.site)
+    result = gateway.test()
+    assert result.returncode != 0
+    assert '"server_tokens" directive is duplicate' in result.stderr
+
+
 def test_node_metrics_reach_node_exporter_on_loopback_without_the_engines_key(tmp_path):
     # node_exporter is a stand-in on loopback: it gets /metrics, and never the
     # Authorization header nginx sends the engine.
@@ -484,8 +626,9 @@ def test_node_metrics_reach_node_exporter_on_loopback_without_the_engines_key(tm
                                              method="GET")
             assert status == 200
             assert json.loads(body) == {"path": "/metrics", "authorization": None}
-            status, _headers, body = request(gateway.gateway_port, "/metrics", method="GET")
-            assert json.loads(body)["authorization"] == f"Bearer {ENGINE_KEY}"
+            status, _headers, body = request(gateway.gateway_port, "/node-metrics",
+                                             method="GET", authorization=f"Bearer {KEY}")
+            assert json.loads(body) == {"path": "/metrics", "authorization": None}
 
 
 # One of each directive gateway_extra_directives allows.
@@ -553,18 +696,24 @@ def test_directives_that_open_v1_without_a_key_are_refused_by_the_settings(tmp_p
         validate({"api_keys": ["sk-" + "a" * 40], "gateway_extra_directives": directives})
 
 
-def test_a_debug_error_log_writes_the_key_and_is_refused_by_the_settings(tmp_path):
+@pytest.mark.parametrize("level", ["debug", "debug_http"])
+def test_a_debug_error_log_writes_the_keys_and_is_refused_by_the_settings(tmp_path, level):
+    # Not only "debug": each debug_* level names what nginx writes at the debug level, and
+    # debug_http writes every request header nginx reads and sends.
     assert NGINX is not None
     built = subprocess.run([NGINX, "-V"], capture_output=True, text=True, timeout=30).stderr
     if "--with-debug" not in built:
         pytest.skip("this nginx is built without --with-debug: it writes no debug lines")
-    directive = "error_log /var/log/nginx/vllm-debug.log debug;"
+    directive = f"error_log /var/log/nginx/vllm-debug.log {level};"
     with engine() as engine_port:
         gateway = Gateway(tmp_path, keys=[KEY], vllm_port=engine_port, gateway_port=free_port(),
                           extra_directives=(directive,))
         with gateway.running():
             assert request(gateway.gateway_port, authorization=f"Bearer {KEY}")[0] == 200
-    assert f"Authorization: Bearer {KEY}" in (tmp_path / "vllm-debug.log").read_text()
+    log = tmp_path / "vllm-debug.log"
+    assert f"Authorization: Bearer {KEY}" in log.read_text()
+    assert f"Authorization: Bearer {ENGINE_KEY}" in log.read_text()
+    assert log.stat().st_mode & 0o004, "nginx makes its logs readable to every user"
     with pytest.raises(SettingsError, match="logs at the debug level"):
         validate({"api_keys": ["sk-" + "a" * 40], "gateway_extra_directives": [directive]})
 

@@ -21,7 +21,12 @@ import pytest
 from facts.nginx import NginxServers
 from facts.vllm_service import STATUS_KEYS, EngineProcess, parse_process, process_snippet
 from pyinfra_vllm.core.settings import validate
-from pyinfra_vllm.plans.gateway import foreign_servers, listen_port, server_ports
+from pyinfra_vllm.plans.gateway import (
+    foreign_servers,
+    http_server_tokens,
+    listen_port,
+    server_ports,
+)
 from pyinfra_vllm.plans.vllm_service import (
     ENGINE_ENV_KEYS,
     HARDENING_EXPECTED,
@@ -60,7 +65,8 @@ def own_site(case: str) -> tuple[str, ...]:
 
 
 # --- nginx ---------------------------------------------------------------------------
-@pytest.mark.parametrize("case", ["converged", "debian-default-on-80", "foreign-conf-d",
+@pytest.mark.parametrize("case", ["converged", "debian-default-on-80", "debian-default-beside",
+                                  "server-tokens-in-nginx-conf", "foreign-conf-d",
                                   "foreign-mixed-file"])
 def test_the_fact_reduces_a_real_dump_to_structure_without_any_value(case):
     # The command as the host runs it, nginx -T's output read from the recorded dump. The
@@ -75,12 +81,47 @@ def test_the_fact_reduces_a_real_dump_to_structure_without_any_value(case):
         re.sub(r"^F [LR] ", "F ", line) for line in recorded(case)["output"]]
 
 
-def test_the_gateway_and_debians_default_site_on_other_ports_are_not_foreign():
+def default_site(case: str) -> str:
+    return f"/tmp/pyinfra-vllm-nginx/{case}/etc/nginx/sites-enabled/default"
+
+
+def test_the_gateway_alone_has_nothing_foreign():
     found = recorded("converged")["fact"]
-    assert foreign_servers(found, [8001], own_site("converged")) == []
+    assert foreign_servers(found, [8001], own_site("converged"),
+                           default_site("converged")) == []
+
+
+def test_debians_default_site_on_another_port_is_foreign_and_can_go():
+    # Port 80 on every address, the welcome page and nginx's version: the suite owns
+    # nginx on a gateway host.
+    found = recorded("debian-default-beside")["fact"]
     default = found["files"][-1]
-    assert default["path"].endswith("/sites-enabled/default") and default["symlink"] is True
-    assert server_ports(default["servers"][0]) == [80]
+    assert default["path"] == default_site("debian-default-beside")
+    assert default["symlink"] is True and server_ports(default["servers"][0]) == [80]
+    assert foreign_servers(found, [8001], own_site("debian-default-beside"),
+                           default_site("debian-default-beside")) == [{
+        "path": default_site("debian-default-beside"),
+        "symlink": True,
+        "servers": [{"line": 21, "listen": ["80 default_server", "[::]:80 default_server"],
+                     "server_name": ["_"]}],
+        "unsafe": None,
+    }]
+    # On a host, by its own path.
+    (entry,) = foreign_servers(at_etc("debian-default-beside"), [8001])
+    assert entry["path"] == "/etc/nginx/sites-enabled/default" and entry["unsafe"] is None
+
+
+def test_server_tokens_in_nginx_conf_is_read_and_the_site_leaves_its_own_out():
+    found = recorded("server-tokens-in-nginx-conf")["fact"]
+    assert found["server_tokens"] == [{
+        "path": "/tmp/pyinfra-vllm-nginx/server-tokens-in-nginx-conf/etc/nginx/nginx.conf",
+        "line": 21, "value": "off"}]
+    assert http_server_tokens(found) == (False, [])
+    # The site's own, at http level: its server blocks' are not counted.
+    converged = recorded("converged")["fact"]
+    assert [(e["path"].rpartition("/")[2], e["value"]) for e in converged["server_tokens"]] == [
+        ("vllm.conf", "off")]
+    assert http_server_tokens(converged, own_site("converged")) == (True, [])
 
 
 def test_debians_default_site_on_the_gateways_port_is_foreign_and_can_go():
