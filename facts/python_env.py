@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 from typing import Any
 
 from pyinfra.api import QuoteString, StringCommand
@@ -295,3 +296,76 @@ class EnvRootEntries(FactBase[dict[str, Any]]):
                 result["envs"][name] = {"type": _FIND_KINDS.get(kind, "other"),
                                         "marker": marker == "marker"}
         return result
+
+
+# The host script the EnvironmentContent fact runs: read here, sent with the command (a
+# fact cannot upload it first, and it must not depend on what an earlier run left).
+VERIFY_ENV_SCRIPT = Path(__file__).resolve().parents[1] / "files" / "verify_env.py"
+# What files/verify_env.py calls a file that does not match its RECORD.
+RECORD_PROBLEMS = ("mismatch", "missing", "unreadable", "unknown-hash")
+
+
+class EnvironmentContent(FactBase[dict[str, Any] | None]):
+    """
+    Re-hashes every file the wheels of the environment at ``path`` installed, against
+    the sha256 their RECORD files carry (files/verify_env.py, in parallel, on the host),
+    and returns the files that no longer match, whatever their size and mtime say. Reads
+    every installed file: opt-in (``python_env_verify: deep``). None when the directory
+    does not exist:
+
+    .. code:: python
+
+        {
+            "files": 48211, "bytes": 5368709120, "seconds": 9.3, "jobs": 16,
+            "records": 164,
+            "problems": {"lib/python3.12/site-packages/idna/core.py": "mismatch"},
+            "packages": ["idna"],
+            "error": None,
+        }
+
+    ``problems`` maps a path relative to the environment to ``mismatch``, ``missing``,
+    ``unreadable`` or ``unknown-hash``; ``packages`` names the distributions whose RECORD
+    listed them. RECORD entries without a hash, and files no RECORD lists, are not
+    judged. ``error`` says why the check itself did not run (no python3 on the host, no
+    RECORD in the environment), and the counts are then 0.
+    """
+
+    @override
+    def command(self, path: str) -> StringCommand:
+        return StringCommand(
+            "test -d", QuoteString(path), "|| exit 0;",
+            "if ! command -v python3 >/dev/null 2>&1; then echo 'error\tno python3'; exit 0;",
+            "fi; python3 -c", QuoteString(VERIFY_ENV_SCRIPT.read_text(encoding="utf-8")),
+            "--env", QuoteString(path), "2>&1; echo \"exit\t$?\"",
+        )
+
+    @override
+    def process(self, output: list[str]) -> dict[str, Any] | None:
+        if not output:
+            return None
+        found: dict[str, Any] = {"files": 0, "bytes": 0, "seconds": 0.0, "jobs": 0,
+                                 "records": 0, "problems": {}, "packages": [], "error": None}
+        summary, notes, code = False, [], None
+        for line in output:
+            word, _, rest = line.partition("\t")
+            if word in RECORD_PROBLEMS:
+                path, _, dist = rest.partition("\t")
+                found["problems"][path] = word
+                found["packages"] = sorted({*found["packages"], dist.split("\t")[0]})
+            elif word == "summary":
+                try:
+                    counts = json.loads(rest)
+                except ValueError:
+                    continue
+                found.update({key: counts.get(key, 0) for key in
+                              ("files", "bytes", "seconds", "jobs", "records")})
+                summary = True
+            elif word == "exit":
+                code = rest.strip()
+            elif word == "error":
+                found["error"] = rest.strip()
+            elif line.strip():
+                notes.append(line.strip())
+        if not summary and found["error"] is None:
+            found["error"] = "; ".join(notes) or f"the verifier exited {code} without a summary"
+        return found

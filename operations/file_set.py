@@ -22,6 +22,7 @@ from facts.files import FileDigests, PathTypes
 from operations.util import file_diff
 from operations.util.rolling import STAGED_SUFFIX
 from operations.util.uploads import private_upload
+from pyinfra_vllm.plans import access
 
 
 def _content(source: str | bytes) -> bytes:
@@ -36,7 +37,7 @@ def _private(mode: str) -> bool:
 
 @operation()
 def present(files: dict[str, tuple[str | bytes, str]], user: str = "root", group: str = "root",
-            stage: bool = False):
+            stage: bool = False, parent_mode: str | None = None):
     """
     Keep a set of files in place: content and mode, owned by ``user``:``group``.
 
@@ -46,12 +47,16 @@ def present(files: dict[str, tuple[str | bytes, str]], user: str = "root", group
     + stage: a file whose content differs is uploaded beside its path, under
       operations/util/rolling.py's ``STAGED_SUFFIX``, and left there: the caller moves it
       into place (``rolling.promote_command``), so the live file changes only then
+    + parent_mode: each written file's directory made root's with this mode (a directory
+      the suite owns: node_exporter's textfiles'); None: created 0755 where missing
 
     Every file with the wanted content, owner and mode: no command (one remote read for
     the set). A file whose content differs is uploaded to a temporary name beside it that
     already has its owner and mode (operations/util/uploads.py: never readable by another user,
     not even under sudo), then renamed over the old one; one whose owner or mode
-    alone differs gets ``chown`` or ``chmod``. Parent directories are created (0755).
+    alone differs gets ``chown`` or ``chmod``, but for a path of the access table
+    (pyinfra_vllm/plans/access.py), whose owner and mode operations/access.py keeps
+    without following a link. Parent directories are created (0755).
     With ``--diff``, each file whose content differs is diffed before any command, values
     masked in a file only its owner may read (0600); contents appear in no command.
     """
@@ -71,6 +76,8 @@ def present(files: dict[str, tuple[str | bytes, str]], user: str = "root", group
         mode = files[path][1]
         have = found.get(path)
         if path not in differing and have is not None:
+            if path in access.ROWS:
+                continue
             if have["owner"] != f"{user}:{group}":
                 yield StringCommand("chown", QuoteString(f"{user}:{group}"), QuoteString(path))
                 changed.append(path)
@@ -81,11 +88,12 @@ def present(files: dict[str, tuple[str | bytes, str]], user: str = "root", group
             continue
         if stage:
             yield from private_upload(data, f"{path}{STAGED_SUFFIX}", mode=mode,
-                                      owner=f"{user}:{group}")
+                                      owner=f"{user}:{group}", parent_mode=parent_mode)
             changed.append(path)
             continue
         temporary = f"{path}.pyinfra-new"
-        yield from private_upload(data, temporary, mode=mode, owner=f"{user}:{group}")
+        yield from private_upload(data, temporary, mode=mode, owner=f"{user}:{group}",
+                                  parent_mode=parent_mode)
         yield StringCommand("mv -f", QuoteString(temporary), QuoteString(path))
         changed.append(path)
     if not changed:

@@ -199,19 +199,36 @@ def _manifest_command(path: str) -> StringCommand:
                          QuoteString(f"{path}/{MANIFEST}.new"), QuoteString(f"{path}/{MANIFEST}"))
 
 
-def _clean_cache_command(root: str) -> StringCommand:
-    """uv's cache emptied (it is only a cache: what the lock needs is downloaded again,
-    hashes checked)."""
-    return StringCommand(QuoteString(f"{root}/uv/bin/uv"), "cache", "clean", "-q")
+def _clean_cache_command(root: str, packages: list[str] | None = None) -> StringCommand:
+    """uv's cache emptied, or only ``packages``' entries in it (it is only a cache: what
+    the lock needs is downloaded again, hashes checked)."""
+    return StringCommand(QuoteString(f"{root}/uv/bin/uv"), "cache", "clean", "-q",
+                         *(QuoteString(name) for name in packages or []))
+
+
+def _cleaning(root: str, manager: str, clean_cache: bool,
+              clean_packages: list[str] | None) -> list[tuple[str, StringCommand]]:
+    """The step that empties uv's cache (``clean_cache``), or else removes
+    ``clean_packages`` from it; none for pip, whose cache keeps whole wheels."""
+    if manager != "uv":
+        return []
+    if clean_cache:
+        return [("emptying uv's cache (the environment it replaces shared its files)",
+                 _clean_cache_command(root))]
+    if clean_packages:
+        return [(f"removing {', '.join(clean_packages)} from uv's cache (the environment it "
+                 "replaces may have shared their files)",
+                 _clean_cache_command(root, clean_packages))]
+    return []
 
 
 def _build_steps(root: str, path: str, manager: str, python: str, stack: StackRow,
                  sha256: str, staged: str, link_mode: str = "copy",
-                 clean_cache: bool = False) -> list[tuple[str, StringCommand]]:
+                 clean_cache: bool = False, clean_packages: list[str] | None = None,
+                 ) -> list[tuple[str, StringCommand]]:
     """The build as a job's steps: the same commands as in the SSH session, the lock and
     the probe copied from the job's directory ``staged``."""
-    cleaning = ([("emptying uv's cache (the environment it replaces shared its files)",
-                  _clean_cache_command(root))] if clean_cache and manager == "uv" else [])
+    cleaning = _cleaning(root, manager, clean_cache, clean_packages)
     return [
         ("removing what an earlier build left", StringCommand(
             "rm -rf", QuoteString(path), "&& mkdir -p", QuoteString(f"{root}/envs"))),
@@ -233,7 +250,7 @@ def _build_steps(root: str, path: str, manager: str, python: str, stack: StackRo
 
 def _build_as_job(root: str, stack: StackRow, manager: str, python: str, path: str,
                   lock: StackLock, pairs: dict[str, str], probe: str, link_mode: str,
-                  clean_cache: bool, wait: bool,
+                  clean_cache: bool, wait: bool, clean_packages: list[str] | None = None,
                   ) -> Iterator[StringCommand | FileUploadCommand | FunctionCommand]:
     """The build as a transient unit: started, or followed when it already runs; with
     ``wait``, followed to its end."""
@@ -249,7 +266,7 @@ def _build_as_job(root: str, stack: StackRow, manager: str, python: str, path: s
     yield from job_units.start(
         unit, f"pyinfra-vllm: vLLM {stack_label(stack)} environment at {path}",
         _build_steps(root, path, manager, python, stack, lock.sha256,
-                     job_units.job_dir(unit), link_mode, clean_cache),
+                     job_units.job_dir(unit), link_mode, clean_cache, clean_packages),
         env_file_text(pairs), payload=[(lock.local_name, LOCK_NAME), (probe, "probe.py")],
     )
     if wait:
@@ -258,7 +275,8 @@ def _build_as_job(root: str, stack: StackRow, manager: str, python: str, path: s
 
 def _build_in_session(root: str, stack: StackRow, manager: str, python: str, path: str,
                       lock: StackLock, pairs: dict[str, str], probe: str, link_mode: str,
-                      clean_cache: bool) -> Iterator[StringCommand | FileUploadCommand]:
+                      clean_cache: bool, clean_packages: list[str] | None = None,
+                      ) -> Iterator[StringCommand | FileUploadCommand]:
     """The build run in the SSH session (no systemd to run it as a job)."""
     env = sourced(DOWNLOAD_ENV)
     yield from _download_env_file(pairs)
@@ -266,8 +284,8 @@ def _build_in_session(root: str, stack: StackRow, manager: str, python: str, pat
         "rm -rf", QuoteString(path), "&& mkdir -p", QuoteString(f"{root}/envs"),
     )
     yield from _create_commands(root, path, manager, python, env)
-    if clean_cache and manager == "uv":
-        yield _clean_cache_command(root)
+    for _words, command in _cleaning(root, manager, clean_cache, clean_packages):
+        yield command
     # 0644, as the job installs them (_build_steps); root reads the lock and runs the probe.
     yield from private_upload(lock.local_name, f"{path}/{LOCK_NAME}", mode="644")
     yield _install_command(root, path, manager, env, stack, link_mode=link_mode)
@@ -281,7 +299,8 @@ def environment(root: str, stack: StackRow, manager: str, python: str, path: str
                 index_url: str = "https://pypi.org/simple", ca_bundle: str | None = None,
                 proxy: str | None = None, probe: str = "files/vllm_probe.py",
                 environments: dict | None = None, link_mode: str = "copy",
-                clean_cache: bool = False, wait: bool = True):
+                clean_cache: bool = False, wait: bool = True,
+                clean_packages: list[str] | None = None):
     """
     Build the environment of one stack from its lock and prove it works; never touch a
     working one.
@@ -303,6 +322,9 @@ def environment(root: str, stack: StackRow, manager: str, python: str, path: str
       (python_env_link_mode; pip always copies)
     + clean_cache: empty uv's cache before installing: the environment replaces one
       changed by hand whose files were hard links into the cache
+    + clean_packages: without ``clean_cache``, remove only these distributions from uv's
+      cache before installing: the deep check found their files changed in the
+      environment this one replaces (python_env_repair)
     + wait: follow the build to its end here; False: start its job and go on, and a
       later ``environment_built`` follows it (where systemd is not the init, the build
       runs here either way)
@@ -334,10 +356,10 @@ def environment(root: str, stack: StackRow, manager: str, python: str, path: str
     pairs = download_env(index_url, ca_bundle, proxy)
     if host.get_fact(SystemdBooted):
         yield from _build_as_job(root, stack, manager, python, path, lock, pairs, probe,
-                                 link_mode, clean_cache, wait)
+                                 link_mode, clean_cache, wait, clean_packages)
         return
     yield from _build_in_session(root, stack, manager, python, path, lock, pairs, probe,
-                                 link_mode, clean_cache)
+                                 link_mode, clean_cache, clean_packages)
 
 
 @operation()

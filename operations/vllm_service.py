@@ -46,6 +46,7 @@ from operations.util.vllm_service import (
     restart_command,
     rollback_command,
 )
+from pyinfra_vllm.core.host_text import printable
 from pyinfra_vllm.plans import bench as bench_plan
 from pyinfra_vllm.plans import engine_access
 from pyinfra_vllm.plans.engine_access import KEY_READ
@@ -161,10 +162,12 @@ def _canary(host, run, canary: dict, paths: list[str]) -> str | None:
         why = bench_plan.regression(previous, entry, canary["bound"])
     if why is None and entry is not None:
         run(rolling_util.previous_dropped_command(paths))
-        host.log_styled(f"canary: {entry['output_tokens_per_s']:g} output tokens/s (before "
-                        f"{previous['output_tokens_per_s']:g}), TTFT p95 "
-                        f"{entry['ttft_ms']['p95']} ms (before {previous['ttft_ms']['p95']}): "
-                        "within rollout_max_regression", fg="green", log_func=logger.info)
+        # The records are the host's: printable, for the terminal.
+        host.log_styled(printable(
+            f"canary: {entry['output_tokens_per_s']:g} output tokens/s (before "
+            f"{previous['output_tokens_per_s']:g}), TTFT p95 {entry['ttft_ms']['p95']} ms "
+            f"(before {previous['ttft_ms']['p95']}): within rollout_max_regression"),
+            fg="green", log_func=logger.info)
         return None
     host.log_styled(f"canary: {why}: back to its previous unit and environment",
                     fg="red", log_func=logger.error)

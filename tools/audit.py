@@ -12,8 +12,9 @@ operations would change and which stage refused the host, and writes the JSON an
 Markdown reports (pyinfra_vllm/run/report.py). The options after INVENTORY go to pyinfra
 as they are (``--data KEY=VALUE``, ``--limit HOST``, ``--ssh-user``...); ``-y`` is
 refused, since it turns pyinfra's change detection off. ``--deep`` is
-``--data model_verify=deep``: every model file is re-hashed on its host, and a file whose
-content no longer matches the lock refuses the host, named (exit 1).
+``--data model_verify=deep --data python_env_verify=deep``: every model file is re-hashed
+on its host, and a file whose content no longer matches the lock refuses the host, named
+(exit 1); so is every file the vLLM environment's wheels installed, against their RECORD.
 
 Exit status:
 
@@ -53,8 +54,9 @@ AUDIT_FILE = "deploys/audit.py"
 DEFAULT_DEPLOY = "deploys/full.py"
 INDEX_ENV = "PYINFRA_VLLM_AUDIT_INDEX"  # pyinfra_vllm/run/report.py writes the report paths there
 USAGE = "usage: python -m tools.audit INVENTORY [--deploy FILE] [--deep] [PYINFRA OPTION ...]"
-# --deep: the model stage re-hashes every model file (settings.py, model_verify).
-DEEP_DATA = ["--data", "model_verify=deep"]
+# --deep: the model stage re-hashes every model file, and the run every file of the
+# vLLM environment's wheels (settings.py, model_verify and python_env_verify).
+DEEP_DATA = ["--data", "model_verify=deep", "--data", "python_env_verify=deep"]
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 

@@ -42,9 +42,9 @@ from pyinfra.api import FileUploadCommand, FunctionCommand, QuoteString, StringC
 from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS
 
 from facts.units import UNIT_STATE_PROPERTIES, parse_unit_state
-from operations.util.uploads import SECRET_DIR, private_upload, secret_file
+from operations.util.uploads import private_upload, secret_file
+from pyinfra_vllm.plans.access import JOB_ROOT
 
-JOB_ROOT = f"{SECRET_DIR}/jobs"
 # How long one poll waits on the host for the unit to end (it answers as soon as it
 # does: a job is seen over within WAIT_STEP_S, not a poll interval, after its end), and
 # how often the watch logs a progress line.

@@ -27,9 +27,10 @@ from io import BytesIO
 
 from pyinfra.api import FileUploadCommand, QuoteString, StringCommand
 
-# Root-owned, traversable, not listable; each upload gets a 0700 directory of the login
-# user inside it.
-UPLOAD_ROOT = "/run/pyinfra-vllm-upload"
+# UPLOAD_ROOT: root-owned, traversable, not listable; each upload gets a 0700 directory
+# of the login user inside it. SECRET_DIR: the secrets' spool, below. Both are in the
+# access table, whose owner and mode the stages keep (pyinfra_vllm/plans/access.py).
+from pyinfra_vllm.plans.access import SECRET_DIR, UPLOAD_ROOT
 
 
 def spool_dir(dest: str) -> str:
@@ -74,11 +75,6 @@ def private_upload(data: bytes | str, dest: str, mode: str = "600", owner: str =
     source = data if isinstance(data, str) else BytesIO(data)
     yield FileUploadCommand(source, dest, remote_temp_filename=f"{spool}/upload")
     yield StringCommand("rm -rf", QuoteString(spool))
-
-
-# tmpfs and root-only: secrets a command needs (a token, proxy credentials) exist here
-# only while it runs, never on its command line.
-SECRET_DIR = "/run/pyinfra-vllm"
 
 
 def secret_file(data: bytes, name: str) -> Iterator[StringCommand | FileUploadCommand]:

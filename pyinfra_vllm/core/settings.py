@@ -167,7 +167,8 @@ class Settings(BaseModel):
     """With vllm_listen_beyond_loopback: the networks (CIDR, IPv4 or IPv6, no scope id)
     whose machines may reach the engine's port, e.g. the gateways in front of it; the
     engine's firewall drops every other machine's connection. Required there, unused on
-    loopback. Host bits are cleared.
+    loopback. Host bits are cleared. Never every address (0.0.0.0/0, ::/0, nor networks
+    that add up to it) nor the unspecified address (0.0.0.0, ::).
     """
 
     # --- vllm service ----------------------------------------------------------------
@@ -328,6 +329,22 @@ class Settings(BaseModel):
     may have changed the cache with it: under hardlink, its rebuild empties uv's cache
     first and downloads again, hashes checked. pip (conda, venv) always copies.
     """
+    python_env_verify: Literal["stat", "deep"] = "stat"
+    """How the python_env stage and the audit check the environment's files. stat: list
+    them again (type, mode, size, mtime; nothing read) against the manifest written when
+    it was proven. deep: also re-hash every file its wheels installed against the sha256
+    of their RECORD files (files/verify_env.py: every installed file is read, a few GB),
+    which finds bytes changed under an unchanged size and mtime; such a file refuses the
+    host unless python_env_repair is set. python -m tools.audit INVENTORY --deep sets it
+    for one audit.
+    """
+    python_env_repair: bool = False
+    """Build the environment again beside itself when the deep check finds files that
+    no longer match their RECORD (a new generation, proven, the unit moved to it and the
+    engine restarted; the changed one kept for rollback), their packages first removed
+    from uv's cache, whose files an environment's may be hard links to. Implies the deep
+    check of python_env_verify deep. False: such files refuse the host, named.
+    """
     python_env_keep: int = Field(default=1, ge=0, le=10)
     """Environments kept for rollback besides the one in use; older ones are removed
     (with 0, the one the engine ran from before a switch goes on the next run). Each is
@@ -411,7 +428,9 @@ class Settings(BaseModel):
     """
     metrics_allow: list[str] = Field(default_factory=lambda: ["127.0.0.1/32"])
     """Addresses (CIDR, IPv4 or IPv6, no scope id) allowed to read /metrics through the
-    gateway; host bits are cleared (10.0.0.7/24 is 10.0.0.0/24).
+    gateway; host bits are cleared (10.0.0.7/24 is 10.0.0.0/24). Never every address
+    (0.0.0.0/0, ::/0, nor networks that add up to it, with prometheus_servers too) nor the
+    unspecified address (0.0.0.0, ::).
     """
     gateway_proxy_timeout_s: int = Field(default=3600, ge=60, le=86400)
     """nginx proxy_read_timeout and proxy_send_timeout, in seconds. A non-streamed
@@ -429,8 +448,12 @@ class Settings(BaseModel):
     """Extra nginx directives added to the gateway's server block, which guards /v1/ with
     the key check. One simple directive per item, ending in ";" (e.g. "add_header
     X-Served-By gpu1;"); no block, comment or second line ({, }, #, newline), no variable
-    ($) and no debug-level error_log (it logs the Authorization header). Only directives
-    that set a timeout, a buffer size, logging, compression or a response header:
+    ($). Each value of its directive's shape (pyinfra_vllm/core/settings_checks.py
+    GATEWAY_DIRECTIVE_VALUES): error_log at info or above (any debug level, debug_http
+    too, logs the Authorization header and the engine's key), access_log in the
+    gateway's format vllm_gateway, both to /var/log/nginx/ or syslog; no add_header of a
+    header the site adds itself (X-Accel-Buffering, Strict-Transport-Security). Only
+    directives that set a timeout, a buffer size, logging, compression or a response header:
     access_log, add_header, client_body_buffer_size, client_body_timeout,
     client_header_buffer_size, client_header_timeout, error_log, gzip, gzip_buffers,
     gzip_comp_level, gzip_disable, gzip_http_version, gzip_min_length, gzip_proxied,
@@ -459,10 +482,14 @@ class Settings(BaseModel):
     """
 
     # --- reports ---------------------------------------------------------------------
-    textfile_collector_dir: str = "/var/lib/prometheus/node-exporter"
-    """Where the metrics stage writes pyinfra_vllm.prom for node_exporter's textfile
-    collector (the default is Debian's and Ubuntu's prometheus-node-exporter directory),
-    under the same rules as model_dir; deploys/remove.py deletes the suite's files there.
+    textfile_collector_dir: str = "/var/lib/pyinfra-vllm-metrics"
+    """Where root writes the suite's textfiles for node_exporter's textfile collector
+    (pyinfra_vllm.prom, the GPUs' health, the benchmark's figures): a directory the metrics
+    stage makes root's, 0755, and points node_exporter at. Every directory of the path
+    must be root's and writable by root alone, or the host is refused and nothing is
+    written (Debian's and Ubuntu's /var/lib/prometheus/node-exporter is not: its parent is
+    the prometheus account's). Under the same rules as model_dir; deploys/remove.py
+    deletes the suite's files there.
     """
     audit_report_dir: str = "reports"
     """Directory, on the operator's machine, where the audit writes its reports."""
@@ -603,6 +630,12 @@ class Settings(BaseModel):
         return self
 
     @model_validator(mode="after")
+    def _deep_check_has_an_environment(self) -> Settings:
+        settings_checks.deep_check_has_an_environment(self.deep_env_check,
+                                                      self.python_env_repair, self.skip_stages)
+        return self
+
+    @model_validator(mode="after")
     def _driver_branch_serves_stack(self) -> Settings:
         # A host without the driver stage, or without a GPU, installs no driver.
         if "driver" in self.skip_stages or self.vllm_device == "cpu":
@@ -634,6 +667,7 @@ class Settings(BaseModel):
             engine_allow=self.vllm_engine_allow,
             token_from=settings_checks.token_source(self.hf_token, self.hf_token_file),
             model_base_url=self.model_base_url,
+            metrics_networks=self.metrics_networks,
         )
         if problems:
             raise settings_checks.rule_errors(problems)
@@ -665,6 +699,12 @@ class Settings(BaseModel):
     def deep_model_check(self) -> bool:
         """Does the model stage re-hash every file (model_verify deep, or model_repair)?"""
         return self.model_verify == "deep" or self.model_repair
+
+    @property
+    def deep_env_check(self) -> bool:
+        """Does the run re-hash the environment's files against their RECORD
+        (python_env_verify deep, or python_env_repair)?"""
+        return self.python_env_verify == "deep" or self.python_env_repair
 
     @property
     def bench_shape(self) -> dict[str, int]:

@@ -117,15 +117,69 @@ URL_CHARS = re.compile(r"[A-Za-z0-9._~:/?#\[\]@!&()*+,=%-]+")
 # decides whether a request is let through, where it goes, what the engine is sent or which
 # files nginx reads. A list of refusals is never complete: "set $vllm_key_ok 1;", or
 # "satisfy any;" with "allow all;", each turns the key check off and passes nginx -t.
-GATEWAY_DIRECTIVES = (
-    "access_log", "add_header", "client_body_buffer_size", "client_body_timeout",
-    "client_header_buffer_size", "client_header_timeout", "error_log", "gzip",
-    "gzip_buffers", "gzip_comp_level", "gzip_disable", "gzip_http_version",
-    "gzip_min_length", "gzip_proxied", "gzip_types", "gzip_vary", "keepalive_requests",
-    "keepalive_timeout", "large_client_header_buffers", "lingering_close", "lingering_time",
-    "lingering_timeout", "log_not_found", "open_log_file_cache", "proxy_connect_timeout",
-    "reset_timedout_connection", "send_timeout",
-)
+# The values too are an allow list, by shape (nginx docs of each directive; an argument
+# may be quoted): a value that could carry a secret into a response or a log has no shape
+# here. Not a variable ($: refused first), not a debug level of error_log (debug_http and
+# the like write every request header, the client's Authorization and the engine's key,
+# into a log file other users may read), not a log format but the gateway's own (nginx's
+# "combined", access_log's default, writes the query string and the Referer), not a log
+# file outside /var/log/nginx.
+_TIME = r"(?:\d+(?:ms|[smhdwMy])?)+"
+_SIZE = r"\d+[kKmMgG]?"
+_LOG_TO = r"/var/log/nginx/[A-Za-z0-9_-][A-Za-z0-9._-]*|syslog:[A-Za-z0-9._:,=/\[\]-]+"
+_LOG_TO_WORDS = "a file /var/log/nginx/NAME or syslog:server=..."
+ERROR_LOG_LEVELS = ("info", "notice", "warn", "error", "crit", "alert", "emerg")
+_ON_OFF = ("on|off", "on or off")
+_TIME_ONE = (_TIME, "a time (75s, 1m, 500ms)")
+_SIZE_ONE = (_SIZE, "a size (64k, 1m)")
+_BUFFERS = (rf"\d+ {_SIZE}", "a number and a size (4 16k)")
+# Each directive: (its arguments as a regular expression over them unquoted, joined by
+# one space; the same in words, for the message).
+GATEWAY_DIRECTIVE_VALUES: dict[str, tuple[str, str]] = {
+    "access_log": (rf"off|(?:{_LOG_TO}) vllm_gateway(?: buffer={_SIZE}| gzip(?:=[1-9])?"
+                   rf"| flush={_TIME})*",
+                   f"off, or {_LOG_TO_WORDS} then the gateway's format vllm_gateway (nginx's "
+                   "combined, the default, writes the query string and the Referer), then "
+                   "buffer=, gzip or flush= if wanted"),
+    "add_header": (r"[A-Za-z0-9-]+ \S.*",
+                   "a header name (letters, digits and '-'), its value, then always if wanted"),
+    "client_body_buffer_size": _SIZE_ONE,
+    "client_body_timeout": _TIME_ONE,
+    "client_header_buffer_size": _SIZE_ONE,
+    "client_header_timeout": _TIME_ONE,
+    "error_log": (rf"(?:{_LOG_TO}|stderr)(?: (?:{'|'.join(ERROR_LOG_LEVELS)}))?",
+                  f"{_LOG_TO_WORDS} or stderr, then one level of "
+                  f"{', '.join(ERROR_LOG_LEVELS)} if wanted"),
+    "gzip": _ON_OFF,
+    "gzip_buffers": _BUFFERS,
+    "gzip_comp_level": ("[1-9]", "1 to 9"),
+    "gzip_disable": (r"\S+(?: \S+)*", "regular expressions matched against User-Agent"),
+    "gzip_http_version": (r"1\.0|1\.1", "1.0 or 1.1"),
+    "gzip_min_length": _SIZE_ONE,
+    "gzip_proxied": (r"(?:off|expired|no-cache|no-store|private|no_last_modified|no_etag"
+                     r"|auth|any)(?: (?:off|expired|no-cache|no-store|private"
+                     r"|no_last_modified|no_etag|auth|any))*",
+                     "off, expired, no-cache, no-store, private, no_last_modified, no_etag, "
+                     "auth or any"),
+    "gzip_types": (r"(?:\*|[A-Za-z0-9.+-]+/[A-Za-z0-9.+*-]+)(?: (?:\*|[A-Za-z0-9.+-]+"
+                   r"/[A-Za-z0-9.+*-]+))*", "MIME types (application/json) or *"),
+    "gzip_vary": _ON_OFF,
+    "keepalive_requests": (r"\d+", "a number"),
+    "keepalive_timeout": (rf"{_TIME}(?: {_TIME})?", "a time, then a header time if wanted"),
+    "large_client_header_buffers": _BUFFERS,
+    "lingering_close": ("on|off|always", "on, off or always"),
+    "lingering_time": _TIME_ONE,
+    "lingering_timeout": _TIME_ONE,
+    "log_not_found": _ON_OFF,
+    "open_log_file_cache": (rf"off|max=\d+(?: inactive={_TIME}| min_uses=\d+| valid={_TIME})*",
+                            "off, or max=N then inactive=, min_uses= or valid= if wanted"),
+    "proxy_connect_timeout": _TIME_ONE,
+    "reset_timedout_connection": _ON_OFF,
+    "send_timeout": _TIME_ONE,
+}
+GATEWAY_DIRECTIVES = tuple(GATEWAY_DIRECTIVE_VALUES)
+# Response headers the gateway's site adds itself: a second one would go out twice.
+GATEWAY_HEADERS = ("X-Accel-Buffering", "Strict-Transport-Security")
 # Directives the gateway's site sets from a setting: a second one in its server block
 # fails nginx -t ("directive is duplicate").
 DIRECTIVE_SETTINGS = {
@@ -141,7 +195,7 @@ APT_LINE = re.compile(r"deb\s+(\[(?P<options>[^\]]*)\]\s+)?(?P<uri>\S+)\s+\S+(\s
 PATH_EXAMPLES = {
     "model_dir": "/srv/models",
     "python_env_root": "/opt/vllm",
-    "textfile_collector_dir": "/var/lib/prometheus/node-exporter",
+    "textfile_collector_dir": "/var/lib/pyinfra-vllm-metrics",
     "pip_ca_bundle": "/etc/ssl/certs/ca-certificates.crt",
 }
 
@@ -239,9 +293,19 @@ def _directive_value_problem(words: list[str]) -> str | None:
         return ("has '$': a variable can carry a secret out (add_header X "
                 "$vllm_upstream_authorization sends the engine's key to every client); write "
                 "the value itself")
-    if words[0] == "error_log" and any(word.strip("\"'") == "debug" for word in words[1:]):
-        return ("logs at the debug level, which writes every request header, the API key's "
-                "Authorization too (Debian's nginx is built --with-debug); use info or above")
+    name, args = words[0], [word.strip("\"'") for word in words[1:]]
+    debug = [arg for arg in args if arg == "debug" or arg.startswith("debug_")]
+    if name == "error_log" and debug:
+        return (f"logs at the debug level ({', '.join(debug)}), which writes every request "
+                "header, the client's Authorization and the engine's own key too (Debian's "
+                "nginx is built --with-debug), into a log file other users may read; use "
+                "info or above")
+    if name == "add_header" and args and args[0].lower() in map(str.lower, GATEWAY_HEADERS):
+        return (f"adds {args[0]}, which the gateway's site adds itself (every response "
+                "would carry it twice)")
+    shape, in_words = GATEWAY_DIRECTIVE_VALUES[name]
+    if not re.fullmatch(shape, " ".join(args)):
+        return f"gives {name} {' '.join(args)!r}; {name} takes here: {in_words}"
     return None
 
 
@@ -466,7 +530,7 @@ def dirs_apart(dirs: dict[str, str]) -> list[tuple[str, str]]:
                 "another (the model volume mounts over model_dir, and deploys/remove.py "
                 "takes the suite's files out of each: one's would be taken for the "
                 f"other's); move {later} apart, e.g. model_dir /srv/models, python_env_root "
-                "/opt/vllm, textfile_collector_dir /var/lib/prometheus/node-exporter"
+                "/opt/vllm, textfile_collector_dir /var/lib/pyinfra-vllm-metrics"
             )))
             break
     return problems
@@ -554,8 +618,14 @@ def apt_source(value: str | None, info: ValidationInfo) -> str | None:
     return value
 
 
+# What to write instead of every address, in the allow lists' messages.
+_NAME_THEM = ("the list is there to name the few machines let in: name their networks, "
+              "e.g. [\"10.20.0.5/32\"] or [\"10.20.0.0/24\"]")
+
+
 def networks(value: list[str], info: ValidationInfo) -> list[str]:
-    """Networks for nginx's allow, host bits cleared."""
+    """Networks for nginx's allow (and the engine's firewall), host bits cleared; never
+    every address, nor the unspecified address."""
     cleared = []
     name = info.field_name
     for index, entry in enumerate(value):
@@ -563,13 +633,38 @@ def networks(value: list[str], info: ValidationInfo) -> list[str]:
             raise ValueError(f"{name}[{index}] {entry!r} has an IPv6 scope id "
                              "(%): nginx's allow takes a network without one")
         try:
-            cleared.append(str(ipaddress.ip_network(entry, strict=False)))
+            network = ipaddress.ip_network(entry, strict=False)
         except ValueError:
             raise ValueError(
                 f"{name}[{index}] {entry!r} is not an IPv4 or IPv6 network; "
                 "allowed: an address or CIDR such as 10.20.0.0/16, 127.0.0.1 or ::1/128"
             ) from None
+        if network.prefixlen == network.max_prefixlen and network.network_address.is_unspecified:
+            raise ValueError(
+                f"{name}[{index}] {entry!r} is the unspecified address: a listening "
+                f"socket reads it as every address, an allow list as no machine; {_NAME_THEM}"
+            )
+        cleared.append(str(network))
+    covered = whole_address_spaces(cleared)
+    if covered:
+        raise ValueError(f"{name} lets in {covered}; {_NAME_THEM}")
     return cleared
+
+
+
+def whole_address_spaces(cleared: list[str]) -> str | None:
+    """Which whole address space networks (host bits cleared) cover, alone ("0.0.0.0/0")
+    or together ("0.0.0.0/1" and "128.0.0.0/1"), in words: "every IPv4 address
+    (0.0.0.0/0)"; None when they leave machines out, as an allow list must."""
+    networks = [ipaddress.ip_network(entry) for entry in cleared]
+    v4 = [net for net in networks if isinstance(net, ipaddress.IPv4Network)]
+    v6 = [net for net in networks if isinstance(net, ipaddress.IPv6Network)]
+    found = []
+    if list(ipaddress.collapse_addresses(v4)) == [ipaddress.IPv4Network("0.0.0.0/0")]:
+        found.append("every IPv4 address (0.0.0.0/0)")
+    if list(ipaddress.collapse_addresses(v6)) == [ipaddress.IPv6Network("::/0")]:
+        found.append("every IPv6 address (::/0)")
+    return " and ".join(found) or None
 
 
 def reachable_address(value: str | None) -> str | None:
@@ -729,6 +824,19 @@ def deep_check_has_a_model(deep_model_check: bool, model_repair: bool,
         )
 
 
+def deep_check_has_an_environment(deep_env_check: bool, python_env_repair: bool,
+                                  skip_stages: list[str]) -> None:
+    # The environment's deep check refuses or repairs in the python_env stage: with the
+    # stage skipped, a host whose files changed would pass an audit asked for it.
+    if deep_env_check and "python_env" in skip_stages:
+        asked = "python_env_repair true" if python_env_repair else "python_env_verify deep"
+        raise ValueError(
+            f"{asked} re-hashes the environment in the python_env stage, which skip_stages "
+            "skips: remove python_env from skip_stages, or leave python_env_verify stat "
+            "and python_env_repair false"
+        )
+
+
 def driver_branch_serves_stack(nvidia_driver_branch: str, stack: StackRow,
                                vllm_version: str) -> None:
     # The driver stage installs this branch; a branch older than the stack's minimum
@@ -771,8 +879,8 @@ def file_keys(inline_keys: list[SecretStr], api_keys_file: str | None,
 
 def exposure_problems(*, has_keys: bool, gateway_open: bool,
                       vllm_listen_beyond_loopback: bool, engine_allow: list[str],
-                      token_from: str | None,
-                      model_base_url: str) -> list[tuple[str, str]]:
+                      token_from: str | None, model_base_url: str,
+                      metrics_networks: list[str]) -> list[tuple[str, str]]:
     """Who may reach the gateway and the engine, and where a token may travel: each
     problem as (key, sentence naming its keys); no key or token is ever in it."""
     problems = []
@@ -804,6 +912,13 @@ def exposure_problems(*, has_keys: bool, gateway_open: bool,
             "engine's port is open to the machines of vllm_engine_allow only (its key "
             "guards /v1 alone); name the networks of the machines that reach it, e.g. "
             "[\"10.20.0.5/32\"], or remove vllm_listen_beyond_loopback",
+        ))
+    covered = whole_address_spaces(metrics_networks)
+    if covered:
+        problems.append((
+            "prometheus_servers",
+            f"prometheus_servers, added to metrics_allow, lets in {covered}: the gateway's "
+            f"/metrics and /node-metrics would answer every machine; {_NAME_THEM}",
         ))
     if token_from is not None and not model_base_url.startswith("https://"):
         problems.append((

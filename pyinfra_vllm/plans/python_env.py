@@ -123,6 +123,51 @@ def integrity_problem(environments: dict, path: str) -> str | None:
     return "; ".join(found.get("packages") or found.get("files") or ["files changed"])
 
 
+# Files a deep check's refusal names at most; the audit's report has them all.
+NAMED_FILES = 5
+
+
+def content_changed(environments: dict, path: str, content: dict) -> dict:
+    """``environments`` (facts.python_env.VllmEnvironments) with the environment at
+    ``path`` marked changed by what its deep check found (facts.python_env
+    .EnvironmentContent ``problems``): no longer proven, so ``environment_path`` gives a
+    new generation beside it and the run builds that, as for a change the stat check
+    finds. ``content_packages``: the distributions whose files changed."""
+    found = dict(environments["envs"][path])
+    problems = sorted(content["problems"])
+    packages = sorted(content["packages"])
+    found["integrity"] = {
+        "state": "changed",
+        "packages": [f"{', '.join(packages) or 'files'}: {len(problems)} file(s) no longer "
+                     "match their RECORD (deep check)"],
+        "files": problems[:20],
+        "content_packages": packages,
+    }
+    return {**environments, "envs": {**environments["envs"], path: found}}
+
+
+def content_packages(environments: dict, path: str | None) -> list[str]:
+    """The distributions whose files the deep check found changed in the environment at
+    ``path`` (``content_changed``): their entries in uv's cache may hold the same
+    changed bytes (hard links), so the rebuild removes them from it first."""
+    found = (environments["envs"].get(path) or {}).get("integrity") or {}
+    return list(found.get("content_packages") or [])
+
+
+def content_reason(path: str, content: dict) -> str:
+    """Why the python_env stage refuses a host whose environment's files no longer match
+    their wheels' RECORD under an unchanged size and mtime (the stat check trusts them),
+    naming how many and the first few."""
+    problems = sorted(content["problems"])
+    named = ", ".join(f"{name} ({content['problems'][name]})"
+                      for name in problems[:NAMED_FILES])
+    more = f" and {len(problems) - NAMED_FILES} more" if len(problems) > NAMED_FILES else ""
+    return (f"python_env: {len(problems)} file(s) of {path} no longer match their wheels' "
+            f"RECORD under an unchanged size and mtime: {named}{more}; set "
+            "python_env_repair=true to build the environment again beside it (the engine "
+            "then restarts on the new one)")
+
+
 def prunable(environments: dict, keep: int, wanted: str) -> list[str]:
     """The environments to remove: all but ``wanted`` and the ``keep`` most recently
     built others; the one ``current`` points at is spared too (the engine may still run

@@ -29,7 +29,7 @@ from pyinfra.facts.server import KernelVersion, LinuxDistribution
 from facts.cpu_host import CpuHostState
 from facts.gpu_host import GpuHostState
 from facts.model import ModelContent
-from facts.python_env import VllmEnvironments
+from facts.python_env import EnvironmentContent, VllmEnvironments
 from operations import gate
 from operations.util.refusals import log_reasons
 from pyinfra_vllm.core.locks import load_lock
@@ -102,14 +102,39 @@ class HostContext:
     # The model stage's refetch of files a deep check found corrupt (its OperationMeta):
     # the vllm_service stage restarts a running engine when it changed.
     model_repair: Any = None
+    # The deep check of the environment the run would use (facts.python_env
+    # .EnvironmentContent, python_env_verify deep), made with the environments' read:
+    # its path, and what it found (None: not checked).
+    env_checked: str | None = None
+    env_content: dict[str, Any] | None = None
 
     def environments(self, host: Any) -> dict[str, Any]:
-        """The host's vLLM environments (facts.python_env.VllmEnvironments), read once."""
+        """The host's vLLM environments (facts.python_env.VllmEnvironments), read once;
+        with the deep check, the one the run would use re-hashed (``_deep_env_check``)."""
         if self.environments_read is None:
-            self.environments_read = host.get_fact(
-                VllmEnvironments, root=self.settings.python_env_root
-            )
+            found = host.get_fact(VllmEnvironments, root=self.settings.python_env_root)
+            self.environments_read = self._deep_env_check(host, found)
         return self.environments_read
+
+    def _deep_env_check(self, host: Any, environments: dict[str, Any]) -> dict[str, Any]:
+        """With python_env_verify deep (or python_env_repair): the environment the run
+        would use, when it is proven (the stat check trusts it), re-hashed against its
+        wheels' RECORD files on the host, once per run (``env_content``). With
+        python_env_repair, one whose files no longer match is marked changed: the run
+        builds it again beside itself, as for a change the stat check finds."""
+        settings = self.settings
+        if not settings.deep_env_check:
+            return environments
+        path = self._environment_path(environments)
+        if not python_env_plan.proven(environments, path, settings.stack):
+            return environments  # nothing built there, or already to be built again
+        self.env_checked = path
+        self.env_content = host.get_fact(EnvironmentContent, path=path)
+        content = self.env_content
+        if settings.python_env_repair and content and not content["error"] and (
+                content["problems"]):
+            return python_env_plan.content_changed(environments, path, content)
+        return environments
 
     def deep_model_check(self, host: Any, path: str) -> dict[str, Any] | None:
         """The deep check of the model in ``path`` (facts.model.ModelContent), read once
@@ -123,13 +148,16 @@ class HostContext:
     def environment_path(self, host: Any) -> str:
         """Where this host's environment for the settings' stack and manager is, or is
         to be built (pyinfra_vllm/plans/python_env.py environment_path)."""
+        return self._environment_path(self.environments(host))
+
+    def _environment_path(self, environments: dict[str, Any]) -> str:
         settings = self.settings
         return python_env_plan.environment_path(
             settings.python_env_root,
             settings.stack,
             settings.python_env_manager,
             python_env_plan.interpreter(settings.python_env_manager, settings.stack),
-            self.environments(host),
+            environments,
         )
 
     def required_lock(self) -> dict[str, Any]:

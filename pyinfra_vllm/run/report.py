@@ -637,6 +637,21 @@ def model_integrity(content: dict[str, Any] | None, path: str) -> dict[str, Any]
             "problems": dict(sorted(content["problems"].items())), "error": content["error"]}
 
 
+def environment_integrity(content: dict[str, Any] | None, path: str | None) -> dict[str, Any]:
+    """The deep check of one host's vLLM environment (facts.python_env.EnvironmentContent,
+    python_env_verify deep) as its report entry's ``environment_integrity``: the
+    environment checked (None: none proven to check, the stat check already has it built
+    again), what was hashed, every file that no longer matches its wheel's RECORD
+    (``problems``: path -> mismatch, missing, unreadable or unknown-hash) and their
+    ``packages``, or why the check did not run (``error``)."""
+    if content is None:
+        return {"path": path, "files": 0, "bytes": 0, "seconds": 0.0, "problems": {},
+                "packages": [], "error": None}
+    return {"path": path, "files": content["files"], "bytes": content["bytes"],
+            "seconds": content["seconds"], "problems": dict(sorted(content["problems"].items())),
+            "packages": list(content["packages"]), "error": content["error"]}
+
+
 def _markdown_model_integrity(entry: dict[str, Any]) -> list[str]:
     found = entry.get("model_integrity")
     if found is None:

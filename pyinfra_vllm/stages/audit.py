@@ -33,12 +33,13 @@ from pyinfra import host, state
 from pyinfra.api import deploy
 
 from facts.bench import BenchRecord
+from facts.files import PathModes
 from facts.nginx import NginxServers
 from facts.units import UnitDropIns
 from facts.vllm_service import EngineProcess, EngineServing
 from pyinfra_vllm.core.settings import Settings, SettingsError
+from pyinfra_vllm.plans import access, engine_access
 from pyinfra_vllm.plans import bench as bench_plan
-from pyinfra_vllm.plans import engine_access
 from pyinfra_vllm.plans import persistence as persistence_plan
 from pyinfra_vllm.plans import vllm_service as vllm_service_plan
 from pyinfra_vllm.plans.gates import installed_registry
@@ -47,6 +48,7 @@ from pyinfra_vllm.run.context import collect, context, refuse
 from pyinfra_vllm.run.host_reads import Read
 from pyinfra_vllm.run.report import (
     environment_findings,
+    environment_integrity,
     host_plan,
     integrity,
     integrity_problems,
@@ -69,7 +71,7 @@ def audit_reads(settings: Settings) -> list[Read]:
     """deploys/audit.py on its own: what the audit stage reads besides the preflight's."""
     reads = [*vllm_service_reads(settings), *persistence_reads(settings)]
     if "gateway" not in settings.skip_stages:
-        reads.append(Read(NginxServers))
+        reads += [Read(NginxServers), Read(PathModes, access.read(settings, "gateway"))]
     if settings.vllm_start and "vllm_service" not in settings.skip_stages:
         reads.append(Read(EngineServing, engine_serving_read(settings)))
     reads.append(Read(BenchRecord, bench_plan.RECORD_READ))
@@ -116,8 +118,12 @@ def audit() -> None:
         # The model stage's deep check when it ran in this process, else read here.
         path = settings.model_path
         entry["model_integrity"] = model_integrity(ctx.deep_model_check(host, path), path)
+    if settings.deep_env_check:
+        # Read with the environments (HostContext.environments), once per run.
+        entry["environment_integrity"] = environment_integrity(ctx.env_content,
+                                                               ctx.env_checked)
     entry["integrity"] = _integrity(ctx)
-    entry["findings"] += integrity_problems(entry)
+    entry["findings"] += integrity_problems(entry) + _access_findings(settings)
     # The last benchmark (python -m tools.bench) and its age; below the thresholds, named.
     last = host.get_fact(BenchRecord, **bench_plan.RECORD_READ)
     entry["bench"] = {"record": last, "age_s": last and bench_plan.age_s(
@@ -125,6 +131,18 @@ def audit() -> None:
     entry["findings"] += bench_plan.problems(settings, last)
     record(host.state, host.name, entry, report_dir=ctx.settings.audit_report_dir,
            keep=ctx.settings.audit_report_keep)
+
+
+def _access_findings(settings: Settings) -> list[str]:
+    """The secrets and the engine's access paths whose owner, group, mode or kind is not
+    the access table's (pyinfra_vllm/plans/access.py), named: the operation that puts
+    them back says only that it would."""
+    lines = []
+    for stage in access.STAGES:
+        if stage not in settings.skip_stages:
+            found = host.get_fact(PathModes, **access.read(settings, stage))
+            lines += access.findings(access.rows(settings, stage), found)
+    return lines
 
 
 def _refuse_for_settings(message: str) -> None:

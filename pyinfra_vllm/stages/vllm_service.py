@@ -16,7 +16,10 @@ aside (/var/lib/pyinfra-vllm/disabled-drop-ins/), and an engine whose main proce
 with another command line or environment than its unit gives (edited without a restart)
 is restarted: both once, with the unit's own restart. On vllm_device "cpu" the workers are CPU processes with
 their threads bound to the host's CPUs (VLLM_CPU_OMP_THREADS_BIND from the CPUs preflight
-read, or vllm_cpu_threads_bind) and no GPU guard runs.
+read, or vllm_cpu_threads_bind) and no GPU guard runs. The engine's key, its environment
+file, its socket directory and socket, its firewall file and the spools keep the owner and
+mode of the access table (pyinfra_vllm/plans/access.py): one changed by hand is put back
+without a restart, one replaced by a link or another kind refuses the host.
 
     pyinfra inventory.py deploys/vllm_service.py
 """
@@ -32,18 +35,19 @@ from pyinfra.facts.deb import DebPackage
 from pyinfra.operations.util import any_changed
 
 from facts.accounts import Account
-from facts.files import FileDigests, PathTypes
+from facts.files import FileDigests, PathModes, PathTypes
 from facts.python_env import MARKER
 from facts.storage import FilesystemSize
 from facts.topology import tp_link_verdict
 from facts.units import UnitActivation, UnitDropIns
 from facts.vllm_service import EngineFirewall, EngineHealth, EngineKey, EngineProcess
+from operations import access as access_ops
 from operations import accounts, file_set, rolling, units
 from operations import vllm_service as vllm_service_ops
 from operations.util import rolling as rolling_util
 from pyinfra_vllm.core.settings import Settings
+from pyinfra_vllm.plans import access, engine_access
 from pyinfra_vllm.plans import bench as bench_plan
-from pyinfra_vllm.plans import engine_access
 from pyinfra_vllm.plans import python_env as python_env_plan
 from pyinfra_vllm.plans import vllm_service as vllm_service_plan
 from pyinfra_vllm.run.context import HostContext
@@ -72,6 +76,7 @@ def vllm_service_reads(settings: Settings) -> list[Read]:
         Read(PathTypes, {"paths": [rolling.DRAIN_FLAG]}),
         Read(EngineFirewall, engine_access.FIREWALL_READ),
         *_firewall_reads(settings),
+        Read(PathModes, access.read(settings, "vllm_service")),
     ]
 
 
@@ -111,6 +116,12 @@ def vllm_service(ctx: HostContext) -> None:
         account=vllm_service_plan.SERVICE_USER,
         home=vllm_service_plan.STATE_DIR,
     )
+    # The engine's key, environment file, socket and the spools as the access table says;
+    # its socket directory too, which only the engine's next start would make 0750 again.
+    access_ops.kept(
+        name="vLLM service: owner and mode of its key, environment file, socket and spools",
+        paths=access.wanted(settings, "vllm_service"),
+    )
     _helpers(settings.vllm_device)
     _firewall(settings)
     if marker is None:
@@ -132,7 +143,8 @@ def vllm_service(ctx: HostContext) -> None:
         name="vLLM service: systemd unit and its environment file",
         files={
             vllm_service_plan.UNIT_PATH: (unit_files[vllm_service_plan.UNIT_PATH], "644"),
-            vllm_service_plan.ENV_PATH: (unit_files[vllm_service_plan.ENV_PATH], "600"),
+            vllm_service_plan.ENV_PATH: (unit_files[vllm_service_plan.ENV_PATH],
+                                         access.mode(vllm_service_plan.ENV_PATH)),
         },
         stage=True,
     )
@@ -203,6 +215,9 @@ def _problems(ctx: HostContext, flags: list[str], accepted: set[str] | None,
             f"vllm_service: fewer online CPUs than the {settings.tensor_parallel_size} CPU "
             "workers (tensor_parallel_size): lower it or set vllm_cpu_threads_bind"
         )
+    # A secret or the socket's directory replaced by a link or another kind of file.
+    problems += access.wrong_kinds(access.rows(settings, "vllm_service"), host.get_fact(
+        PathModes, **access.read(settings, "vllm_service")))
     return problems
 
 
@@ -240,7 +255,8 @@ def _firewall(settings: Settings) -> None:
     else:
         debian_package("vLLM service: nftables installed", "nftables")
         file_set.present(name="vLLM service: engine firewall file",
-                         files={engine_access.FIREWALL_PATH: (rules.encode(), "644")})
+                         files={engine_access.FIREWALL_PATH: (
+                             rules.encode(), access.mode(engine_access.FIREWALL_PATH))})
     vllm_service_ops.engine_firewall(
         name="vLLM service: engine firewall loaded" if rules else
         "vLLM service: no engine firewall loaded", rules=rules)

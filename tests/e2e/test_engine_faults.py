@@ -13,6 +13,9 @@ the engine listens on a Unix socket in /run/vllm-engine (the engine's user's, gr
 www-data, 0750). While the engine is stopped, a server ``nobody`` starts on the engine's
 old TCP port receives no key from the readiness wait, which never passes for it.
 
+The engine's key made world-readable and its socket directory opened by hand: the audit
+names both, the next run closes them without restarting the engine.
+
 The unit's hardening is read back from the running process (/proc/PID/status), and tried
 from inside its mount namespace as its user: a write outside ReadWritePaths fails. A long
 streamed generation through nginx delivers its first token well before its last. The
@@ -21,8 +24,8 @@ would not know; the whole run makes it inside the engine's restart.
 
 Last, the engine moved to TCP beyond loopback (as on a stack without --uds): its nftables
 table lets nobody connect, drops the machines outside vllm_engine_allow, and lets no
-handshake of a listener ``nobody`` starts on its address complete; vLLM's own key guards
-/v1 only. The host stays so for test_remove.py, whose first run moves it back.
+handshake of a listener ``nobody`` starts on its address complete, not even one with a
+backlog of 0, which answers with SYN cookies; vLLM's own key guards /v1 only. The host stays so for test_remove.py, whose first run moves it back.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ from tests.e2e.test_integrity import (
     audit,
     changed,
     converged_again,
+    found_lines,
     repair,
     run,
     run_with,
@@ -95,16 +99,19 @@ def active_again(sandbox, host, old_pid: str, timeout: float = 300) -> str:
     raise AssertionError(f"vllm not active again within {timeout} s: {state!r}")
 
 
-def start_impostor(sandbox, host, address: str) -> None:
+def start_impostor(sandbox, host, address: str, backlog: int = 5) -> None:
     """A server run as nobody on ``address``:8000 (unit ``impostor``) that logs every
-    Authorization it receives to /tmp/impostor.log."""
+    Authorization it receives to /tmp/impostor.log; ``backlog``: its listen() backlog (0:
+    the kernel answers every handshake with a SYN cookie)."""
     impostor = ("import http.server\n"
                 "class H(http.server.BaseHTTPRequestHandler):\n"
                 "    def do_GET(self):\n"
                 "        open('/tmp/impostor.log', 'a').write(str(self.headers.get('Authorization')))\n"
                 "        self.send_response(200); self.end_headers()\n"
                 "    do_POST = do_GET\n"
-                f"http.server.HTTPServer(('{address}', 8000), H).serve_forever()\n")
+                "class S(http.server.HTTPServer):\n"
+                f"    request_queue_size = {backlog}\n"
+                f"S(('{address}', 8000), H).serve_forever()\n")
     encoded = base64.b64encode(impostor.encode()).decode()
     sandbox.ssh(host, f"echo {encoded} | base64 -d > /tmp/impostor.py && touch /tmp/impostor.log"
                       " && chmod 666 /tmp/impostor.log")
@@ -276,6 +283,50 @@ def test_a_lost_engine_key_is_made_only_in_the_engine_s_restart(served):
     converged_again(sandbox)
 
 
+OP_ACCESS = ("full | vllm_service | vLLM service: owner and mode of its key, environment "
+             "file, socket and spools")
+SOCKET_DIR = "/run/vllm-engine"
+
+
+def test_opened_key_and_socket_directory_are_named_and_closed_without_a_restart(served):
+    """The engine's key made world-readable and its socket directory opened to every local
+    user, by hand: the audit names both (exit 1), the next run closes both again without
+    restarting the engine, and the run after changes nothing."""
+    sandbox, host = served
+    pid = main_pid(sandbox, host)
+    sandbox.ssh(host, f"chmod 0644 {KEY_ENV_PATH} && chmod 0777 {SOCKET_DIR}")
+    try:
+        # Open indeed: nobody can read the key (never printed) and reach the engine.
+        opened = as_nobody(sandbox, host, f"test -r {KEY_ENV_PATH} && echo key-readable; "
+                                          f"curl -s -o /dev/null -w '%{{http_code}}' "
+                                          f"--unix-socket {SOCKET} http://localhost/health")
+        assert opened.stdout.split() == ["key-readable", "200"], opened
+
+        proc = audit(sandbox)
+        assert proc.returncode == 1, proc.stderr[-3000:]
+        found = " ".join(found_lines(proc))
+        assert f"access: {KEY_ENV_PATH} is root:root 0644, should be root:root 0600" in found
+        assert (f"access: {SOCKET_DIR} is vllm:www-data 0777, should be vllm:www-data 0750"
+                in found), found
+        assert [line for line in proc.stderr.splitlines() if "would change" in line] == [
+            f"drift: host {host.name}: 1 operation(s) would change: vLLM service: owner and "
+            "mode of its key, environment file, socket and spools [vllm_service]"]
+
+        assert repair(sandbox) == {OP_ACCESS}
+        assert sandbox.ssh(host, f"stat -c '%a %U %G' {KEY_ENV_PATH} {SOCKET_DIR}"
+                           ).stdout.split() == ["600", "root", "root", "750", "vllm", "www-data"]
+        assert main_pid(sandbox, host) == pid  # repaired without a restart
+    finally:
+        # Never left open for the modules after this one, whatever failed above.
+        sandbox.ssh(host, f"chmod 0600 {KEY_ENV_PATH}; chmod 0750 {SOCKET_DIR}", check=False)
+    closed = as_nobody(sandbox, host, f"test -r {KEY_ENV_PATH} || echo key-closed; "
+                                      f"curl -sS --unix-socket {SOCKET} http://localhost/health"
+                                      "; echo rc=$?", check=False)
+    assert "key-closed" in closed.stdout and "rc=7" in closed.stdout, closed
+    assert through_nginx(sandbox, host) == "200"
+    converged_again(sandbox)
+
+
 # --- on TCP (a stack without --uds, or beyond loopback): the engine's firewall ----------
 OP_FIREWALL_FILE = "full | vllm_service | vLLM service: engine firewall file"
 OP_FIREWALL = "full | vllm_service | vLLM service: engine firewall loaded"
@@ -311,7 +362,9 @@ def test_on_tcp_the_firewall_keeps_other_users_and_machines_off_the_engine(serve
     assert {OP_NFTABLES, OP_FIREWALL_FILE, OP_FIREWALL, OP_RESTART} <= changed(data)
     uid = sandbox.ssh(host, "id -u vllm").stdout.strip()
     table = sandbox.ssh(host, "nft list table inet pyinfra_vllm_engine").stdout
-    assert f"tcp sport 8000 meta skuid != {uid} drop" in table
+    # From the port: the engine's user's packets (their connection marked), no other SYN.
+    assert f"tcp sport 8000 meta skuid {uid} ct mark set ct mark | 0x00100000 accept" in table
+    assert "tcp sport 8000 tcp flags syn drop" in table
     # nginx's workers, root and the engine's user reach it; nobody is refused at once.
     status = sandbox.ssh(host, "curl -s -o /dev/null -w '%{http_code}' -H 'Authorization: "
                                f"Bearer {KEY}' http://127.0.0.1:8001/v1/models").stdout
@@ -364,6 +417,56 @@ def _tcp_impostor_gets_nothing(sandbox, host, engine: str) -> None:
     finally:
         sandbox.ssh(host, "systemctl stop impostor; rm -f /tmp/impostor.py /tmp/impostor.log",
                     check=False)
+
+
+def syncookies_sent(sandbox, host) -> int:
+    """The host's TcpExtSyncookiesSent: SYN cookies its network namespace has sent."""
+    out = sandbox.ssh(host, "awk '/^TcpExt:/ { if (!names++) { split($0, name); next } "
+                            'for (i = 2; i <= NF; i++) if (name[i] == "SyncookiesSent") '
+                            "print $i }' /proc/net/netstat").stdout
+    return int(out.strip())
+
+
+def test_on_tcp_a_listener_answering_with_syn_cookies_gets_no_request_and_no_key(served):
+    # The engine stopped, nobody takes its port with a backlog of 0: the kernel answers
+    # every handshake with a SYN cookie, whose SYN-ACK has no socket, so no owner for the
+    # table's meta skuid. None completes: no request, no key, from root, nginx (the
+    # engine's own key, on /v1) or another machine.
+    sandbox, host = served
+    engine = f"http://{host.address}:8000"
+    allowed = on_tcp(host, f"{host.gateway}/32")
+    proc, _ = run_with(sandbox, *allowed)  # as the test before left it: nothing to change
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert sandbox.ssh(host, "sysctl -n net.ipv4.tcp_syncookies").stdout.strip() == "1"
+    sandbox.ssh(host, "systemctl stop vllm")
+    start_impostor(sandbox, host, host.address, backlog=0)
+    try:
+        assert sandbox.ssh(host, "ss -Hltn 'sport = :8000' | wc -l").stdout.strip() == "1"
+        before = syncookies_sent(sandbox, host)
+        ten = "for n in $(seq 10); do {} & done; wait"
+        direct = sandbox.ssh(host, ten.format(
+            "curl -s -m 3 -o /dev/null -w '%{http_code}\\n' -H 'Authorization: Bearer x' "
+            f"{engine}/v1/models"), check=False).stdout.split()
+        assert direct == ["000"] * 10
+        gateway = sandbox.ssh(host, ten.format(
+            "curl -s -m 5 -o /dev/null -w '%{http_code}\\n' -H "
+            f"'Authorization: Bearer {KEY}' http://127.0.0.1:8001/v1/models"),
+            check=False).stdout.split()
+        assert gateway == ["000"] * 10
+        for _ in range(3):
+            assert from_this_machine(f"{engine}/v1/models").startswith("no answer")
+        # The attack's path: SYN cookies were sent, and none of them opened a connection.
+        assert syncookies_sent(sandbox, host) - before >= 5
+        assert sandbox.ssh(host, "cat /tmp/impostor.log").stdout == ""
+    finally:
+        sandbox.ssh(host, "systemctl stop impostor; rm -f /tmp/impostor.py /tmp/impostor.log",
+                    check=False)
+    # The engine back on its port, through the same table: served again.
+    sandbox.ssh(host, "systemctl start vllm", timeout=600)
+    for _ in range(5):
+        status = sandbox.ssh(host, "curl -s -o /dev/null -w '%{http_code}' -H 'Authorization: "
+                                   f"Bearer {KEY}' http://127.0.0.1:8001/v1/models").stdout
+        assert status == "200"
 
 
 def _firewall_drift_repaired(sandbox, host, data: list[str]) -> None:

@@ -17,11 +17,14 @@ might on a real server:
 - the engine stopped at its start limit (started and stopped by hand too often: systemd
   refuses every start for the rest of the interval): started, its count reset first;
 - a foreign nginx server taking the gateway's port: set aside, nginx reloaded after
-  ``nginx -t``;
+  ``nginx -t``; Debian's default site enabled again (port 80): set aside the same way;
 - the unit edited by hand: ``pyinfra --dry --diff`` shows the change (and no secret)
   before the run puts it back;
 - a model shard whose bytes changed under the same size and mtime: the stat check trusts
-  it, ``tools.audit --deep`` names it, ``model_repair=true`` fetches exactly it again.
+  it, ``tools.audit --deep`` names it, ``model_repair=true`` fetches exactly it again;
+- a file of the vLLM environment changed the same way: the listing trusts it,
+  ``tools.audit --deep`` names it against its wheel's RECORD, ``python_env_repair=true``
+  builds the environment again beside it.
 
 Last, a central Prometheus (Debian's package, on this machine) scrapes the host through
 the job ``tools.scrape_config`` writes.
@@ -29,6 +32,7 @@ the job ``tools.scrape_config`` writes.
 
 from __future__ import annotations
 
+import base64
 import json
 import subprocess
 import sys
@@ -63,6 +67,7 @@ OP_RESTART_REPAIRED = ("full | vllm_service | vLLM service: restarted for its ne
 MODEL_DIR = "/srv/models/sandbox/tiny-qwen2"
 OVERRIDE = "/etc/systemd/system/vllm.service.d/override.conf"
 FOREIGN = "/etc/nginx/conf.d/zz-foreign.conf"
+DEFAULT_SITE = "/etc/nginx/sites-enabled/default"
 
 
 def run(sandbox, timeout: float = 900):
@@ -260,6 +265,30 @@ def test_a_foreign_nginx_server_on_the_gateway_port_is_named_and_set_aside(serve
     converged_again(sandbox)
 
 
+def test_debians_default_site_enabled_again_is_named_and_set_aside(served):
+    # As an operator might, by hand: the package's welcome page on port 80 again.
+    sandbox, host = served
+    sandbox.ssh(host, f"ln -s /etc/nginx/sites-available/default {DEFAULT_SITE} && "
+                      "systemctl reload nginx")
+    assert sandbox.ssh(host, "curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:80/",
+                       check=False).stdout == "200"
+    proc = audit(sandbox)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert f"foreign nginx server: {DEFAULT_SITE} (symlink): line " in " ".join(
+        found_lines(proc)), proc.stderr
+
+    proc, data = run(sandbox)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert OP_FOREIGN in changed(data)
+    assert all(" | gateway | " in name for name in changed(data)), changed(data)
+    kept = "/var/lib/pyinfra-vllm/nginx-disabled" + DEFAULT_SITE
+    assert sandbox.ssh(host, f"test -e {DEFAULT_SITE} && echo enabled; readlink {kept}"
+                       ).stdout.split() == ["/etc/nginx/sites-available/default"]
+    assert sandbox.ssh(host, "curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:80/",
+                       check=False).stdout == "000"
+    converged_again(sandbox)
+
+
 def test_a_host_the_gateway_stage_refuses_audits_refused_not_drifted(served):
     """A file that serves the gateway's port and another cannot be set aside whole: the
     gateway stage refuses the host, and the audit says so, with no drift (the refusing
@@ -329,6 +358,64 @@ def test_the_deep_check_finds_a_shard_changed_under_the_same_size_and_mtime(serv
     before = mtimes.splitlines()
     # Only the corrupt shard was fetched again: the others keep their mtimes.
     assert [a for a, b in zip(after, before, strict=True) if a != b and name not in a] == []
+    assert audit(sandbox, "--deep").returncode == 0
+    converged_again(sandbox)
+
+
+# Run on the host: one byte near the end of a file flipped in place, its size and times
+# put back (to the nanosecond).
+FLIP_KEEPING_STAT = (
+    "import os, sys\n"
+    "p = sys.argv[1]\n"
+    "s = os.stat(p)\n"
+    "with open(p, 'r+b') as f:\n"
+    "    f.seek(s.st_size - 2)\n"
+    "    b = f.read(1)\n"
+    "    f.seek(s.st_size - 2)\n"
+    "    f.write(bytes([b[0] ^ 1]))\n"
+    "os.utime(p, ns=(s.st_atime_ns, s.st_mtime_ns))\n")
+
+
+def test_the_deep_check_finds_an_environment_file_changed_under_the_same_size_and_mtime(
+        served):
+    sandbox, host = served
+    env = current_env(sandbox, host)
+    # idna's METADATA: listed with its sha256 in idna's RECORD, read by nothing the engine
+    # runs, and its last bytes are the long description's text.
+    target = sandbox.ssh(host, f"ls {env}/lib/python3*/site-packages/idna-*.dist-info/METADATA"
+                         ).stdout.strip()
+    relative = target[len(env) + 1:]
+    listing = f"stat -c '%n %s %Y' {target}"
+    before = sandbox.ssh(host, listing).stdout
+    flip = base64.b64encode(FLIP_KEEPING_STAT.encode()).decode()
+    sandbox.ssh(host, f"echo {flip} | base64 -d > /root/flip.py && python3 /root/flip.py "
+                      f"{target} && rm /root/flip.py")
+    assert sandbox.ssh(host, listing).stdout == before
+
+    assert audit(sandbox).returncode == 0  # size and mtime unchanged: the listing trusts it
+    proc = audit(sandbox, "--deep")
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    refused = [line for line in proc.stderr.splitlines() if ": refused: python_env:" in line]
+    assert len(refused) == 1, proc.stderr[-3000:]
+    assert (f"python_env: 1 file(s) of {env} no longer match their wheels' RECORD under an "
+            f"unchanged size and mtime: {relative} (mismatch); set python_env_repair=true"
+            in refused[0]), refused[0]
+    # The python_env stage's refusal, recorded as one: no operation counted as drift.
+    assert [line for line in proc.stderr.splitlines() if "would change" in line] == []
+
+    # The repair: a new generation beside it, idna taken out of uv's cache first (its
+    # files may be the cache's own, hard-linked), proven, the unit moved to it.
+    before_pid = sandbox.ssh(host, "systemctl show vllm -p MainPID --value").stdout.strip()
+    proc, data = run_with(sandbox, "python_env_repair=true", "python_env_link_mode=copy",
+                          timeout=INSTALL_TIMEOUT)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert changed(data) - {OP_PRUNE} == {OP_ENV_START, OP_ENV, OP_LINK, OP_FLAGS, OP_UNIT,
+                                          OP_STALE, OP_RESTART}, changed(data)
+    repaired = current_env(sandbox, host)
+    assert repaired == (env[:-1] + str(int(env[-1]) + 1) if "-g" in env else env + "-g2")
+    shown = sandbox.ssh(host, "systemctl is-active vllm; systemctl show vllm -p MainPID "
+                              "--value").stdout.split()
+    assert shown[0] == "active" and shown[1] != before_pid
     assert audit(sandbox, "--deep").returncode == 0
     converged_again(sandbox)
 

@@ -233,9 +233,11 @@ def test_wrapper_arguments():
     assert parse_args(["inventory.py", "--data", "x=1", "--deploy", "deploys/sysctl.py"]) == (
         "inventory.py", "deploys/sysctl.py", ["--data", "x=1"])
     assert parse_args(["@local"])[1] == "deploys/full.py"
-    # --deep is the deep model check for this audit, in pyinfra's own --data words.
+    # --deep is the deep check of the model and of the environment for this audit, in
+    # pyinfra's own --data words.
     assert parse_args(["inventory.py", "--limit", "h", "--deep"]) == (
-        "inventory.py", "deploys/full.py", ["--data", "model_verify=deep", "--limit", "h"])
+        "inventory.py", "deploys/full.py", ["--data", "model_verify=deep", "--data",
+                                            "python_env_verify=deep", "--limit", "h"])
     for bad in ([], ["--limit", "h", "inv.py"], ["inv.py", "-y"], ["inv.py", "--deploy"]):
         with pytest.raises(UsageError):
             parse_args(bad)

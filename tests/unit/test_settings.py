@@ -54,6 +54,12 @@ def test_defaults_are_the_seed_recipe():
          "remove model from skip_stages, or leave model_verify stat and model_repair false"),
         ({"model_repair": True, "skip_stages": ["model"]},
          "model_repair true re-hashes the model in the model stage, which skip_stages skips"),
+        ({"python_env_verify": "deep", "skip_stages": ["python_env"]},
+         "python_env_verify deep re-hashes the environment in the python_env stage, which "
+         "skip_stages skips: remove python_env from skip_stages, or leave python_env_verify "
+         "stat and python_env_repair false"),
+        ({"python_env_repair": True, "skip_stages": ["python_env"]},
+         "python_env_repair true re-hashes the environment in the python_env stage"),
         ({"model_volume_mount_options": ["noatime", "nobarrier"]}, "disables write barriers"),
         ({"model_volume_mount_options": ["barrier=0"]}, "['barrier=0'] disables write barriers"),
         ({"sysctl": {"vm swappiness": 1}}, "is not a sysctl key"),

@@ -72,6 +72,7 @@ DIRECTIVES_ALLOWED = "of these: access_log, add_header, client_body_buffer_size"
 UNSIGNED = "unsigned packages run their scripts as root"
 HOST_URL = "write it as http(s)://HOST[:PORT]/PATH"
 BASE_URL_CREDENTIALS = "has credentials in it (user:password@ or token@ before the host)"
+NAME_THEM = ("the list is there to name the few machines let in", '["10.20.0.5/32"]')
 
 CASES = [
     # --- 1. vllm_host: an IP literal, on loopback unless opted in -----------------------
@@ -102,6 +103,13 @@ CASES = [
          "open to the machines of vllm_engine_allow only", "[\"10.20.0.5/32\"]", base=KEYED),
     case("engine-allow-word", {"vllm_engine_allow": ["gateway-1"]}, "vllm_engine_allow",
          "vllm_engine_allow[0] 'gateway-1' is not an IPv4 or IPv6 network"),
+    case("engine-allow-everyone", {"vllm_engine_allow": ["0.0.0.0/0"]}, "vllm_engine_allow",
+         "vllm_engine_allow lets in every IPv4 address (0.0.0.0/0)", *NAME_THEM),
+    case("engine-allow-everyone-in-halves", {"vllm_engine_allow": ["::/1", "8000::/1"]},
+         "vllm_engine_allow", "lets in every IPv6 address (::/0)", *NAME_THEM),
+    case("engine-allow-unspecified", {"vllm_engine_allow": ["0.0.0.0"]}, "vllm_engine_allow",
+         "vllm_engine_allow[0] '0.0.0.0' is the unspecified address", "an allow list as no "
+         "machine", *NAME_THEM),
 
     # --- 2. api_keys and api_keys_file --------------------------------------------------
     case("key-short", {"api_keys": [SHORT]}, "api_keys",
@@ -342,6 +350,18 @@ CASES = [
          "is not an IPv4 or IPv6 network"),
     case("metrics-prefix-too-long", {"metrics_allow": ["10.0.0.0/33"]}, "metrics_allow",
          "is not an IPv4 or IPv6 network"),
+    case("metrics-everyone", {"metrics_allow": ["0.0.0.0/0", "::/0"]}, "metrics_allow",
+         "metrics_allow lets in every IPv4 address (0.0.0.0/0) and every IPv6 address (::/0)",
+         *NAME_THEM),
+    case("metrics-everyone-in-halves", {"metrics_allow": ["0.0.0.0/1", "128.0.0.0/1"]},
+         "metrics_allow", "lets in every IPv4 address (0.0.0.0/0)"),
+    case("metrics-unspecified-ipv6", {"metrics_allow": ["::"]}, "metrics_allow",
+         "metrics_allow[0] '::' is the unspecified address"),
+    case("metrics-everyone-with-prometheus-servers",
+         {"metrics_allow": ["0.0.0.0/1"], "prometheus_servers": ["128.0.0.0/1"]},
+         "prometheus_servers", "prometheus_servers, added to metrics_allow, lets in every "
+         "IPv4 address (0.0.0.0/0)", "/metrics and /node-metrics would answer every machine",
+         *NAME_THEM),
 
     # --- 7. nvidia_apt_repo -------------------------------------------------------------
     case("apt-bare-http-url", {"nvidia_apt_repo": "http://10.0.0.1:8787/"}, "nvidia_apt_repo",
@@ -533,6 +553,47 @@ CASES = [
          {"gateway_extra_directives": ["error_log /var/log/nginx/vllm-debug.log debug;"]},
          "gateway_extra_directives", "logs at the debug level", "Authorization",
          "use info or above"),
+    # Each debug level writes the request headers (nginx built --with-debug): the values
+    # are an allow list, by shape, never a list of refused words.
+    case("directive-error-log-debug-http",
+         {"gateway_extra_directives": ["error_log /var/log/nginx/vllm-debug.log debug_http;"]},
+         "gateway_extra_directives", "logs at the debug level (debug_http)",
+         "the engine's own key", "use info or above"),
+    case("directive-error-log-debug-core-and-http",
+         {"gateway_extra_directives": ["error_log /var/log/nginx/x.log debug_core debug_http;"]},
+         "gateway_extra_directives", "logs at the debug level (debug_core, debug_http)"),
+    case("directive-error-log-debug-quoted",
+         {"gateway_extra_directives": ['error_log stderr "debug_event";']},
+         "gateway_extra_directives", "logs at the debug level (debug_event)"),
+    case("directive-error-log-unknown-level",
+         {"gateway_extra_directives": ["error_log /var/log/nginx/x.log verbose;"]},
+         "gateway_extra_directives", "gives error_log '/var/log/nginx/x.log verbose'",
+         "one level of info, notice, warn, error, crit, alert, emerg"),
+    case("directive-error-log-outside-var-log",
+         {"gateway_extra_directives": ["error_log /tmp/x.log info;"]},
+         "gateway_extra_directives", "error_log takes here: a file /var/log/nginx/NAME"),
+    case("directive-access-log-default-format",
+         {"gateway_extra_directives": ["access_log /var/log/nginx/x.log;"]},
+         "gateway_extra_directives", "the gateway's format vllm_gateway",
+         "combined, the default, writes the query string and the Referer"),
+    case("directive-access-log-combined",
+         {"gateway_extra_directives": ["access_log /var/log/nginx/x.log combined;"]},
+         "gateway_extra_directives", "gives access_log '/var/log/nginx/x.log combined'"),
+    case("directive-access-log-into-conf-d",
+         {"gateway_extra_directives": [
+             "access_log /var/log/nginx/../../etc/nginx/conf.d/x.conf vllm_gateway;"]},
+         "gateway_extra_directives", "access_log takes here"),
+    case("directive-log-format",
+         {"gateway_extra_directives": ["log_format leak $http_authorization;"]},
+         "gateway_extra_directives", "uses log_format, which is refused"),
+    case("directive-add-header-hsts",
+         {"gateway_extra_directives": ['add_header Strict-Transport-Security "max-age=60";']},
+         "gateway_extra_directives", "adds Strict-Transport-Security, which the gateway's "
+         "site adds itself"),
+    case("directive-value-not-on-off", {"gateway_extra_directives": ["gzip maybe;"]},
+         "gateway_extra_directives", "gives gzip 'maybe'; gzip takes here: on or off"),
+    case("directive-value-not-a-time", {"gateway_extra_directives": ["send_timeout forever;"]},
+         "gateway_extra_directives", "send_timeout takes here: a time (75s, 1m, 500ms)"),
     case("directive-proxy-read-timeout", {"gateway_extra_directives": ["proxy_read_timeout 60s;"]},
          "gateway_extra_directives", "which the gateway sets itself",
          "set gateway_proxy_timeout_s instead"),
