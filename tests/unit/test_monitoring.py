@@ -243,7 +243,7 @@ def test_promtool_accepts_the_generated_config(tmp_path):
 def test_every_rule_has_for_severity_and_summary():
     rules = [rule for group in yaml.safe_load(RULES.read_text())["groups"]
              for rule in group["rules"]]
-    assert len(rules) == 25
+    assert len(rules) == 26
     for rule in rules:
         assert rule["for"], rule["alert"]
         assert rule["labels"]["severity"] in ("critical", "warning"), rule["alert"]
