@@ -15,7 +15,7 @@ from typing_extensions import override
 
 from facts.base import FactBase
 from facts.nvidia_smi import NvidiaSmiFact, device_error, nvml_failure, split_smi_output
-from pyinfra_vllm.core.versions import version_tuple
+from facts.versions import version_tuple
 
 T = TypeVar("T")
 

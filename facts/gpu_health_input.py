@@ -2,10 +2,10 @@
 and the error an output it knows but cannot read raises.
 
 Why a bound: a parser runs inside pyinfra's run (a fact's ``process``) and in
-tools/gpu_health.py over whatever a support bundle holds. Each pattern of
-facts/gpu_health.py and facts/gpu_health_logs.py is linear in its input (no nested or
-overlapping quantifiers: tests/unit/test_gpu_health.py checks them), and the bound
-caps what one line can cost. A line over the bound is an unreadable output, never a line
+tools/gpu_health.py over whatever a support bundle holds. Each pattern of the parsers
+(facts/gpu_health_smi.py, _csv.py, _nvlink.py, _record.py and _logs.py) is linear in its
+input (no nested or overlapping quantifiers: tests/unit/test_gpu_health.py checks them),
+and the bound caps what one line can cost. A line over the bound is an unreadable output, never a line
 skipped: what it held is unknown, so the output is not judged healthy.
 
 The longest line of the real outputs the tests carry is the header of a ``--query-gpu``

@@ -14,8 +14,15 @@ from typing_extensions import override
 
 from facts.base import FactBase
 
-# The downloader's own names for its record and its download area.
-from pyinfra_vllm.core.model_files import INCOMING, VERIFIED_NAME
+# The names the model downloader (files/fetch_model.py) reserves inside a model's
+# directory. files/fetch_model.py runs alone on the host and imports nothing of this
+# repository, so it carries the same names; tests/unit/test_model.py holds them equal.
+# The record of the files verified against the lock: path, size, mtime, checksum.
+VERIFIED_NAME = ".verified.json"
+# Where partial downloads wait, under their path in the lock plus ".part".
+INCOMING = ".incoming"
+# The lock file that keeps two downloads into one directory apart.
+FETCH_LOCK = ".fetch.lock"
 
 
 def mtime_ns(text: str) -> int:

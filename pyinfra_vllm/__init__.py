@@ -1,2 +1,3 @@
-"""The library behind the deploys: settings, stacks, the run context, the checks and
-gates, reports, and the stages as ``@deploy`` functions (``pyinfra_vllm.stages``)."""
+"""The library behind the deploys: settings, stacks, plans and verdicts, the operations,
+the run context, the audit's reports, and the stages as ``@deploy`` functions
+(``pyinfra_vllm.stages``)."""

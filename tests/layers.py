@@ -15,18 +15,25 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 # Lowest first: (layer, its folders, what it holds). A folder's subfolders are in its
-# layer (operations/util/ holds the operations' helpers, as pyinfra.operations.util).
+# layer (pyinfra_vllm/operations/util/ holds the operations' helpers, as
+# pyinfra.operations.util).
 LAYERS: list[tuple[str, tuple[str, ...], str]] = [
+    ("facts", ("facts",),
+     "what is read from a host: pyinfra facts and their parsers, with the version numbers "
+     "and the downloader's names they share"),
     ("core", ("pyinfra_vllm/core",),
-     "settings, stacks as data, templates, version numbers, names shared with files/, "
-     "secrets and locks on the operator's machine, text from hosts made safe to show"),
-    ("facts", ("facts",), "what is read from a host: pyinfra facts"),
+     "settings, stacks as data, templates, the pyinfra versions the audit was tested with, "
+     "a model's paths, secrets and locks on the operator's machine, text from hosts made "
+     "safe to show"),
     ("plans", ("pyinfra_vllm/plans",),
      "what a host should look like, and the verdicts on what it is: pure functions"),
-    ("operations", ("operations",),
-     "pyinfra operations: the commands; their shared helpers in operations/util/"),
+    ("operations", ("pyinfra_vllm/operations",),
+     "pyinfra operations: the commands; their shared helpers in pyinfra_vllm/operations/util/"),
     ("run", ("pyinfra_vllm/run",),
-     "one run: the context per host, its one read of the host, the audit's reports"),
+     "one run: the context per host, its one read of the host, the shape of every stage"),
+    ("report", ("pyinfra_vllm/report",),
+     "the audit's reports: each host's entry and drift, the JSON, Markdown and HTML files "
+     "and the terminal table"),
     ("stages", ("pyinfra_vllm/stages",), "one @stage function per stage, full and audit"),
     ("entry points", ("deploys", "tools"), "what operators run"),
     ("sandbox", ("sandbox",), "the test harness: the product never imports it"),
@@ -34,7 +41,7 @@ LAYERS: list[tuple[str, tuple[str, ...], str]] = [
 # Apart from the layers: run alone on the hosts, importing nothing of ours.
 HOST_SCRIPTS = "files"
 RANK = {name: rank for rank, (name, _folders, _what) in enumerate(LAYERS)}
-PACKAGES = ("pyinfra_vllm", "facts", "operations", "deploys", "tools", "sandbox", HOST_SCRIPTS)
+PACKAGES = ("pyinfra_vllm", "facts", "deploys", "tools", "sandbox", HOST_SCRIPTS)
 
 
 def module_name(path: Path, root: Path = ROOT) -> str:
@@ -76,7 +83,8 @@ def _imported(node: ast.ImportFrom, source: str, path: Path, root: Path) -> list
         package = source.split(".") if path.name == "__init__.py" else source.split(".")[:-1]
         package = package[: len(package) - (node.level - 1)]
         base = ".".join([*package, base] if base else package)
-    # `from operations import gate` imports the module operations.gate;
+    # `from pyinfra_vllm.operations import gate` imports the module
+    # pyinfra_vllm.operations.gate;
     # `from facts.driver import DriverInfo` imports facts.driver.
     names = [f"{base}.{alias.name}" for alias in node.names]
     return [name if module_path(name, root) else base for name in names]
@@ -177,13 +185,25 @@ def first_sentence(path: Path) -> str:
 
 
 def folder_of(module: str) -> str:
-    """The layer folder (or package) a module is in: pyinfra_vllm/core, operations/util."""
+    """The folder a module is drawn in: its package (facts, tools, sandbox), the layer
+    folder of pyinfra_vllm (pyinfra_vllm/core), or the operations' helpers
+    (pyinfra_vllm/operations/util)."""
     parts = module.split(".")
-    if parts[0] in ("pyinfra_vllm", "operations") and len(parts) > 2:
-        return "/".join(parts[:2])
-    if parts[0] == "pyinfra_vllm" and len(parts) == 2:
-        return "/".join(parts)
-    return parts[0]
+    if parts[0] != "pyinfra_vllm":
+        return parts[0]
+    depth = 3 if parts[1:3] == ["operations", "util"] and len(parts) > 3 else 2
+    return "/".join(parts[:depth])
+
+
+def package_imports(root: Path = ROOT) -> dict[str, set[str]]:
+    """Which top-level package imports which (facts, pyinfra_vllm, deploys, tools,
+    sandbox): the layers seen from above, a package's imports of itself left out."""
+    graph: dict[str, set[str]] = {}
+    for source, targets in import_graph(root).items():
+        top = source.split(".")[0]
+        graph.setdefault(top, set()).update(
+            target.split(".")[0] for target in targets if target.split(".")[0] != top)
+    return graph
 
 
 def folder_imports(root: Path = ROOT) -> list[tuple[str, str]]:

@@ -1,5 +1,6 @@
 """pyinfra-testing fixtures for the suite's operations: one class per
-``tests/operations/<module>.<operation>/``.
+``tests/operations/<module>.<operation>/``, ``<module>`` a module of
+pyinfra_vllm/operations/.
 
 Each JSON file drives one code path: the facts the operation reads (keys use the fact's
 last module segment and sorted ``k=v`` arguments), the arguments it gets (the fake host
@@ -27,5 +28,5 @@ def _repository_root(monkeypatch):
 # tests/conftest.py makes FakeHost.get_fact answer None and booleans as a real host does.
 for _name in sorted(d.name for d in BASE.iterdir() if d.is_dir()):
     locals()[f"TestOperation_{_name.replace('.', '_')}"] = make_operation_tests(
-        "operations", _name, BASE / _name
+        "pyinfra_vllm.operations", _name, BASE / _name
     )

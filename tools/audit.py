@@ -9,7 +9,7 @@ Runs, from the repository root, one read-only pyinfra run:
 pyinfra prepares every stage of deploys/full.py for every host (facts are read, nothing
 is executed: ``--dry``), then deploys/audit.py reads, per host, which of those
 operations would change and which stage refused the host, and writes the JSON and
-Markdown reports (pyinfra_vllm/run/report.py). The options after INVENTORY go to pyinfra
+Markdown reports (pyinfra_vllm/report/). The options after INVENTORY go to pyinfra
 as they are (``--data KEY=VALUE``, ``--limit HOST``, ``--ssh-user``...); ``-y`` is
 refused, since it turns pyinfra's change detection off. ``--deep`` is
 ``--data model_verify=deep --data python_env_verify=deep``: every model file is re-hashed
@@ -26,7 +26,7 @@ Exit status:
 
 Why this shape: pyinfra 3.10's ``--dry --json`` plan lists, per operation, the hosts it
 would change, but not why a stage refused a host, and it counts the refusal itself
-(operations/gate.py) as a change. The audit, running in the same process after the
+(pyinfra_vllm/operations/gate.py) as a change. The audit, running in the same process after the
 stages, has both: pyinfra's per-host change flag and the stages' refusal reasons. The
 wrapper still reads the ``--json`` plan and checks it names exactly the hosts the
 audit found drifted or refused, so a change in pyinfra's internals shows as exit 2,
@@ -46,13 +46,13 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from pyinfra_vllm.run.report_text import printable, printable_keeping_colours
+from pyinfra_vllm.report.text import printable, printable_keeping_colours
 from tools import repository_env
 
 ROOT = Path(__file__).resolve().parents[1]
 AUDIT_FILE = "deploys/audit.py"
 DEFAULT_DEPLOY = "deploys/full.py"
-INDEX_ENV = "PYINFRA_VLLM_AUDIT_INDEX"  # pyinfra_vllm/run/report.py writes the report paths there
+INDEX_ENV = "PYINFRA_VLLM_AUDIT_INDEX"  # pyinfra_vllm/report/runs.py writes the report paths there
 USAGE = "usage: python -m tools.audit INVENTORY [--deploy FILE] [--deep] [PYINFRA OPTION ...]"
 # --deep: the model stage re-hashes every model file, and the run every file of the
 # vLLM environment's wheels (settings.py, model_verify and python_env_verify).
@@ -107,7 +107,7 @@ def plan_hosts(plan: Any) -> set[str]:
 def verdict(report: dict[str, Any], plan: Any) -> tuple[int, list[str]]:
     """Exit status (0 or 1, or 2 when the audit cannot be trusted) and the stderr lines,
     each ``printable``: the operations, refusals and findings in them come from hosts."""
-    from pyinfra_vllm.run.report import host_problems
+    from pyinfra_vllm.report.drift import host_problems
 
     lines: list[str] = []
     hosts = report.get("hosts") or {}

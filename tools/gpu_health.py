@@ -49,25 +49,25 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from facts.gpu_health import (
-    MISSING_KEY,
-    detect_kind,
-    empty_record,
+from facts.gpu_health import detect_kind
+from facts.gpu_health_csv import (
     health_csv_fields,
-    merge_records,
-    normalize_bus_id,
-    nvlink_applicability,
     parse_health_csv,
-    parse_nvlink_errors,
-    parse_query_text,
-    parse_query_xml,
     parse_remapped_rows_csv,
     parse_retired_pages_csv,
-    same_gpu,
-    unreadable_gpus,
 )
 from facts.gpu_health_input import UnreadableOutput
 from facts.gpu_health_logs import parse_dcgmi_diag, read_kernel_log
+from facts.gpu_health_nvlink import nvlink_applicability, parse_nvlink_errors
+from facts.gpu_health_record import (
+    MISSING_KEY,
+    empty_record,
+    merge_records,
+    normalize_bus_id,
+    same_gpu,
+    unreadable_gpus,
+)
+from facts.gpu_health_smi import parse_query_text, parse_query_xml
 from facts.nvidia_smi import nvml_failure
 from pyinfra_vllm.plans.gpu_health import (
     READ_AGAIN,

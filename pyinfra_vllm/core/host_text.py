@@ -9,7 +9,7 @@ already printed (``\\r``, ``\\b``); in Markdown a ``|`` would add a table cell,
 ``[text](url)`` a link and ``<script>`` raw HTML. The JSON reports keep every string
 exact: it is data, and JSON escapes control characters itself. The HTML reports escape
 ``printable`` text with ``html.escape``. In core, below the plans that write the
-benchmark's Markdown and the run's reports alike (pyinfra_vllm/run/report_text.py
+benchmark's Markdown and the run's reports alike (pyinfra_vllm/report/text.py
 passes these on to the audit's).
 """
 

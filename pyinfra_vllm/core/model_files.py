@@ -1,20 +1,18 @@
-"""The names the model downloader (files/fetch_model.py) reserves inside a model's
-directory, for the operator side that reads what it left.
+"""The model's paths on the operator side: where a model's directory is, and which file
+paths of a model cannot be written under it.
 
-files/fetch_model.py runs alone on the host and imports nothing of this repository, so
-it carries the same two names; tests/unit/test_model.py holds them equal.
+The names the model downloader (files/fetch_model.py) reserves inside a model's
+directory are defined with the fact that reads what it left (facts/model.py) and used
+here from there.
 """
 
 from __future__ import annotations
 
 import posixpath
 
-# The record of the files verified against the lock: path, size, mtime, checksum.
-VERIFIED_NAME = ".verified.json"
-# Where partial downloads wait, under their path in the lock plus ".part".
-INCOMING = ".incoming"
-# The lock file that keeps two downloads into one directory apart.
-FETCH_LOCK = ".fetch.lock"
+from facts.model import FETCH_LOCK, INCOMING, VERIFIED_NAME
+
+__all__ = ["FETCH_LOCK", "INCOMING", "VERIFIED_NAME", "model_path", "unsafe_model_path"]
 
 
 def unsafe_model_path(path: str) -> str | None:

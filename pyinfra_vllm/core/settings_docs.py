@@ -3,7 +3,8 @@
 Each row is a field of pyinfra_vllm.core.settings.Settings: its name, its default, what
 it allows (its choices or bounds) and its meaning (its attribute docstring). This module
 reads pydantic's field records only; ``pyinfra_vllm.core.settings.reference_markdown``
-passes it the model, and ``python -m pyinfra_vllm.core.settings`` prints the table.
+passes it the model, and ``python -m pyinfra_vllm.core.settings`` prints the table. The
+model's sections share SettingsSection, whose configuration keeps each field's docstring.
 """
 
 from __future__ import annotations
@@ -11,7 +12,16 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Mapping
 from typing import Literal, get_args, get_origin
 
+from pydantic import BaseModel, ConfigDict
 from pydantic.fields import FieldInfo
+
+
+class SettingsSection(BaseModel):
+    """A section of the settings: pyinfra_vllm.core.settings.Settings is made of them."""
+
+    # Attribute docstrings become field descriptions: docs/settings.md's settings table
+    # is generated from them (tests/unit/test_docs.py keeps the two in step).
+    model_config = ConfigDict(extra="ignore", frozen=True, use_attribute_docstrings=True)
 
 
 def field_allowed(field: FieldInfo) -> str | None:

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from pyinfra_vllm.core.versions import version_tuple
+from facts.versions import version_tuple
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,21 +1,12 @@
-"""Version strings compared as numbers, for drivers, vLLM and Python alike."""
+"""The pyinfra releases the audit was tested with, compared as numbers
+(facts/versions.py ``version_tuple``, shared with the facts that read versions)."""
 
 from __future__ import annotations
 
-
-def version_tuple(version: str | None) -> tuple[int, ...]:
-    """``"535.129.03"`` -> ``(535, 129, 3)``; stops at the first non-numeric part
-    (``"0.6.3.post1"`` -> ``(0, 6, 3)``), so versions compare as numbers."""
-    parts: list[int] = []
-    for piece in (version or "").strip().split("."):
-        if not piece.isdigit():
-            break
-        parts.append(int(piece))
-    return tuple(parts)
-
+from facts.versions import version_tuple
 
 # The pyinfra releases the audit was tested with (pyproject.toml pins the same range):
-# its drift reads pyinfra's prepared state (pyinfra_vllm/run/report.py), whose layout pyinfra
+# its drift reads pyinfra's prepared state (pyinfra_vllm/report/drift.py), whose layout pyinfra
 # documents but does not promise to keep; tests/unit/test_pyinfra_contract.py checks it.
 PYINFRA_TESTED = ((3, 10), (3, 11))  # from, up to but not including
 

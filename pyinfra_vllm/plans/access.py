@@ -1,7 +1,7 @@
 """Who owns the suite's secrets and the engine's access paths, and who may use them: one
 table, each path with its owner, group, mode and kind, the stage that keeps it and the
-settings that make it apply (operations/access.py puts them back; docs/security.md lists
-them).
+settings that make it apply (pyinfra_vllm/operations/access.py puts them back; docs/security.md
+lists them).
 
 A path of the table that exists with another owner, group or mode (a ``chmod 0644`` of
 the engine's key, a ``chmod 0777`` of the engine's socket directory) is drift: the
@@ -28,8 +28,8 @@ from pyinfra_vllm.plans import engine_access
 from pyinfra_vllm.plans import gateway as gateway_plan
 from pyinfra_vllm.plans import vllm_service as vllm_service_plan
 
-# The spools of operations/util/uploads.py and operations/util/jobs.py, defined here so
-# that the table can name them (operations import plans, never the other way).
+# The spools of pyinfra_vllm/operations/util/uploads.py and pyinfra_vllm/operations/util/jobs.py,
+# defined here so that the table can name them (operations import plans, never the other way).
 # tmpfs and root-only: secrets a command needs (a token, proxy credentials) exist here
 # only while it runs, never on its command line.
 SECRET_DIR = "/run/pyinfra-vllm"
@@ -84,7 +84,7 @@ class Access:
     chmod_as: str = "root"
 
     def wanted(self) -> dict[str, str]:
-        """The row as operations.access.kept takes it."""
+        """The row as pyinfra_vllm.operations.access.kept takes it."""
         return {"owner": self.owner, "group": self.group, "mode": self.mode,
                 "kind": self.kind, "chmod_as": self.chmod_as}
 
@@ -151,7 +151,7 @@ def read(settings: Settings, stage: str) -> dict[str, list[str]]:
 
 
 def wanted(settings: Settings, stage: str) -> dict[str, dict[str, str]]:
-    """operations.access.kept's ``paths`` for ``stage``."""
+    """pyinfra_vllm.operations.access.kept's ``paths`` for ``stage``."""
     return {row.path: row.wanted() for row in rows(settings, stage)}
 
 

@@ -4,7 +4,7 @@ reported.
 The client is vLLM's own (``vllm bench serve``'s module, vllm/benchmarks/serve.py, from
 the engine's environment: the same code vLLM's maintainers measure with, no other
 package on the server), run by files/bench_client.py as a transient job
-(operations/bench.py) against the host's gateway on loopback: nginx, TLS, the API key
+(pyinfra_vllm/operations/bench.py) against the host's gateway on loopback: nginx, TLS, the API key
 check and the rate limit included, as clients meet them. vLLM's random dataset (token
 ids drawn from the model's own tokenizer, end of sequence ignored) gives every request
 exactly the shape asked, so two runs compare.

@@ -199,17 +199,7 @@ def plan(
     """
     tp = tensor_parallel_size
     elem = dtype_bytes(dtype, config)
-    kinds = layer_types(config)
-    full_layers = kinds.count("full_attention")
-    linear_layers = kinds.count("linear_attention")
-    _, kv_heads, head_dim = attention_shape(config)
-    kv_token = 2 * full_layers * kv_heads * head_dim * elem
-    kv_token_gpu = 2 * full_layers * kv_heads_per_gpu(kv_heads, tp) * head_dim * elem
-    tokens = _round_up(max_model_len, block_size)
-    kv_seq = kv_token * tokens
-    kv_seq_gpu = kv_token_gpu * tokens
-    state_gpu = linear_layers * linear_state_bytes(config, tp, elem)
-    per_seq_gpu = kv_seq_gpu + state_gpu
+    cache = _cache_per_sequence(config, tp, elem, max_model_len, block_size)
     if weights_bytes is None:
         weights_total, weights_source = estimate_parameters(config) * elem, "estimate"
     else:
@@ -218,15 +208,36 @@ def plan(
     # replicated parts (norms) are ignored.
     weights_gpu = weights_total // tp
     budget = int(gpu_memory_mib * MIB * gpu_memory_utilization)
-    free = budget - weights_gpu - reserve_bytes
-    sequences = max(free, 0) // per_seq_gpu if per_seq_gpu else 0
-    fit_tokens = max(free - state_gpu, 0) // kv_token_gpu if kv_token_gpu else 0
-    fit_len = (fit_tokens // block_size) * block_size
     result = {
         "model_type": text_config(config).get("model_type") or config.get("model_type"),
         "architectures": config.get("architectures") or [],
         "dtype_bytes": elem,
         "tensor_parallel_size": tp,
+        **cache,
+        "weights_bytes": weights_total,
+        "weights_source": weights_source,
+        "weights_bytes_per_gpu": weights_gpu,
+        "gpu_budget_bytes": budget,
+        "reserve_bytes": reserve_bytes,
+        **_what_fits(cache, budget - weights_gpu - reserve_bytes, block_size),
+    }
+    result["check"] = capacity_check(result, gpu_memory_mib, gpu_memory_utilization)
+    return result
+
+
+def _cache_per_sequence(config: dict[str, Any], tp: int, elem: int, max_model_len: int,
+                        block_size: int) -> dict[str, int]:
+    """What the engine keeps per sequence: the layers' shape, the KV cache per token and
+    per max_model_len sequence (whole, and per GPU), and the linear-attention layers'
+    fixed state per GPU."""
+    kinds = layer_types(config)
+    full_layers = kinds.count("full_attention")
+    linear_layers = kinds.count("linear_attention")
+    _, kv_heads, head_dim = attention_shape(config)
+    kv_token = 2 * full_layers * kv_heads * head_dim * elem
+    kv_token_gpu = 2 * full_layers * kv_heads_per_gpu(kv_heads, tp) * head_dim * elem
+    tokens = _round_up(max_model_len, block_size)
+    return {
         "layers": len(kinds),
         "full_attention_layers": full_layers,
         "linear_attention_layers": linear_layers,
@@ -235,20 +246,27 @@ def plan(
         "kv_bytes_per_token": kv_token,
         "kv_bytes_per_token_per_gpu": kv_token_gpu,
         "max_model_len": max_model_len,
-        "kv_bytes_per_sequence": kv_seq,
-        "kv_bytes_per_sequence_per_gpu": kv_seq_gpu,
-        "linear_state_bytes_per_sequence_per_gpu": state_gpu,
-        "weights_bytes": weights_total,
-        "weights_source": weights_source,
-        "weights_bytes_per_gpu": weights_gpu,
-        "gpu_budget_bytes": budget,
-        "reserve_bytes": reserve_bytes,
+        "kv_bytes_per_sequence": kv_token * tokens,
+        "kv_bytes_per_sequence_per_gpu": kv_token_gpu * tokens,
+        "linear_state_bytes_per_sequence_per_gpu": (
+            linear_layers * linear_state_bytes(config, tp, elem)
+        ),
+    }
+
+
+def _what_fits(cache: dict[str, int], free: int, block_size: int) -> dict[str, int]:
+    """What a GPU's KV budget (``free``: its budget less the weights and the reserve)
+    holds: whole max_model_len sequences at once, and the longest one sequence alone."""
+    state_gpu = cache["linear_state_bytes_per_sequence_per_gpu"]
+    per_seq_gpu = cache["kv_bytes_per_sequence_per_gpu"] + state_gpu
+    kv_token_gpu = cache["kv_bytes_per_token_per_gpu"]
+    sequences = max(free, 0) // per_seq_gpu if per_seq_gpu else 0
+    fit_tokens = max(free - state_gpu, 0) // kv_token_gpu if kv_token_gpu else 0
+    return {
         "kv_budget_bytes_per_gpu": max(free, 0),
         "sequences": int(sequences),
-        "max_model_len_that_fits": int(fit_len),
+        "max_model_len_that_fits": int((fit_tokens // block_size) * block_size),
     }
-    result["check"] = capacity_check(result, gpu_memory_mib, gpu_memory_utilization)
-    return result
 
 
 def capacity_check(p: dict[str, Any], gpu_memory_mib: int, utilization: float) -> dict[str, Any]:

@@ -13,11 +13,11 @@ import re
 from typing import Any
 
 from facts.driver import module_mismatch, userspace_driver
-from facts.topology import tp_link_verdict
+from facts.versions import version_tuple
 from pyinfra_vllm.core.settings import Settings
 from pyinfra_vllm.core.stack_locks import driver_floor
-from pyinfra_vllm.core.versions import version_tuple
 from pyinfra_vllm.plans.gpu_health import host_gpu_health
+from pyinfra_vllm.plans.topology import tp_link_verdict
 
 # Operating systems the suite provisions: Ubuntu 22.04 is the target, 24.04 and
 # Debian 12 are supported (and the sandbox hosts are Debian 12).

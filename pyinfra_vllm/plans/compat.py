@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from facts.versions import version_tuple
 from pyinfra_vllm.core.stacks import FIRST_SUPPORTED, REMOVED_FROM, STACKS, StackRow, releases
-from pyinfra_vllm.core.versions import version_tuple
 from pyinfra_vllm.plans.checks import check
 
 
@@ -68,6 +68,21 @@ def check_architecture(
             f"{model}: config.json has no 'architectures' list",
             "check that model_id names a transformers model repository",
         )
+    loadable = _loadable(archs, stack, registry)
+    source = "its installed registry" if registry is not None else "the built-in table"
+    if loadable:
+        return check(
+            "model_architecture",
+            True,
+            f"vLLM {version} loads {loadable[0]} ({model}) per {source}",
+        )
+    return _not_loadable(archs[0], version, model, registry)
+
+
+def _loadable(archs: list[str], stack: StackRow, registry: list[str] | None) -> list[str]:
+    """The architectures of ``archs`` the stack's vLLM loads: those of its installed
+    registry when known, else of the stack row's table or FIRST_SUPPORTED."""
+    version = stack.vllm
     known = set(registry) if registry is not None else set(stack.architectures)
     loadable = [a for a in archs if a in known]
     if registry is None:
@@ -80,14 +95,14 @@ def check_architecture(
             and version_tuple(version) >= version_tuple(FIRST_SUPPORTED[a])
             and not removed(a, version)
         ]
-    source = "its installed registry" if registry is not None else "the built-in table"
-    if loadable:
-        return check(
-            "model_architecture",
-            True,
-            f"vLLM {version} loads {loadable[0]} ({model}) per {source}",
-        )
-    arch = archs[0]
+    return loadable
+
+
+def _not_loadable(arch: str, version: str, model: str,
+                  registry: list[str] | None) -> dict[str, Any]:
+    """The check for a model whose architecture (``arch``, its first) vLLM ``version``
+    does not load: why, and what to do; not judged where neither the registry nor the
+    built-in table knows it."""
     if removed(arch, version):
         return check(
             "model_architecture",

@@ -1,6 +1,6 @@
 """What the driver stage should put on a host: the driver branch's packages, their
-upgrade blacklist, the CUDA apt source and its key (pure functions; operations/driver.py
-installs them)."""
+upgrade blacklist, the CUDA apt source and its key (pure functions;
+pyinfra_vllm/operations/driver.py installs them)."""
 
 from __future__ import annotations
 

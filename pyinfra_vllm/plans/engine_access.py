@@ -10,9 +10,9 @@ listener belongs to the engine's user, and the firewall below lets no other list
 complete a handshake.
 
 The engine demands a key of its own, one per host: made on the host from 32 random bytes
-(operations/util/vllm_service.py ``engine_key_command``), never a client's key, never on the operator's machine, in two root-only
-files, the engine's (``KEY_ENV_PATH``) and the one nginx sends it from
-(``KEY_NGINX_PATH``). vLLM checks it only on paths that start with ``/v1``, and nginx
+(pyinfra_vllm/operations/util/vllm_service.py ``engine_key_command``), never a client's key, never
+on the operator's machine, in two root-only files, the engine's (``KEY_ENV_PATH``) and the one nginx
+sends it from (``KEY_NGINX_PATH``). vLLM checks it only on paths that start with ``/v1``, and nginx
 sends it there only (templates/nginx-vllm.conf.j2, location /v1/).
 """
 

@@ -1,6 +1,6 @@
 """What the gateway's nginx configuration should be: the site and the key map rendered
-from settings, and the foreign servers on its ports (pure functions; operations/gateway.py
-writes them)."""
+from settings, and the foreign servers on its ports (pure functions;
+pyinfra_vllm/operations/gateway.py writes them)."""
 
 from __future__ import annotations
 
@@ -14,15 +14,15 @@ from pyinfra.api import (
     OperationValueError,
 )
 
-from pyinfra_vllm.core.settings_checks import API_KEY_ALPHABET, API_KEY_CHARS
+from pyinfra_vllm.core.settings_checks_keys import API_KEY_ALPHABET, API_KEY_CHARS
 from pyinfra_vllm.core.templating import render
 from pyinfra_vllm.plans.engine_access import KEY_NGINX_PATH
 
 # /run: a tmpfs, so a host rebooted while drained comes back serving. 0755: nginx's
 # workers (www-data) test the flag. A directory of its own, holding the flag alone: the
-# secrets' directory (/run/pyinfra-vllm, operations/util/uploads.py) is 0700, and a drain
-# there made it listable, then the next secret upload made it 0700 again and hid the flag
-# from the workers, so the host went on serving while it was restarted.
+# secrets' directory (/run/pyinfra-vllm, pyinfra_vllm/operations/util/uploads.py) is 0700, and a
+# drain there made it listable, then the next secret upload made it 0700 again and hid the flag from
+# the workers, so the host went on serving while it was restarted.
 DRAIN_DIR = "/run/pyinfra-vllm-drain"
 DRAIN_FLAG = f"{DRAIN_DIR}/draining"
 # Out of the load balancers' rotation (/health 503) while /v1 still serves: a host being
@@ -133,6 +133,14 @@ def metrics_networks(cidrs: list[str]) -> list[str]:
     return networks
 
 
+def _check_redirect(http_redirect_port: int | None, tls: bool, gateway_port: int) -> None:
+    """The plain HTTP server that redirects to https: only with TLS, on a port of its own."""
+    if http_redirect_port is not None and not tls:
+        raise OperationValueError("http_redirect_port needs tls (a redirect to https)")
+    if http_redirect_port == gateway_port:
+        raise OperationValueError("http_redirect_port must differ from gateway_port")
+
+
 def render_site(
     *,
     upstream: str,
@@ -165,16 +173,13 @@ def render_site(
     + node_exporter_port: node_exporter's port on 127.0.0.1, served as /node-metrics to
       the metrics_allow networks; None serves no /node-metrics
     + drain_flag: while this file exists, /health and /v1 answer 503 (a rolling restart
-      drains the host: operations/rolling.py)
+      drains the host: pyinfra_vllm/operations/rolling.py)
     + rotation_flag: while this file exists, /health answers 503 and /v1 serves (a host
       being tuned: tools/tune.py)
     + server_tokens_http: ``server_tokens off`` at http level, for every server of this
       nginx; False where another file sets server_tokens there (a second one fails nginx -t)
     """
-    if http_redirect_port is not None and not tls:
-        raise OperationValueError("http_redirect_port needs tls (a redirect to https)")
-    if http_redirect_port == gateway_port:
-        raise OperationValueError("http_redirect_port must differ from gateway_port")
+    _check_redirect(http_redirect_port, tls, gateway_port)
     return render(
         SITE_TEMPLATE,
         upstream=upstream,

@@ -28,7 +28,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from facts.gpu_health import MISSING_KEY, normalize_bus_id, same_gpu
+from facts.gpu_health_record import MISSING_KEY, normalize_bus_id, same_gpu
 
 RESET = "reset the GPU when no process uses it (nvidia-smi -r -i N), or reboot"
 REBOOT = "reboot the host"

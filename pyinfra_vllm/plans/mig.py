@@ -1,5 +1,5 @@
 """Which GPUs need MIG turned off, and which of them a process holds (pure functions of
-facts.gpus; operations/mig.py turns it off)."""
+facts.gpus; pyinfra_vllm/operations/mig.py turns it off)."""
 
 from __future__ import annotations
 

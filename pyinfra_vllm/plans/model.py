@@ -1,5 +1,5 @@
 """Where the model stage keeps its tools on a host, what it says of model files that no
-longer match their lock (operations/model.py downloads them), and which files of a
+longer match their lock (pyinfra_vllm/operations/model.py downloads them), and which files of a
 model's directory are the downloader's to remove."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """What the model volume's fstab line should be, and what a device already holds (pure
-functions; operations/model_volume.py formats and mounts it)."""
+functions; pyinfra_vllm/operations/model_volume.py formats and mounts it)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """Where a stack's environment is, or is to be built, and whether one found is proven
-(pure functions of settings and facts.python_env; operations/python_env.py builds it)."""
+(pure functions of settings and facts.python_env; pyinfra_vllm/operations/python_env.py builds
+it)."""
 
 from __future__ import annotations
 
@@ -8,14 +9,14 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from facts.versions import version_tuple
 from pyinfra_vllm.core.stack_locks import distribution, read_lock
 from pyinfra_vllm.core.stacks import CPU_STACKS, STACKS, StackRow
-from pyinfra_vllm.core.versions import version_tuple
 
 # The stack lock's name inside an environment: what was installed, kept for the record.
 LOCK_NAME = "requirements.lock"
 
-# What operations/python_env.py puts directly in python_env_root: the environments'
+# What pyinfra_vllm/operations/python_env.py puts directly in python_env_root: the environments'
 # directory, uv's and Miniforge's prefixes (each replaced whole when installed again),
 # the link the unit runs through, and Miniforge's installer while it runs.
 ENVS_DIR = "envs"

@@ -1,5 +1,5 @@
 """Where the suite's sysctl drop-in goes, and which kernel parameters need writing (pure
-functions of facts.sysctl; operations/sysctl.py writes and applies them)."""
+functions of facts.sysctl; pyinfra_vllm/operations/sysctl.py writes and applies them)."""
 
 from __future__ import annotations
 

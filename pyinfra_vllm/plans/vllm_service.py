@@ -1,6 +1,6 @@
 """What the engine's unit should be: its server flags, its command line quoted for systemd,
 its environment file, and the running engine compared with them (pure functions of
-settings; operations/vllm_service.py writes and starts it)."""
+settings; pyinfra_vllm/operations/vllm_service.py writes and starts it)."""
 
 from __future__ import annotations
 
@@ -282,6 +282,57 @@ def _plain(text: str, *, path: bool = True) -> str:
     return text.replace("%", "%%")
 
 
+def _unit_devices(settings: Settings, devices: Sequence[int] | None,
+                  threads_bind: str | None) -> list[int]:
+    """The unit's GPUs: ``devices``, else the first tensor_parallel_size; on vllm_device
+    "cpu" the workers' numbers, whose CPUs threads_bind must name."""
+    tp = settings.tensor_parallel_size
+    cpu = settings.vllm_device == "cpu"
+    if cpu and threads_bind is None:
+        raise OperationValueError(
+            f"no CPU binding for {tp} CPU worker(s): set vllm_cpu_threads_bind")
+    chosen = list(range(tp)) if devices is None or cpu else list(devices)
+    if len(chosen) != tp:
+        raise OperationValueError(
+            f"{len(chosen)} GPU(s) {chosen} for tensor_parallel_size {tp}"
+        )
+    return chosen
+
+
+def _guard_argv(settings: Settings, python: str, guard_path: str,
+                devices: list[int]) -> list[str]:
+    """files/gpu_guard.py's command line before each start: the unit's GPUs, joined by
+    NVLink for tensor parallel unless allow_pcie_tensor_parallel."""
+    tp = settings.tensor_parallel_size
+    guard = [python, guard_path, "--expect-gpus", str(tp),
+             "--devices", ",".join(str(d) for d in devices)]
+    if not settings.allow_pcie_tensor_parallel and tp > 1:
+        guard.append("--require-nvlink")
+    return guard
+
+
+def _ready_argv(settings: Settings, python: str, ready_path: str,
+                place: engine_access.Endpoint) -> list[str]:
+    """files/wait_ready.py's command line after each start: /health, then completions."""
+    return [python, ready_path, "--url", place.url("/health"),
+            *engine_access.client_args(place), "--model", settings.model_name,
+            "--warmups", str(settings.vllm_warmup_requests),
+            "--request-timeout", str(settings.vllm_warmup_timeout_s)]
+
+
+def _reach_words(place: engine_access.Endpoint) -> dict[str, Any]:
+    """The unit template's values for how the engine is reached: its Unix socket, or its
+    TCP port behind its firewall, and the file of its own key."""
+    return {
+        "key_env_path": engine_access.KEY_ENV_PATH,
+        "socket_dir": place.socket and engine_access.SOCKET_DIR,
+        "socket_path": place.socket,
+        "socket_group": engine_access.SOCKET_GROUP,
+        "firewall_path": None if place.socket else engine_access.FIREWALL_PATH,
+        "nft": engine_access.NFT,
+    }
+
+
 def render_unit(
     settings: Settings,
     *,
@@ -312,47 +363,25 @@ def render_unit(
     On vllm_device "cpu" the unit has no GPU guard, no nvidia-modprobe and no NVIDIA
     device or unit (the template says why).
     """
-    tp = settings.tensor_parallel_size
-    cpu = settings.vllm_device == "cpu"
-    if cpu and threads_bind is None:
-        raise OperationValueError(
-            f"no CPU binding for {tp} CPU worker(s): set vllm_cpu_threads_bind")
-    devices = list(range(tp)) if devices is None or cpu else list(devices)
-    if len(devices) != tp:
-        raise OperationValueError(
-            f"{len(devices)} GPU(s) {devices} for tensor_parallel_size {tp}"
-        )
-    guard = [python, guard_path, "--expect-gpus", str(tp),
-             "--devices", ",".join(str(d) for d in devices)]
-    if not settings.allow_pcie_tensor_parallel and tp > 1:
-        guard.append("--require-nvlink")
+    devices = _unit_devices(settings, devices, threads_bind)
     place = engine_access.endpoint(settings)
-    ready = [python, ready_path, "--url", place.url("/health"),
-             *engine_access.client_args(place), "--model", settings.model_name,
-             "--warmups", str(settings.vllm_warmup_requests),
-             "--request-timeout", str(settings.vllm_warmup_timeout_s)]
     start = [python, "-m", SERVER_MODULE, *server_flags(settings, model_path, accepted)]
     drains = drains_on_sigterm(settings, accepted)
     return render(
         UNIT_TEMPLATE,
         model_name=_plain(settings.model_name, path=False),
-        tp=tp,
+        tp=settings.tensor_parallel_size,
         model_path=_plain(model_path),
         user=SERVICE_USER,
         state_dir=STATE_DIR,
         state_dir_name=STATE_DIR.removeprefix("/var/lib/"),
         env_path=env_path,
-        key_env_path=engine_access.KEY_ENV_PATH,
-        socket_dir=place.socket and engine_access.SOCKET_DIR,
-        socket_path=place.socket,
-        socket_group=engine_access.SOCKET_GROUP,
-        firewall_path=None if place.socket else engine_access.FIREWALL_PATH,
-        nft=engine_access.NFT,
+        **_reach_words(place),
         environment=unit_environment(settings, devices, threads_bind),
-        cpu=cpu,
-        guard_command=exec_command(guard),
+        cpu=settings.vllm_device == "cpu",
+        guard_command=exec_command(_guard_argv(settings, python, guard_path, devices)),
         exec_start=exec_command(start, continued=True),
-        ready_command=exec_command(ready),
+        ready_command=exec_command(_ready_argv(settings, python, ready_path, place)),
         start_timeout_s=settings.vllm_start_timeout_s,
         drains_on_sigterm=drains,
         stop_timeout_s=STOP_TIMEOUT_S + (settings.vllm_shutdown_timeout_s if drains else 0),

@@ -1,1 +1,2 @@
-"""One run of the suite: the context per host, its one read of the host, the audit's reports."""
+"""One run of the suite: the context per host, its one read of the host, and the shape of
+every stage (``@stage``)."""

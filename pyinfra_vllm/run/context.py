@@ -30,11 +30,11 @@ from facts.cpu_host import CpuHostState
 from facts.gpu_host import GpuHostState
 from facts.model import ModelContent
 from facts.python_env import EnvironmentContent, VllmEnvironments
-from operations import gate
-from operations.util.refusals import log_reasons
 from pyinfra_vllm.core.locks import load_lock
 from pyinfra_vllm.core.settings import Settings, load_settings
 from pyinfra_vllm.core.stack_locks import driver_floor, read_lock
+from pyinfra_vllm.operations import gate
+from pyinfra_vllm.operations.util.refusals import log_reasons
 from pyinfra_vllm.plans import python_env as python_env_plan
 from pyinfra_vllm.run import host_reads
 
@@ -61,7 +61,7 @@ def collect(host: Any, device: str = "cuda") -> dict[str, Any]:
 
 def refuse(operation: str, reasons: list[str]) -> Any:
     """Refuse the current host, ``reasons`` logged once, while the run is planned (a dry
-    run and the audit show them too): ``operation`` (operations.gate.refuse) fails the
+    run and the audit show them too): ``operation`` (pyinfra_vllm.operations.gate.refuse) fails the
     host when the run executes. What pyinfra returned, for the audit to know it by.
     Stages refuse through ``HostContext.refuse``, which also records it; only a host
     without a context (the audit's, whose settings are invalid) is refused here."""
@@ -78,7 +78,7 @@ class HostContext:
     lock: dict[str, Any] | None = None
     # Reasons an earlier stage refused this host; later stages add nothing for it.
     refused: list[str] = field(default_factory=list)
-    # The refusing operations (operations/gate.py) as pyinfra returned them: the audit
+    # The refusing operations (pyinfra_vllm/operations/gate.py) as pyinfra returned them: the audit
     # does not count them as drift.
     refusals: list[Any] = field(default_factory=list)
     # The stages that asked whether to proceed in this run: the audit's sign that a deploy
@@ -91,7 +91,7 @@ class HostContext:
     # The VllmEnvironments fact, read once for the stages that need it (preflight's
     # registry, the runtime, the unit): facts are not cached by pyinfra 3.
     environments_read: dict[str, Any] | None = None
-    # What the engine's main process should run with (operations.vllm_service
+    # What the engine's main process should run with (pyinfra_vllm.operations.vllm_service
     # engine_expected; secrets as sha256), set by the vllm_service stage for the audit.
     engine_expected: dict[str, Any] | None = None
     # The model stage's deep check (facts.model.ModelContent), once it ran
@@ -176,7 +176,7 @@ class HostContext:
 
     def refuse(self, operation: str, reasons: list[str]) -> None:
         """Refuse this host: ``reasons`` logged once, kept so that later stages add
-        nothing for it, and ``operation`` (``operations.gate.refuse``, which fails the
+        nothing for it, and ``operation`` (``pyinfra_vllm.operations.gate.refuse``, which fails the
         host when it runs) recorded for the audit, which does not count it as drift."""
         self.refused.extend(reasons)
         self.refusals.append(refuse(operation, reasons))

@@ -10,8 +10,8 @@ read in one command, ``pyinfra_vllm/run/context.py``) and calls the stage's body
 only when ``ctx.proceed`` says so: no earlier stage refused the host and the settings do
 not skip the stage. A GPU-only stage (``gpu_only``: driver, MIG, persistence) is also
 skipped, with its reason logged, when the engine runs on CPU. The body refuses a host with
-``ctx.refuse``, never with ``operations.gate`` itself, so every refusal is logged once and
-recorded for the audit.
+``ctx.refuse``, never with ``pyinfra_vllm.operations.gate`` itself, so every refusal is logged once
+and recorded for the audit.
 """
 
 from __future__ import annotations

@@ -43,23 +43,22 @@ from pyinfra_vllm.plans import bench as bench_plan
 from pyinfra_vllm.plans import persistence as persistence_plan
 from pyinfra_vllm.plans import vllm_service as vllm_service_plan
 from pyinfra_vllm.plans.gates import installed_registry
-from pyinfra_vllm.run import host_reads
-from pyinfra_vllm.run.context import collect, context, refuse
-from pyinfra_vllm.run.host_reads import Read
-from pyinfra_vllm.run.report import (
+from pyinfra_vllm.report.drift import host_plan
+from pyinfra_vllm.report.runs import previous_entry, record
+from pyinfra_vllm.report.verdicts import (
     environment_findings,
     environment_integrity,
-    host_plan,
     integrity,
     integrity_problems,
     model_integrity,
     model_plans,
-    previous_entry,
-    record,
     settings_problems,
     settings_refusal,
     summarize,
 )
+from pyinfra_vllm.run import host_reads
+from pyinfra_vllm.run.context import collect, context, refuse
+from pyinfra_vllm.run.host_reads import Read
 from pyinfra_vllm.stages.persistence import persistence_reads
 from pyinfra_vllm.stages.vllm_service import vllm_service_reads
 
@@ -149,7 +148,7 @@ def _refuse_for_settings(message: str) -> None:
     """Refuse a host whose settings are invalid (``message``: the SettingsError's): its
     problems logged and reported, its OS and GPU state read all the same (those reads
     need no setting), and one operation that fails the host, changing nothing, when the
-    run executes (operations/gate.py): the run exits 1, the other hosts are audited."""
+    run executes (pyinfra_vllm/operations/gate.py): the run exits 1, the other hosts are audited."""
     entry = settings_refusal(collect(host), message)
     # Without valid settings there is no HostContext to refuse through.
     refuse("Audit: host refused for its settings", entry["refused"])

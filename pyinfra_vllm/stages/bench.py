@@ -15,7 +15,7 @@ from __future__ import annotations
 from pyinfra import host
 
 from facts.units import UnitActivation
-from operations import bench as bench_ops
+from pyinfra_vllm.operations import bench as bench_ops
 from pyinfra_vllm.plans import bench as bench_plan
 from pyinfra_vllm.plans import vllm_service as vllm_service_plan
 from pyinfra_vllm.run.context import HostContext

@@ -24,8 +24,8 @@ from pyinfra.operations import apt, server
 
 from facts.driver import DriverPackages, HeldPackages
 from facts.files import FileDigests
-from operations import driver as driver_ops
 from pyinfra_vllm.core.settings import Settings
+from pyinfra_vllm.operations import driver as driver_ops
 from pyinfra_vllm.plans import driver as driver_plan
 from pyinfra_vllm.run.context import HostContext
 from pyinfra_vllm.run.host_reads import Read

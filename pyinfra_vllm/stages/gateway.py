@@ -3,7 +3,7 @@
 nginx from the distribution; the site (``/etc/nginx/conf.d/vllm.conf``), the key map
 (``/etc/nginx/vllm-api-keys.conf``, 0600) and, with TLS, the certificate and its key
 (``/etc/nginx/vllm-tls/``, the key 0600) go live only after ``nginx -t`` passes, and nginx
-is reloaded only when one of them changed (operations/gateway.py). The keys are never
+is reloaded only when one of them changed (pyinfra_vllm/operations/gateway.py). The keys are never
 printed: no command line or log line carries them, ``--diff`` masks them, and a failed
 ``nginx -t`` is shown without the lines that would. Failed key checks are rate-limited per address.
 ``/metrics`` (the engine's) and ``/node-metrics`` (node_exporter's, on loopback, when the
@@ -41,17 +41,17 @@ from facts.files import PathModes
 from facts.nginx import NginxServers
 from facts.units import UnitActivation
 from facts.vllm_service import EngineKey
-from operations import access as access_ops
-from operations import gateway as gateway_ops
-from operations import units
-from operations import vllm_service as vllm_service_ops
 from pyinfra_vllm.core.settings import Settings
+from pyinfra_vllm.operations import access as access_ops
+from pyinfra_vllm.operations import gateway as gateway_ops
+from pyinfra_vllm.operations import units
+from pyinfra_vllm.operations import vllm_service as vllm_service_ops
+from pyinfra_vllm.operations.util.packages import debian_package
 from pyinfra_vllm.plans import access, engine_access
 from pyinfra_vllm.plans import gateway as gateway_plan
 from pyinfra_vllm.run.context import HostContext
 from pyinfra_vllm.run.host_reads import Read
 from pyinfra_vllm.run.stage import stage
-from pyinfra_vllm.stages import debian_package
 
 logger = logging.getLogger("pyinfra")
 

@@ -34,17 +34,17 @@ from pyinfra.operations import systemd
 
 from facts.files import FileDigests, PathComponents, PathTypes
 from facts.units import UnitActivation
-from operations import file_set, units
 from pyinfra_vllm.core.settings import Settings
+from pyinfra_vllm.operations import file_set, units
+from pyinfra_vllm.operations.util.packages import debian_package
 from pyinfra_vllm.plans import bench as bench_plan
 from pyinfra_vllm.plans import metrics as metrics_plan
 from pyinfra_vllm.plans.gates import model_gates
 from pyinfra_vllm.plans.textfile import metrics_text
+from pyinfra_vllm.report.verdicts import summarize
 from pyinfra_vllm.run.context import HostContext
 from pyinfra_vllm.run.host_reads import Read
-from pyinfra_vllm.run.report import summarize
 from pyinfra_vllm.run.stage import stage
-from pyinfra_vllm.stages import debian_package
 
 
 def node_exporter(port: int, textfile_dir: str) -> None:

@@ -16,8 +16,8 @@ On vllm_device "cpu" (vLLM's CPU build, no GPU) the stage is skipped, the reason
 from __future__ import annotations
 
 from facts.gpus import GpuInventory
-from operations import mig as mig_ops
 from pyinfra_vllm.core.settings import Settings
+from pyinfra_vllm.operations import mig as mig_ops
 from pyinfra_vllm.plans import mig as mig_plan
 from pyinfra_vllm.run.context import HostContext
 from pyinfra_vllm.run.host_reads import Read

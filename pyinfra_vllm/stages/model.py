@@ -21,9 +21,9 @@ from __future__ import annotations
 from pyinfra import host
 
 from facts.model import ModelFiles, silently_changed
-from operations import model as model_ops
 from pyinfra_vllm.core.locks import hf_token
 from pyinfra_vllm.core.settings import Settings
+from pyinfra_vllm.operations import model as model_ops
 from pyinfra_vllm.plans import model as model_plan
 from pyinfra_vllm.run.context import HostContext
 from pyinfra_vllm.run.host_reads import Read

@@ -15,8 +15,8 @@ from pyinfra.facts.files import Directory
 from pyinfra.operations import files
 
 from facts.storage import BlockDevice, Fstab, MountPoint
-from operations import model_volume as model_volume_ops
 from pyinfra_vllm.core.settings import Settings
+from pyinfra_vllm.operations import model_volume as model_volume_ops
 from pyinfra_vllm.run.context import HostContext
 from pyinfra_vllm.run.host_reads import Read
 from pyinfra_vllm.run.stage import stage

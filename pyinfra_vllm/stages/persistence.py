@@ -22,9 +22,9 @@ from pyinfra.operations.util import any_changed
 from facts.files import FileDigests
 from facts.gpus import GpuInventory
 from facts.units import UnitActivation, UnitDropIns
-from operations import file_set, units
-from operations import persistence as persistence_ops
 from pyinfra_vllm.core.settings import Settings
+from pyinfra_vllm.operations import file_set, units
+from pyinfra_vllm.operations import persistence as persistence_ops
 from pyinfra_vllm.plans import persistence as persistence_plan
 from pyinfra_vllm.run.context import HostContext
 from pyinfra_vllm.run.host_reads import Read

@@ -23,8 +23,8 @@ from __future__ import annotations
 from pyinfra import host, logger
 
 from facts.files import FileDigests, PathComponents
-from operations import file_set
 from pyinfra_vllm.core.settings import Settings
+from pyinfra_vllm.operations import file_set
 from pyinfra_vllm.plans import metrics as metrics_plan
 from pyinfra_vllm.plans.checks import blocking, check_gpu_health, check_host, gpu_health
 from pyinfra_vllm.plans.gates import installed_registry, model_gates

@@ -27,14 +27,14 @@ from pyinfra.facts.server import Arch
 from pyinfra.operations import files
 
 from facts.python_env import HostPython
-from operations import python_env as python_env_ops
 from pyinfra_vllm.core.settings import Settings
 from pyinfra_vllm.core.stacks import INSTALLERS, StackRow
+from pyinfra_vllm.operations import python_env as python_env_ops
+from pyinfra_vllm.operations.util.packages import debian_package
 from pyinfra_vllm.plans import python_env as python_env_plan
 from pyinfra_vllm.run.context import HostContext
 from pyinfra_vllm.run.host_reads import Read
 from pyinfra_vllm.run.stage import stage
-from pyinfra_vllm.stages import debian_package
 
 
 def python_env_reads(settings: Settings) -> list[Read]:

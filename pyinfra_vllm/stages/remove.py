@@ -34,12 +34,12 @@ from pyinfra import host, logger
 from pyinfra.api import deploy
 from pyinfra.operations import systemd
 
-from operations import file_set
-from operations import remove as remove_ops
-from operations import vllm_service as vllm_service_ops
-from operations.util.uploads import SECRET_DIR
 from pyinfra_vllm.core.locks import LockFileError, load_lock
 from pyinfra_vllm.core.settings import Settings, load_settings
+from pyinfra_vllm.operations import file_set
+from pyinfra_vllm.operations import remove as remove_ops
+from pyinfra_vllm.operations import vllm_service as vllm_service_ops
+from pyinfra_vllm.operations.util.uploads import SECRET_DIR
 from pyinfra_vllm.plans import bench as bench_plan
 from pyinfra_vllm.plans import driver as driver_plan
 from pyinfra_vllm.plans import engine_access

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from facts.files import FileDigests
 from facts.sysctl import KernelParam
-from operations import sysctl as sysctl_ops
 from pyinfra_vllm.core.settings import Settings
+from pyinfra_vllm.operations import sysctl as sysctl_ops
 from pyinfra_vllm.plans import sysctl as sysctl_plan
 from pyinfra_vllm.run.context import HostContext
 from pyinfra_vllm.run.host_reads import Read

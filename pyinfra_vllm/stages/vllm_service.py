@@ -9,7 +9,7 @@ each start the GPU guard checks GPU count, MIG, foreign processes and NVLink (on
 the journal when it refuses); after it, the unit stays "activating" until /health, a
 one-token completion and the warm-ups answered. A change to the unit, or model files the
 model stage repaired (model_repair), restarts the engine once; no change, no restart. The
-restart rolls (operations/rolling.py): at most rolling_batch hosts of the run at once,
+restart rolls (pyinfra_vllm/operations/rolling.py): at most rolling_batch hosts of the run at once,
 each drained first, the new unit moved in from its staged copy inside the host's slot,
 and the rollout stopped at the first host that fails readiness. A drop-in for the unit that the suite did not write is moved
 aside (/var/lib/pyinfra-vllm/disabled-drop-ins/), and an engine whose main process runs
@@ -38,22 +38,22 @@ from facts.accounts import Account
 from facts.files import FileDigests, PathModes, PathTypes
 from facts.python_env import MARKER
 from facts.storage import FilesystemSize
-from facts.topology import tp_link_verdict
 from facts.units import UnitActivation, UnitDropIns
 from facts.vllm_service import EngineFirewall, EngineHealth, EngineKey, EngineProcess
-from operations import access as access_ops
-from operations import accounts, file_set, rolling, units
-from operations import vllm_service as vllm_service_ops
-from operations.util import rolling as rolling_util
 from pyinfra_vllm.core.settings import Settings
+from pyinfra_vllm.operations import access as access_ops
+from pyinfra_vllm.operations import accounts, file_set, rolling, units
+from pyinfra_vllm.operations import vllm_service as vllm_service_ops
+from pyinfra_vllm.operations.util import rolling as rolling_util
+from pyinfra_vllm.operations.util.packages import debian_package
 from pyinfra_vllm.plans import access, engine_access
 from pyinfra_vllm.plans import bench as bench_plan
 from pyinfra_vllm.plans import python_env as python_env_plan
 from pyinfra_vllm.plans import vllm_service as vllm_service_plan
+from pyinfra_vllm.plans.topology import tp_link_verdict
 from pyinfra_vllm.run.context import HostContext
 from pyinfra_vllm.run.host_reads import Read
 from pyinfra_vllm.run.stage import stage
-from pyinfra_vllm.stages import debian_package
 
 logger = logging.getLogger("pyinfra")
 
@@ -138,6 +138,21 @@ def vllm_service(ctx: HostContext) -> None:
     )
     engine: dict[str, Any] = {"python": python, "model_path": model_path, "devices": devices,
               "accepted": accepted, "threads_bind": threads_bind}
+    unit_files, unit = _unit(settings, engine)
+    key_sha256 = host.get_fact(EngineKey, **engine_access.KEY_READ)
+    stale = _engine_current(ctx, engine, key_sha256)
+    answering = _answering(settings)
+    _restarted(ctx, python, unit_files, [unit, foreign, stale, answering],
+               new_key=key_sha256 is None)
+    vllm_service_ops.running(name="vLLM service: enabled and running"
+                             if settings.vllm_start else "vLLM service: enabled",
+                             start=settings.vllm_start)
+    rolling.not_draining(name="vLLM service: the gateway serves (no drain left)")
+
+
+def _unit(settings: Settings, engine: dict[str, Any]) -> tuple[dict[str, bytes], Any]:
+    """The unit and its environment file for ``engine``, as their bytes, and the
+    operation that stages them beside the live ones (the restart moves them in)."""
     unit_files = _unit_files(settings, engine)
     unit = file_set.present(
         name="vLLM service: systemd unit and its environment file",
@@ -148,21 +163,19 @@ def vllm_service(ctx: HostContext) -> None:
         },
         stage=True,
     )
-    key_sha256 = host.get_fact(EngineKey, **engine_access.KEY_READ)
-    ctx.engine_expected = vllm_service_plan.engine_expected(settings, **engine,
+    return unit_files, unit
+
+
+def _engine_current(ctx: HostContext, engine: dict[str, Any], key_sha256: str | None) -> Any:
+    """The running engine against what its unit gives (kept in ``ctx.engine_expected``
+    for the audit): changed where it differs."""
+    ctx.engine_expected = vllm_service_plan.engine_expected(ctx.settings, **engine,
                                                             key_sha256=key_sha256)
-    stale = vllm_service_ops.engine_current(
+    return vllm_service_ops.engine_current(
         name="vLLM service: the running engine has its unit's command line, "
         "environment and hardening",
         expected=ctx.engine_expected,
     )
-    answering = _answering(settings)
-    _restarted(ctx, python, unit_files, [unit, foreign, stale, answering],
-               new_key=key_sha256 is None)
-    vllm_service_ops.running(name="vLLM service: enabled and running"
-                             if settings.vllm_start else "vLLM service: enabled",
-                             start=settings.vllm_start)
-    rolling.not_draining(name="vLLM service: the gateway serves (no drain left)")
 
 
 def _answering(settings: Settings) -> Any:
@@ -316,11 +329,11 @@ def _restarted(ctx: HostContext, python: str, unit_files: dict[str, bytes],
 
 def _canary(ctx: HostContext, python: str, running: dict[str, Any] | None
             ) -> dict[str, Any] | None:
-    """What the restart's canary benchmark needs (operations/vllm_service.py restarted):
-    the new environment's interpreter runs vLLM's client through the gateway. None in a
-    run that moves the engine to another socket or address: the gateway, whose stage
-    comes after, reaches it there only once its site is rewritten, so every request of a
-    canary in the restart's slot would fail. ``running``: the engine now (EngineProcess)."""
+    """What the restart's canary benchmark needs (pyinfra_vllm/operations/vllm_service.py
+    restarted): the new environment's interpreter runs vLLM's client through the gateway. None in a
+    run that moves the engine to another socket or address: the gateway, whose stage comes after,
+    reaches it there only once its site is rewritten, so every request of a canary in the restart's
+    slot would fail. ``running``: the engine now (EngineProcess)."""
     settings = ctx.settings
     if running and not engine_access.listens_as_settings(running["argv"], settings):
         host.log_styled(

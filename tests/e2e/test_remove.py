@@ -12,17 +12,18 @@ outside in python_env_root (the link and what it points at untouched), a file in
 model's directory; only those are left there. A second removal changes nothing.
 
 Then deploys/full.py builds the environment again and downloads the model, a transient
-systemd unit (operations/util/jobs.py), with the mirror's `slow` fault on the model's largest
-file (about 30 s for it): the operator's run is killed (SIGKILL to its process group: the
-laptop lid closes) while that unit is active; the download goes on, and the next run
-attaches to it instead of starting a second one (the mirror served that file once), and
-it succeeds with the files verified. A last run changes nothing. Killed the same way
-once more, the run's jobs still running are stopped by deploys/remove.py before it
-removes what they write: nothing of the suite runs or is left after it.
+systemd unit (pyinfra_vllm/operations/util/jobs.py), with the mirror's `slow` fault on the
+model's largest file (about 30 s for it): the operator's run is killed (SIGKILL to its
+process group: the laptop lid closes) while that unit is active; the download goes on,
+and the next run attaches to it instead of starting a second one (the mirror served that
+file once), and it succeeds with the files verified. A last run changes nothing. Killed
+the same way once more, the run's jobs still running are stopped by deploys/remove.py
+before it removes what they write: nothing of the suite runs or is left after it.
 
-The environment build runs through the same kill-and-attach code of operations/util/jobs.py
-(start, watch, attach when the unit is still running); the download is the one tested
-because the mirror can slow it down, where the build's time is the package index's.
+The environment build runs through the same kill-and-attach code of
+pyinfra_vllm/operations/util/jobs.py (start, watch, attach when the unit is still
+running); the download is the one tested because the mirror can slow it down, where the
+build's time is the package index's.
 
 The API key is given as data on the operator's machine, as an operator does; no run
 prints it.
@@ -40,7 +41,7 @@ from typing import Any
 
 import pytest
 
-from operations.util.jobs import unit_name
+from pyinfra_vllm.operations.util.jobs import unit_name
 from sandbox import model_mirror
 from tests.e2e.conftest import PYINFRA, REPO_ROOT, SERVED_SEED, booted, mirror_control
 
@@ -50,7 +51,8 @@ KEY = "sk-remove-" + "0123456789abcdef" * 2
 DATA = ["--data", "vllm_start=false", "--data", f'api_keys=["{KEY}"]']
 REMOVE_DATA = [*DATA, "--data", "remove_model_files=true"]
 INSTALL_TIMEOUT = 2400  # a cold uv cache downloads about 8.5 GB of wheels
-MODEL_DIR = "/srv/models/sandbox/tiny-qwen2"  # model_dir / model_id (operations/model.py)
+# model_dir / model_id (pyinfra_vllm/operations/model.py)
+MODEL_DIR = "/srv/models/sandbox/tiny-qwen2"
 ENV_ROOT = "/opt/vllm"  # python_env_root
 # What the operator puts beside the suite's files before the removal, and where its link
 # points (outside python_env_root and model_dir).

@@ -6,7 +6,7 @@ a secret.
 The control: pyinfra's own ``files.put`` under sudo, with a copy that fails, leaves its
 upload readable in /tmp (pyinfra 3.10 ``connectors/ssh.py``: SFTP to /tmp as the login
 user, then ``cp`` under sudo) and the watcher finds it. The suite's uploads go through
-operations/util/uploads.py instead: test_serving.py watches its first run, installing
+pyinfra_vllm/operations/util/uploads.py instead: test_serving.py watches its first run, installing
 the host, and finds none staged in /tmp, where a local user could have created its name
 first.
 

@@ -25,7 +25,7 @@ import json
 import pytest
 
 from facts.cpu_host import parse_cpu_list
-from operations.util.uploads import UPLOAD_ROOT
+from pyinfra_vllm.operations.util.uploads import UPLOAD_ROOT
 from pyinfra_vllm.plans.vllm_service import cpu_threads_bind
 from tests.e2e.conftest import SERVED_SEED, SERVING_KEY, booted
 from tests.e2e.watch import TMP_NAMES, as_nobody, start_watcher, stop_watcher
@@ -121,8 +121,8 @@ def test_the_first_run_stages_no_upload_in_tmp(served):
     """Under sudo, pyinfra stages a plain upload at /tmp/pyinfra-<sha1 of the destination>
     (pyinfra 3.10 connectors/ssh.py put_file), a name another local user can compute and
     create first; every upload of the suite goes through its private spool instead
-    (operations/util/uploads.py). pyinfra's printed commands are the proof; the watcher's
-    name listing is not yet shown by a control to see such a name."""
+    (pyinfra_vllm/operations/util/uploads.py). pyinfra's printed commands are the proof; the
+    watcher's name listing is not yet shown by a control to see such a name."""
     sandbox, host, proc, _ = served
     printed = proc.stdout + proc.stderr
     assert f"cp {UPLOAD_ROOT}/" in printed  # uploads were made, staged in the spool

@@ -433,14 +433,16 @@ def test_seed580_is_the_seed_pair_on_the_580_driver_in_r580_layouts(env):
 
 
 def test_parsers_read_the_simulator_output(env, tmp_path):
-    """The product's nvidia-smi parsers (facts/topology.py, facts/driver.py) on the
-    simulator's seed output."""
+    """The product's nvidia-smi parsers (facts/topology.py, facts/driver.py) and the
+    tensor-parallel link verdict (pyinfra_vllm/plans/topology.py) on the simulator's seed
+    output."""
     topology_facts = pytest.importorskip("facts.topology")
+    topology_plan = pytest.importorskip("pyinfra_vllm.plans.topology")
     driver_facts = pytest.importorskip("facts.driver")
     ctl(env, "init", "--scenario", "seed")
     topology = topology_facts.parse_topology(smi(env, "topo", "-m").stdout.splitlines())
     assert topology["links"]["GPU0"]["GPU1"] == "NV12"
-    assert topology_facts.tp_link_verdict(topology, 2)["nvlink"] is True
+    assert topology_plan.tp_link_verdict(topology, 2)["nvlink"] is True
     links = topology_facts.parse_nvlink_status(smi(env, "nvlink", "--status").stdout.splitlines())
     for gpu in (0, 1):
         assert len(links[gpu]) == 12

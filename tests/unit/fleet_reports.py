@@ -15,7 +15,7 @@ from pyinfra.api import Config, Inventory, State
 
 from facts.topology import parse_topology
 from pyinfra_vllm.core.settings import validate
-from pyinfra_vllm.run.report import model_plans, summarize
+from pyinfra_vllm.report.verdicts import model_plans, summarize
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 NVIDIA = FIXTURES / "nvidia"

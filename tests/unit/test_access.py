@@ -1,6 +1,7 @@
 """The access table (pyinfra_vllm/plans/access.py): what it declares, the unit that makes
 the socket directory agreeing with it, the PathModes fact's command on real paths, and
-operations/access.py's commands run by a real shell on real files (as root: they chown)."""
+pyinfra_vllm/operations/access.py's commands run by a real shell on real files (as root: they
+chown)."""
 
 from __future__ import annotations
 
@@ -17,8 +18,8 @@ import pytest
 from pyinfra_testing.util import get_command_string
 
 from facts.files import PathModes
-from operations.util.access import repair_command
 from pyinfra_vllm.core.settings import validate
+from pyinfra_vllm.operations.util.access import repair_command
 from pyinfra_vllm.plans import access, engine_access
 from pyinfra_vllm.plans import gateway as gateway_plan
 from pyinfra_vllm.plans import vllm_service as vllm_service_plan

@@ -13,18 +13,14 @@ from pyinfra.api import Config, Inventory, State, operation
 from pyinfra.api.state import StateStage
 from pyinfra.context import ctx_host, ctx_state
 
-from operations import gate
-from operations.util.refusals import log_reasons
 from pyinfra_vllm.core.settings import validate
+from pyinfra_vllm.operations import gate
+from pyinfra_vllm.operations.util.refusals import log_reasons
+from pyinfra_vllm.report.drift import host_plan, split_op_name
+from pyinfra_vllm.report.markdown import render_markdown
+from pyinfra_vllm.report.summary import summary_table
+from pyinfra_vllm.report.verdicts import model_integrity, model_plans
 from pyinfra_vllm.run.context import HostContext
-from pyinfra_vllm.run.report import (
-    host_plan,
-    model_integrity,
-    model_plans,
-    render_markdown,
-    split_op_name,
-    summary_table,
-)
 from tools.audit import UsageError, parse_args, plan_hosts, pyinfra_command, verdict
 
 CONFIG = Path(__file__).resolve().parents[1] / "fixtures/hf/qwen3.6-27b/config.json"
@@ -116,7 +112,7 @@ def test_drift_per_host_from_pyinfra_state():
     ]
     refused = host_plan(state, hosts["gpu-3"], ["driver 535-server installed; reboot required"],
                         REFUSALS)
-    # The refusal (operations/gate.py) is pyinfra's "change", not drift.
+    # The refusal (pyinfra_vllm/operations/gate.py) is pyinfra's "change", not drift.
     assert refused["drift"] == [
         {"operation": "Driver: install nvidia-headless-535-server", "stage": "driver"}
     ]

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from facts.versions import version_tuple
 from pyinfra_vllm.core.stacks import STACKS
-from pyinfra_vllm.core.versions import version_tuple
 from pyinfra_vllm.plans.compat import check_architecture, first_supporting
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures/hf/qwen3.6-27b/config.json"

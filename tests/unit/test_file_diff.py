@@ -1,7 +1,7 @@
-"""``--diff`` for the suite's own file operations (operations/util/file_diff.py): a file whose
-digest differs is read and diffed in pyinfra's format, a matching set reads nothing, and
-a secret file's values (old and new) appear nowhere, not even in what ``pyinfra -vvv``
-prints: the facts' commands and outputs.
+"""``--diff`` for the suite's own file operations (pyinfra_vllm/operations/util/file_diff.py): a
+file whose digest differs is read and diffed in pyinfra's format, a matching set reads nothing, and
+a secret file's values (old and new) appear nowhere, not even in what ``pyinfra -vvv`` prints: the
+facts' commands and outputs.
 
 The -vvv host below runs each fact's real command with ``sh`` against files under
 tmp_path and logs its input and output the way pyinfra 3.10 does at ``-vvv``
@@ -21,9 +21,9 @@ from pyinfra.context import ctx_host, ctx_state
 from pyinfra_testing.util import FakeState, create_host
 
 from facts.files import SecretFileLines
-from operations import file_set, gateway
-from operations.util import file_diff
 from pyinfra_vllm.core.templating import render
+from pyinfra_vllm.operations import file_set, gateway
+from pyinfra_vllm.operations.util import file_diff
 from pyinfra_vllm.plans import gateway as gateway_plan
 from pyinfra_vllm.plans.vllm_service import ENV_TEMPLATE
 

@@ -12,7 +12,7 @@ from pyinfra.api import FileUploadCommand, StringCommand
 from pyinfra.context import ctx_host, ctx_state
 from pyinfra_testing.util import FakeState, create_host
 
-from operations import file_set
+from pyinfra_vllm.operations import file_set
 
 SECRET = b"HF_TOKEN=hf_unit-test-secret-3b9d1e\nVLLM_API_KEY=sk-unit-test-8f2a\n"
 ENV = "/etc/vllm/vllm.env"
@@ -68,7 +68,7 @@ def test_owner_drift_is_chown_only():
 
 
 def test_a_path_of_the_access_table_gets_its_owner_and_mode_from_operations_access_only():
-    # chown and chmod here follow a link; operations/access.py never does, and a second
+    # chown and chmod here follow a link; pyinfra_vllm/operations/access.py never does, and a second
     # operation changing the same mode would be drift twice.
     digest = hashlib.sha256(SECRET).hexdigest()
     found = {ENV: {"sha256": digest, "mode": "644", "owner": "vllm:vllm"}}

@@ -3,7 +3,7 @@
 A function is counted from its ``def`` line to its last line (``ast``'s ``end_lineno -
 lineno + 1``), docstring and comments included: an operation reads top to bottom like
 the runbook step it is, and a longer one is split into well-named helpers (in its
-module, operations/util/ when shared, pyinfra_vllm/plans/ when pure planning).
+module, pyinfra_vllm/operations/util/ when shared, pyinfra_vllm/plans/ when pure planning).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 MAX_LINES = 80
 # The product's folders: the test harness (sandbox/, tests/) is not counted.
-FOLDERS = ("deploys", "pyinfra_vllm", "operations", "facts", "tools", "files")
+FOLDERS = ("deploys", "pyinfra_vllm", "facts", "tools", "files")
 
 
 def long_functions(path: Path, root: Path = ROOT,

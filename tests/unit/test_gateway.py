@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from pyinfra.api import OperationValueError
 
-from operations.util.gateway import disable_script, swap_script
 from pyinfra_vllm.core.settings import Settings, validate
+from pyinfra_vllm.operations.util.gateway import disable_script, swap_script
 from pyinfra_vllm.plans.engine_access import KEY_NGINX_PATH, SOCKET_PATH, engine_address
 from pyinfra_vllm.plans.gateway import (
     SITE_PATH,

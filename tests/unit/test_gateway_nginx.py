@@ -28,11 +28,11 @@ from pathlib import Path
 
 import pytest
 
-from operations.util.rolling import drain_command
-from operations.util.uploads import SECRET_DIR
-from operations.util.vllm_service import engine_key_command
 from pyinfra_vllm.core.settings import SettingsError, validate
-from pyinfra_vllm.core.settings_checks import GATEWAY_DIRECTIVES
+from pyinfra_vllm.core.settings_checks_gateway import GATEWAY_DIRECTIVES
+from pyinfra_vllm.operations.util.rolling import drain_command
+from pyinfra_vllm.operations.util.uploads import SECRET_DIR
+from pyinfra_vllm.operations.util.vllm_service import engine_key_command
 from pyinfra_vllm.plans.engine_access import engine_address
 from pyinfra_vllm.plans.gateway import DRAIN_FLAG, render_keys_map, render_site
 
@@ -719,8 +719,8 @@ def test_a_debug_error_log_writes_the_keys_and_is_refused_by_the_settings(tmp_pa
 
 
 def test_the_workers_see_the_drain_flag_while_the_secrets_directory_is_0700(tmp_path):
-    # The drain command itself (operations/util/rolling.py) and a secret upload's 0700
-    # directory (operations/util/uploads.py), with /run moved into a 0755 directory of
+    # The drain command itself (pyinfra_vllm/operations/util/rolling.py) and a secret upload's 0700
+    # directory (pyinfra_vllm/operations/util/uploads.py), with /run moved into a 0755 directory of
     # this test's. Run as root, nginx's workers run as another user (nobody here,
     # www-data on a host): a flag inside the 0700 secrets' directory is invisible to them.
     root = tempfile.mkdtemp(prefix="pyinfra-vllm-root-")
@@ -743,8 +743,8 @@ def test_the_workers_see_the_drain_flag_while_the_secrets_directory_is_0700(tmp_
 
 
 def test_a_draining_gateway_answers_503_on_health_and_v1_and_serves_again(tmp_path):
-    # The rolling restart's flag (operations/util/rolling.py): nginx tests it on every request,
-    # no reload; /metrics stays up for monitoring.
+    # The rolling restart's flag (pyinfra_vllm/operations/util/rolling.py): nginx tests it on
+    # every request, no reload; /metrics stays up for monitoring.
     # nginx tests the flag in its workers, which run as another user when the tests run
     # as root (nobody here, www-data on a host): its directory must be searchable by
     # them, as DRAIN_DIR (0755) is; pytest's tmp_path (0700) is not.

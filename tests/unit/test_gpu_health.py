@@ -15,8 +15,12 @@ import pytest
 from pyinfra.api.exceptions import FactProcessError
 
 from facts import gpu_health as g
+from facts import gpu_health_csv as g_csv
 from facts import gpu_health_input
 from facts import gpu_health_logs as logs
+from facts import gpu_health_nvlink as g_nvlink
+from facts import gpu_health_record as g_record
+from facts import gpu_health_smi as g_smi
 from facts.gpu_health_input import MAX_LINE_CHARS, UnreadableOutput
 from facts.topology import parse_nvlink_status
 from pyinfra_vllm.plans.gpu_health import XID_CODES, gpu_verdict, host_gpu_health
@@ -53,7 +57,7 @@ def verdict(record, **kwargs):
 
 
 def test_v100_xml_dbe_retired_pages_pending():
-    parsed = g.parse_query_xml(text(HEALTH, "q-x-xml-V100-SXM3-32GB-driver410-dbe-retired-pages-2-pending-01.xml"))
+    parsed = g_smi.parse_query_xml(text(HEALTH, "q-x-xml-V100-SXM3-32GB-driver410-dbe-retired-pages-2-pending-01.xml"))
     # attached_gpus says 16; the file holds 1: one GPU parsed, the other 15 unknown.
     assert list(parsed) == ["00000000:34:00.0", "missing"]
     assert parsed["missing"]["unreadable"] == {
@@ -71,7 +75,7 @@ def test_v100_xml_dbe_retired_pages_pending():
 
 
 def test_k80_xml_keyed_by_pci_id_pending_blacklist():
-    parsed = g.parse_query_xml(text(HEALTH, "q-x-xml-4xK80-azure-driver430-ecc-aggregate-sbe-dbe-retired-pages-01.xml"))
+    parsed = g_smi.parse_query_xml(text(HEALTH, "q-x-xml-4xK80-azure-driver430-ecc-aggregate-sbe-dbe-retired-pages-01.xml"))
     assert list(parsed) == ["00001580:00:00.0", "00002DF7:00:00.0", "00004968:00:00.0", "0000F8D6:00:00.0"]
     first, second = parsed["00001580:00:00.0"], parsed["00002DF7:00:00.0"]
     assert first["ecc"]["aggregate"] == {"correctable": 7, "uncorrectable": 7}
@@ -87,7 +91,7 @@ def test_k80_xml_keyed_by_pci_id_pending_blacklist():
 
 
 def test_a100_excerpt_elided_remap_pending_correctable():
-    parsed = g.parse_query_text(lines(HEALTH, "ecc-remap-q-excerpt-A100-sxm4-80gb-driver510-dram-correctable-177-remap-pending-author-elided-01.txt"))
+    parsed = g_smi.parse_query_text(lines(HEALTH, "ecc-remap-q-excerpt-A100-sxm4-80gb-driver510-dram-correctable-177-remap-pending-author-elided-01.txt"))
     gpu = parsed["00000000:10:1C.0"]
     assert gpu["name"] == "NVIDIA A100-SXM4-80GB"
     assert gpu["ecc"]["volatile"] == {"correctable": 177, "uncorrectable": 0}
@@ -98,7 +102,7 @@ def test_a100_excerpt_elided_remap_pending_correctable():
 
 
 def test_ecc_block_excerpt_without_gpu_header():
-    parsed = g.parse_query_text(lines(HEALTH, "ecc-q-block-excerpt-sram-uncorrectable-volatile-1-aggregate-5-01.txt"))
+    parsed = g_smi.parse_query_text(lines(HEALTH, "ecc-q-block-excerpt-sram-uncorrectable-volatile-1-aggregate-5-01.txt"))
     assert list(parsed) == ["0"]
     gpu = parsed["0"]
     assert gpu["bus_id"] is None and gpu["index"] == 0
@@ -108,7 +112,7 @@ def test_ecc_block_excerpt_without_gpu_header():
 
 
 def test_a10_remapped_rows_pending_uncorrectable():
-    parsed = g.parse_query_text(lines(HEALTH, "q-A10-driver535-remapped-rows-pending-uncorrectable4-01.txt"))
+    parsed = g_smi.parse_query_text(lines(HEALTH, "q-A10-driver535-remapped-rows-pending-uncorrectable4-01.txt"))
     gpu = parsed["00000000:07:00.0"]
     assert gpu["name"] == "NVIDIA A10" and gpu["pstate"] == "P8"
     assert gpu["remapped_rows"] == {"correctable": 0, "uncorrectable": 4, "pending": True, "failure": False}
@@ -117,7 +121,7 @@ def test_a10_remapped_rows_pending_uncorrectable():
 
 
 def test_a100_driver460_old_layout_healthy():
-    parsed = g.parse_query_text(lines(HEALTH, "q-8xA100-sxm4-40gb-driver460-healthy-clocks-throttle-reasons-01.txt"))
+    parsed = g_smi.parse_query_text(lines(HEALTH, "q-8xA100-sxm4-40gb-driver460-healthy-clocks-throttle-reasons-01.txt"))
     assert len(parsed) == 8
     assert list(parsed)[:2] == ["00000001:00:00.0", "00000002:00:00.0"]
     gpu = parsed["00000001:00:00.0"]
@@ -129,7 +133,7 @@ def test_a100_driver460_old_layout_healthy():
 
 
 def test_h100_hw_power_brake_all_gpus():
-    parsed = g.parse_query_text(lines(HEALTH, "q-8xH100-driver535-hw-power-brake-slowdown-active-all-gpus-01.txt"))
+    parsed = g_smi.parse_query_text(lines(HEALTH, "q-8xH100-driver535-hw-power-brake-slowdown-active-all-gpus-01.txt"))
     assert len(parsed) == 8
     replays = [gpu["pcie"]["replays"] for gpu in parsed.values()]
     assert min(replays) == 43 and max(replays) == 82
@@ -139,7 +143,7 @@ def test_h100_hw_power_brake_all_gpus():
 
 
 def test_h100_one_gpu_sw_power_cap_sw_thermal_power_brake():
-    parsed = g.parse_query_text(lines(HEALTH, "q-8xH100-driver535-sw-power-cap-sw-thermal-power-brake-one-gpu-01.txt"))
+    parsed = g_smi.parse_query_text(lines(HEALTH, "q-8xH100-driver535-sw-power-cap-sw-thermal-power-brake-one-gpu-01.txt"))
     odd = parsed["00000000:75:00.0"]
     assert odd["clocks_event_reasons"]["active"] == ["sw_power_cap", "sw_thermal_slowdown", "hw_power_brake_slowdown"]
     assert odd["temperature_c"] == 39 and odd["pcie"]["replays"] == 58
@@ -156,7 +160,7 @@ def test_h100_one_gpu_sw_power_cap_sw_thermal_power_brake():
     "q-d-PERFORMANCE-H200-driver580-idle-event-reason-counters-01.txt",
 ])
 def test_h200_580_sections(name):
-    parsed = g.parse_query_text(lines(HEALTH, name))
+    parsed = g_smi.parse_query_text(lines(HEALTH, name))
     gpu = parsed[H200_BUS]
     if "ECC" in name:
         assert gpu["ecc"]["volatile"] == {"correctable": 0, "uncorrectable": 0}
@@ -178,13 +182,13 @@ def test_580_repair_pending_yes_is_failing():
     changed = source.replace("TPC Repair Pending                             : No",
                              "TPC Repair Pending                             : Yes")
     assert changed != source
-    gpu = g.parse_query_text(changed.splitlines())[H200_BUS]
+    gpu = g_smi.parse_query_text(changed.splitlines())[H200_BUS]
     assert gpu["ecc"]["pending"] is True
     assert verdict(gpu) == ("failing", ["ecc_uncorrectable_pending"])
 
 
 def test_rtx_all_fields_csv_idle_gen1_sw_power_cap():
-    parsed = g.parse_health_csv(lines(HEALTH, "query-gpu-csv-all-fields-RTX2080S-driver595-idle-sw-power-cap-active-pcie-gen1-masked-01.txt"))
+    parsed = g_csv.parse_health_csv(lines(HEALTH, "query-gpu-csv-all-fields-RTX2080S-driver595-idle-sw-power-cap-active-pcie-gen1-masked-01.txt"))
     gpu = parsed["00000000:0C:00.0"]
     assert gpu["name"] == "NVIDIA GeForce RTX 2080 SUPER" and gpu["pstate"] == "P8"
     assert gpu["pcie"] == {"gen_current": 1, "gen_max": 3, "width_current": 16, "width_max": 16, "replays": None}
@@ -201,23 +205,23 @@ def test_rtx_all_fields_csv_idle_gen1_sw_power_cap():
 
 
 def test_h200_csv_old_throttle_names():
-    parsed = g.parse_health_csv(lines(HEALTH, "query-gpu-csv-clocks-throttle-reasons-oldname-header-renamed-H200-driver580-01.txt"))
+    parsed = g_csv.parse_health_csv(lines(HEALTH, "query-gpu-csv-clocks-throttle-reasons-oldname-header-renamed-H200-driver580-01.txt"))
     assert list(parsed) == ["0"]
     assert parsed["0"]["clocks_event_reasons"]["active"] == ["idle"]
     renamed = ["index, clocks_throttle_reasons.active, clocks_throttle_reasons.hw_slowdown",
                "0, 0x0000000000000088, Active"]
-    assert g.parse_health_csv(renamed)["0"]["clocks_event_reasons"]["active"] == [
+    assert g_csv.parse_health_csv(renamed)["0"]["clocks_event_reasons"]["active"] == [
         "hw_slowdown", "hw_power_brake_slowdown"]
 
 
 def test_h200_csv_pcie():
-    gpu = g.parse_health_csv(lines(HEALTH, "query-gpu-csv-pcie-link-gen-width-H200-driver580-healthy-01.txt"))[H200_BUS]
+    gpu = g_csv.parse_health_csv(lines(HEALTH, "query-gpu-csv-pcie-link-gen-width-H200-driver580-healthy-01.txt"))[H200_BUS]
     assert gpu["index"] == 0
     assert gpu["pcie"] == {"gen_current": 5, "gen_max": 5, "width_current": 16, "width_max": 16, "replays": None}
 
 
 def test_remapped_rows_csv():
-    parsed = g.parse_remapped_rows_csv(lines(HEALTH, "query-remapped-rows-csv-H200-driver580-healthy-01.txt"))
+    parsed = g_csv.parse_remapped_rows_csv(lines(HEALTH, "query-remapped-rows-csv-H200-driver580-healthy-01.txt"))
     assert parsed == {H200_BUS: {"correctable": 0, "uncorrectable": 0, "pending": False, "failure": False}}
 
 
@@ -226,16 +230,16 @@ def test_remapped_rows_csv():
     ("query-retired-pages-csv-H200-driver580-NA-placeholder-rows-01.txt", H200_BUS),
 ])
 def test_retired_pages_placeholders_are_zero(name, bus):
-    parsed = g.parse_retired_pages_csv(lines(HEALTH, name))
+    parsed = g_csv.parse_retired_pages_csv(lines(HEALTH, name))
     assert parsed == {bus: {"single_bit": 0, "double_bit": 0, "pages": [], "applicable": False}}
     real = ["gpu_bus_id, retired_pages.address, retired_pages.cause",
             "00000000:00:09.0, 0x000000000044e99d, Double Bit ECC"]
-    assert g.parse_retired_pages_csv(real)["00000000:00:09.0"]["double_bit"] == 1
+    assert g_csv.parse_retired_pages_csv(real)["00000000:00:09.0"]["double_bit"] == 1
 
 
 def test_nvlink_status_v100_inactive_links():
     source = lines(HEALTH, "nvlink-s-7xV100-sxm2-inactive-links-several-gpus-01.txt")
-    state = g.nvlink_applicability(source)
+    state = g_nvlink.nvlink_applicability(source)
     assert sorted(state) == [0, 1, 2, 3, 4, 5, 6]
     inactive = {gpu: [link["link"] for link in entry["links"] if not link["active"]] for gpu, entry in state.items()}
     assert inactive == {0: [], 1: [], 2: [], 3: [3, 5], 4: [1], 5: [0, 4], 6: [1]}
@@ -248,7 +252,7 @@ def test_nvlink_status_v100_inactive_links():
 def test_nvlink_status_b200_all_inactive():
     source = lines(HEALTH, "nvlink-s-B200-all-links-inactive-uuid-masked-01.txt")
     assert parse_nvlink_status(source) == {2: []}
-    assert g.nvlink_applicability(source) == {2: {"status": "all_inactive", "links": []}}
+    assert g_nvlink.nvlink_applicability(source) == {2: {"status": "all_inactive", "links": []}}
     counters = {0: {"replay": 0, "recovery": 0, "crc_flit": 0}}
     assert verdict(None, nvlink_links=[], nvlink_errors=counters, tp_member=True) == ("failing", ["nvlink_down"])
     assert verdict(None, nvlink_links=[], tp_member=True) == ("ok", [])  # no sign it has NVLink
@@ -261,7 +265,7 @@ def test_nvlink_status_b200_all_inactive():
 def test_nvlink_status_not_applicable_or_unknown(name, status):
     source = lines(HEALTH, name)
     assert parse_nvlink_status(source) == {0: []}
-    assert g.nvlink_applicability(source) == {0: {"status": status, "links": []}}
+    assert g_nvlink.nvlink_applicability(source) == {0: {"status": status, "links": []}}
     assert g.detect_kind(text(HEALTH, name)) == "nvlink_status"
 
 
@@ -278,7 +282,7 @@ def test_xid_119_dmesg_T_banner_domain_0001():
         ("0001:6c:00", 119, 10200, "NvmlTaskRunner"), ("0001:96:00", 119, 10200, "NvmlTaskRunner")]
     assert events[0]["time"] == "Sun Apr 26 23:12:26 2026"
     assert events[0]["text"].startswith("Timeout after 45s of waiting for RPC response from GPU5 GSP!")
-    assert g.same_gpu("00000001:6C:00.0", events[0]["pci"]) and not g.same_gpu("00000000:6C:00.0", events[0]["pci"])
+    assert g_record.same_gpu("00000001:6C:00.0", events[0]["pci"]) and not g_record.same_gpu("00000000:6C:00.0", events[0]["pci"])
 
 
 def test_xid_119_ctime_gpu4():
@@ -399,7 +403,7 @@ H200_HEALTH_FILES = [
 
 
 def test_h200_q_whole():
-    gpu = g.parse_query_text(lines(H200, "q.txt"))[H200_BUS]
+    gpu = g_smi.parse_query_text(lines(H200, "q.txt"))[H200_BUS]
     assert gpu["name"] == "NVIDIA H200" and gpu["index"] == 0 and gpu["ecc_mode"] == "Enabled"
     assert gpu["ecc"] == {"volatile": {"correctable": 0, "uncorrectable": 0},
                           "aggregate": {"correctable": 0, "uncorrectable": 0}, "pending": False}
@@ -409,14 +413,14 @@ def test_h200_q_whole():
     assert gpu["pstate"] == "P0" and gpu["utilization_gpu"] == 0
     assert verdict(gpu) == ("ok", [])
     marked = lines(H200, "q.txt") + ["##NVIDIA_SMI_EXIT=0"]
-    assert g.parse_query_text(marked)[H200_BUS] == gpu
-    assert g.parse_query_text(["Failed to initialize NVML: Driver/library version mismatch", "##NVIDIA_SMI_EXIT=18"]) is None
-    assert g.parse_query_text(["No devices were found", "##NVIDIA_SMI_EXIT=6"]) is None
-    assert g.parse_query_text(["##NVIDIA_SMI_EXIT=0"]) is None
+    assert g_smi.parse_query_text(marked)[H200_BUS] == gpu
+    assert g_smi.parse_query_text(["Failed to initialize NVML: Driver/library version mismatch", "##NVIDIA_SMI_EXIT=18"]) is None
+    assert g_smi.parse_query_text(["No devices were found", "##NVIDIA_SMI_EXIT=6"]) is None
+    assert g_smi.parse_query_text(["##NVIDIA_SMI_EXIT=0"]) is None
 
 
 def test_h200_xml_v13():
-    gpu = g.parse_query_xml(text(H200, "q-x.xml"))[H200_BUS]
+    gpu = g_smi.parse_query_xml(text(H200, "q-x.xml"))[H200_BUS]
     assert gpu["ecc"]["pending"] is False and gpu["remapped_rows"]["pending"] is False
     assert gpu["retired_pages"] == {"single_bit": None, "double_bit": None, "pending": None}
     assert gpu["power_draw_w"] == 78.59 and gpu["clocks_event_reasons"]["active"] == ["idle"]
@@ -425,21 +429,21 @@ def test_h200_xml_v13():
 
 
 def test_h200_sections_and_csvs():
-    power = g.parse_query_text(lines(H200, "q-d-TEMPERATURE,POWER.txt"))[H200_BUS]
+    power = g_smi.parse_query_text(lines(H200, "q-d-TEMPERATURE,POWER.txt"))[H200_BUS]
     assert (power["temperature_c"], power["power_draw_w"], power["power_limit_w"]) == (37, 78.56, 700.0)
-    pages = g.parse_query_text(lines(H200, "q-d-PAGE_RETIREMENT.txt"))[H200_BUS]
+    pages = g_smi.parse_query_text(lines(H200, "q-d-PAGE_RETIREMENT.txt"))[H200_BUS]
     assert pages["retired_pages"] == {"single_bit": None, "double_bit": None, "pending": None}
-    header = g.parse_health_csv(lines(H200, "query-gpu-health-csv.txt"))[H200_BUS]
-    bare = g.parse_health_csv(lines(H200, "query-gpu-health-csv-noheader-nounits.txt"), g.HEALTH_QUERY_FIELDS)[H200_BUS]
+    header = g_csv.parse_health_csv(lines(H200, "query-gpu-health-csv.txt"))[H200_BUS]
+    bare = g_csv.parse_health_csv(lines(H200, "query-gpu-health-csv-noheader-nounits.txt"), g_csv.HEALTH_QUERY_FIELDS)[H200_BUS]
     for gpu in (header, bare):
         assert gpu["ecc"]["volatile"] == {"correctable": 0, "uncorrectable": 0}
         assert gpu["ecc"]["aggregate"] == {"correctable": None, "uncorrectable": 0}
         assert gpu["retired_pages"]["pending"] is None and gpu["remapped_rows"]["failure"] is False
         assert gpu["clocks_event_reasons"]["active"] == ["idle"] and gpu["memory_temperature_c"] == 39
     assert header["power_draw_w"] == 78.58 and bare["power_draw_w"] == 78.59
-    uuid_only = g.parse_retired_pages_csv(lines(H200, "query-retired-pages-csv.txt"))
+    uuid_only = g_csv.parse_retired_pages_csv(lines(H200, "query-retired-pages-csv.txt"))
     assert uuid_only == {"GPU-c0ba5029-d02f-7668-1bbf-cd987b370c34": {"single_bit": 0, "double_bit": 0, "pages": [], "applicable": False}}
-    assert g.parse_nvlink_errors(lines(H200, "nvlink-e.txt")) == {}
+    assert g_nvlink.parse_nvlink_errors(lines(H200, "nvlink-e.txt")) == {}
     assert logs.parse_kernel_log(lines(H200, "dmesg-NVRM.txt")) == []
 
 
@@ -456,10 +460,10 @@ def test_nvlink_errors_layouts():
             "         Link 0: Replay Errors: 0", "         Link 0: Recovery Errors: 0",
             "         Link 0: CRC Errors: 3", "", "         Link 1: Replay Errors: 2",
             "         Link 1: Data CRC Errors: N/A", "##NVIDIA_SMI_EXIT=0"]
-    assert g.parse_nvlink_errors(h100) == {0: {0: {"replay": 0, "recovery": 0, "crc_flit": 3},
+    assert g_nvlink.parse_nvlink_errors(h100) == {0: {0: {"replay": 0, "recovery": 0, "crc_flit": 3},
                                                1: {"replay": 2, "crc_data": None}}}
     assert g.detect_kind("\n".join(h100)) == "nvlink_errors"
-    assert g.parse_nvlink_errors(["NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver."]) is None
+    assert g_nvlink.parse_nvlink_errors(["NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver."]) is None
 
 
 # --- verdict details and host_gpu_health -----------------------------------------------------
@@ -474,8 +478,8 @@ def test_xid_table_covers_the_codes():
 
 
 def test_rising_counters_need_previous():
-    gpu = g.parse_query_text(lines(H200, "q.txt"))[H200_BUS]
-    later = g.merge_records({"pcie": {"replays": 9}, "ecc": {"aggregate": {"correctable": 4}}}, gpu)
+    gpu = g_smi.parse_query_text(lines(H200, "q.txt"))[H200_BUS]
+    later = g_record.merge_records({"pcie": {"replays": 9}, "ecc": {"aggregate": {"correctable": 4}}}, gpu)
     assert verdict(later) == ("ok", [])
     assert verdict(later, previous={"health": gpu}) == ("degraded", ["ecc_correctable_rising", "pcie_replays_rising"])
     errors_before = {0: {"replay": 1, "recovery": 0}}
@@ -492,7 +496,7 @@ def test_row_remap_failure_is_rma():
 
 def _h200_state(**changes):
     state = {
-        "gpu_health": g.parse_query_text(lines(H200, "q.txt")),
+        "gpu_health": g_smi.parse_query_text(lines(H200, "q.txt")),
         "gpus": [{"index": 0, "name": "NVIDIA H200", "uuid": "GPU-f70fc72c-8ec5-a53a-cda1-f039fcfe7fab",
                   "pci_bus_id": H200_BUS}],
         "nvlink": {}, "nvlink_errors": {}, "processes": [],
@@ -527,7 +531,7 @@ def test_host_gpu_health_xids_assigned_and_orphaned():
 
 def test_host_gpu_health_previous_and_nvlink():
     first = host_gpu_health(_h200_state(), [0])
-    health = g.parse_query_text(lines(H200, "q.txt"))
+    health = g_smi.parse_query_text(lines(H200, "q.txt"))
     health[H200_BUS]["pcie"]["replays"] = 7
     second = host_gpu_health(_h200_state(gpu_health=health), [0], previous=first)
     assert [r["code"] for r in second[H200_BUS]["reasons"]] == ["pcie_replays_rising"]
@@ -538,7 +542,7 @@ def test_host_gpu_health_previous_and_nvlink():
 
 
 def test_thermal_slowdown_only_while_busy():
-    odd = g.parse_query_text(lines(HEALTH, "q-8xH100-driver535-sw-power-cap-sw-thermal-power-brake-one-gpu-01.txt"))
+    odd = g_smi.parse_query_text(lines(HEALTH, "q-8xH100-driver535-sw-power-cap-sw-thermal-power-brake-one-gpu-01.txt"))
     state = {"gpu_health": odd, "processes": [{"gpu_uuid": "GPU-x", "pid": 1}],
              "gpus": [{"index": 2, "name": "H100", "uuid": "GPU-x", "pci_bus_id": "00000000:75:00.0"}]}
     codes = [r["code"] for r in host_gpu_health(state, [])["00000000:75:00.0"]["reasons"]]
@@ -550,14 +554,14 @@ def test_h200_the_whole_query_agrees_with_nvml():
     # ("name = value", or "name ! error" where NVML says NotSupported).
     nvml = dict(line.split(" = ", 1) for line in lines(H200, "nvml-health-probe.txt")
                 if " = " in line)
-    gpu = g.parse_query_text(lines(H200, "q.txt"))[H200_BUS]
+    gpu = g_smi.parse_query_text(lines(H200, "q.txt"))[H200_BUS]
     assert nvml["name"] == gpu["name"] == "NVIDIA H200"
     assert int(nvml["ecc_uncorr_volatile"]) == gpu["ecc"]["volatile"]["uncorrectable"] == 0
     assert int(nvml["ecc_corr_volatile"]) == gpu["ecc"]["volatile"]["correctable"] == 0
     assert nvml["remapped_rows"] == "(0, 0, 0, 0)"
     assert gpu["remapped_rows"] == {"correctable": 0, "uncorrectable": 0, "pending": False,
                                     "failure": False}
-    assert g.reasons_from_mask(nvml["throttle_reasons"]) == ["idle"]
+    assert g_record.reasons_from_mask(nvml["throttle_reasons"]) == ["idle"]
     assert nvml["pcie_gen"] == f"({gpu['pcie']['gen_current']}, {gpu['pcie']['gen_max']})"
     assert nvml["pcie_width"] == f"({gpu['pcie']['width_current']}, {gpu['pcie']['width_max']})"
     assert "nvlink0_state" not in nvml  # NotSupported: NVLink is not exposed in this VM
@@ -580,7 +584,7 @@ def h200_xml(product: str = "NVIDIA H200", volatile_dram_uncorrectable: int = 0)
 
 
 def test_the_xml_helper_changes_what_it_says():
-    gpu = g.parse_query_xml(h200_xml("NVIDIA H200 (five)", 5))[H200_BUS]
+    gpu = g_smi.parse_query_xml(h200_xml("NVIDIA H200 (five)", 5))[H200_BUS]
     assert gpu["name"] == "NVIDIA H200 (five)" and gpu["ecc"]["volatile"]["uncorrectable"] == 5
     assert verdict(gpu) == ("degraded", ["ecc_volatile_uncorrectable"])
 
@@ -588,13 +592,13 @@ def test_the_xml_helper_changes_what_it_says():
 def test_xml_cut_short_is_unreadable():
     source = text(HEALTH, V100_XML)
     with pytest.raises(UnreadableOutput, match=r"not well-formed XML \(unclosed token"):
-        g.parse_query_xml(source[: len(source) // 2])
+        g_smi.parse_query_xml(source[: len(source) // 2])
 
 
 def test_xml_with_a_control_character_is_unreadable():
     # Five uncorrectable errors, behind a name XML 1.0 does not allow: not "no GPU".
     with pytest.raises(UnreadableOutput, match="not well-formed XML"):
-        g.parse_query_xml(h200_xml("NVIDIA\x07H200", 5))
+        g_smi.parse_query_xml(h200_xml("NVIDIA\x07H200", 5))
 
 
 @pytest.mark.parametrize("declaration", [
@@ -611,7 +615,7 @@ def test_xml_declaring_a_dtd_or_entity_is_unreadable(declaration):
     source = source.replace('<!DOCTYPE nvidia_smi_log SYSTEM "nvsmi_device_v13.dtd">', declaration)
     assert declaration in source
     with pytest.raises(UnreadableOutput, match="declares a DTD or an entity"):
-        g.parse_query_xml(source)
+        g_smi.parse_query_xml(source)
     assert g.detect_kind(source) == "query_xml"
 
 
@@ -625,7 +629,7 @@ def q_text(*gpu_lines: str, attached: int) -> list[str]:
 
 
 def test_device_handle_error_is_unknown_and_gpu_lost_is_failing():
-    parsed = g.parse_query_text(q_text(
+    parsed = g_smi.parse_query_text(q_text(
         "Unable to determine the device handle for GPU 0000:17:00.0: Unknown Error",
         "Unable to determine the device handle for gpu 0000:3B:00.0: GPU is lost.  Reboot the "
         "system to recover this GPU", attached=3))
@@ -633,7 +637,7 @@ def test_device_handle_error_is_unknown_and_gpu_lost_is_failing():
     lost = parsed["00000000:17:00.0"]
     assert lost["unreadable"] == {"code": "gpu_unreadable", "detail": "nvidia-smi: Unable to "
                                   "determine the device handle for GPU 0000:17:00.0: Unknown Error"}
-    assert lost["index"] == 0 and lost["ecc"] == g.empty_record()["ecc"]
+    assert lost["index"] == 0 and lost["ecc"] == g_record.empty_record()["ecc"]
     assert verdict(lost) == ("unknown", ["gpu_unreadable"])
     assert verdict(parsed["00000000:3B:00.0"]) == ("failing", ["gpu_lost"])
     assert parsed[H200_BUS]["index"] == 2 and "unreadable" not in parsed[H200_BUS]
@@ -641,11 +645,11 @@ def test_device_handle_error_is_unknown_and_gpu_lost_is_failing():
     # Alone in a file (nvidia-smi's table or CSV printing only that): still read.
     only = "Unable to determine the device handle for GPU0000:65:00.0: Unknown Error"
     assert g.detect_kind(only) == "device_error"
-    assert g.unreadable_gpus([only])["00000000:65:00.0"]["unreadable"]["code"] == "gpu_unreadable"
+    assert g_record.unreadable_gpus([only])["00000000:65:00.0"]["unreadable"]["code"] == "gpu_unreadable"
 
 
 def test_a_gpu_block_with_no_data_is_unknown():
-    parsed = g.parse_query_text(q_text("GPU 00000000:17:00.0", attached=2))
+    parsed = g_smi.parse_query_text(q_text("GPU 00000000:17:00.0", attached=2))
     assert list(parsed) == ["00000000:17:00.0", H200_BUS]
     assert parsed["00000000:17:00.0"]["unreadable"] == {
         "code": "gpu_no_data", "detail": "GPU 00000000:17:00.0: its block in nvidia-smi -q holds nothing"}
@@ -653,23 +657,23 @@ def test_a_gpu_block_with_no_data_is_unknown():
     empty = text(H200, H200_XML).replace(text(H200, H200_XML)[
         text(H200, H200_XML).index('<gpu id'):text(H200, H200_XML).index("</gpu>") + 6],
         '<gpu id="00000000:00:06.0">\n\t</gpu>')
-    assert verdict(g.parse_query_xml(empty)[H200_BUS]) == ("unknown", ["gpu_no_data"])
+    assert verdict(g_smi.parse_query_xml(empty)[H200_BUS]) == ("unknown", ["gpu_no_data"])
 
 
 def test_fewer_gpus_than_attached_is_unknown():
-    parsed = g.parse_query_text(q_text(attached=2))
+    parsed = g_smi.parse_query_text(q_text(attached=2))
     assert list(parsed) == [H200_BUS, "missing"]
     assert parsed["missing"]["unreadable"]["code"] == "gpu_missing"
     assert verdict(parsed[H200_BUS]) == ("ok", []) and verdict(parsed["missing"])[0] == "unknown"
-    assert "missing" not in g.parse_query_text(q_text(attached=1))
+    assert "missing" not in g_smi.parse_query_text(q_text(attached=1))
 
 
 LONG_LINE_PARSERS = {
-    "nvidia-smi -q": g.parse_query_text,
-    "nvidia-smi -q -x": lambda found: g.parse_query_xml("\n".join(found)),
-    "nvidia-smi --query CSV": g.parse_health_csv,
-    "nvidia-smi nvlink -e": g.parse_nvlink_errors,
-    "nvidia-smi nvlink -s": g.nvlink_applicability,
+    "nvidia-smi -q": g_smi.parse_query_text,
+    "nvidia-smi -q -x": lambda found: g_smi.parse_query_xml("\n".join(found)),
+    "nvidia-smi --query CSV": g_csv.parse_health_csv,
+    "nvidia-smi nvlink -e": g_nvlink.parse_nvlink_errors,
+    "nvidia-smi nvlink -s": g_nvlink.nvlink_applicability,
     "kernel log": logs.read_kernel_log,
     "dcgmi diag": logs.parse_dcgmi_diag,
 }
@@ -686,7 +690,7 @@ def test_a_line_over_the_bound_is_unreadable_before_any_pattern_runs(name, lengt
         with pytest.raises(UnreadableOutput, match=rf"^{name}: line 2 is {len(line)} characters "
                                                    rf"long, over the {MAX_LINE_CHARS}"):
             LONG_LINE_PARSERS[name](found)
-    for csv_parser in (g.parse_remapped_rows_csv, g.parse_retired_pages_csv):
+    for csv_parser in (g_csv.parse_remapped_rows_csv, g_csv.parse_retired_pages_csv):
         with pytest.raises(UnreadableOutput, match=r"^nvidia-smi --query CSV: line 2 is"):
             csv_parser(["gpu_bus_id, retired_pages.address", "x" * length])
 
@@ -829,7 +833,7 @@ def test_the_check_finds_the_patterns_that_took_quadratic_time():
         assert backtracking_shapes(fine) == [], fine
 
 
-@pytest.mark.parametrize("module", [g, logs, gpu_health_input])
+@pytest.mark.parametrize("module", [g, g_smi, g_csv, g_nvlink, g_record, logs, gpu_health_input])
 def test_every_pattern_of_the_parsers_is_linear_and_at_module_level(module):
     patterns = {name: value for name, value in vars(module).items()
                 if isinstance(value, re.Pattern)}
@@ -916,7 +920,7 @@ def test_kernel_notices_of_a_failing_gpu_without_an_xid():
 def test_host_gpu_health_never_reads_what_it_could_not_read_as_ok():
     inventory = _h200_state()["gpus"] + [{"index": 1, "name": "NVIDIA H200", "uuid": "GPU-2",
                                           "pci_bus_id": "00000000:17:00.0"}]
-    health = g.parse_query_text(q_text(attached=2))  # one GPU listed, two attached
+    health = g_smi.parse_query_text(q_text(attached=2))  # one GPU listed, two attached
     result = host_gpu_health(_h200_state(gpus=inventory, gpu_health=health), [0, 1])
     assert list(result) == [H200_BUS, "00000000:17:00.0"]  # "missing": the inventory names it
     assert result[H200_BUS]["verdict"] == "ok"
@@ -930,7 +934,7 @@ def test_host_gpu_health_never_reads_what_it_could_not_read_as_ok():
     assert (unread["verdict"], [r["code"] for r in unread["reasons"]]) == ("unknown", ["kernel_log_not_read"])
     assert "xid_events" not in unread["counters"]
     # A GPU the device-handle error names, and a notice of a GPU no longer listed.
-    lost = g.parse_query_text(q_text("Unable to determine the device handle for GPU 0000:17:00.0: "
+    lost = g_smi.parse_query_text(q_text("Unable to determine the device handle for GPU 0000:17:00.0: "
                                      "Unknown Error", attached=2))
     notice = {"time": "1", "pci": "0000:b3:00", "notice": "fallen_off_bus", "text": "x"}
     result = host_gpu_health(_h200_state(gpu_health=lost, xid={"source": "journal", "events": [],
@@ -954,13 +958,13 @@ def test_an_output_the_facts_cannot_read_fails_the_host_never_reads_healthy():
 def test_device_handle_errors_in_a_csv_and_a_q_with_no_gpu_block():
     bare = lines(H200, "query-gpu-health-csv-noheader-nounits.txt")
     lost = "Unable to determine the device handle for GPU 0000:17:00.0: Unknown Error"
-    assert g.health_csv_fields([lost] + bare) == g.HEALTH_QUERY_FIELDS
-    parsed = g.parse_health_csv([lost] + bare, g.health_csv_fields([lost] + bare))
+    assert g_csv.health_csv_fields([lost] + bare) == g_csv.HEALTH_QUERY_FIELDS
+    parsed = g_csv.parse_health_csv([lost] + bare, g_csv.health_csv_fields([lost] + bare))
     assert sorted(parsed) == ["00000000:00:06.0", "00000000:17:00.0"]
     assert verdict(parsed["00000000:17:00.0"]) == ("unknown", ["gpu_unreadable"])
     assert verdict(parsed[H200_BUS]) == ("ok", [])
-    assert g.health_csv_fields(lines(H200, "query-gpu-health-csv.txt")) is None
+    assert g_csv.health_csv_fields(lines(H200, "query-gpu-health-csv.txt")) is None
     # nvidia-smi -q saying two GPUs are attached and listing none of them.
-    only = g.parse_query_text(["==============NVSMI LOG==============",
+    only = g_smi.parse_query_text(["==============NVSMI LOG==============",
                                "Attached GPUs                             : 2"])
     assert list(only) == ["missing"] and only["missing"]["unreadable"]["attached"] == 2

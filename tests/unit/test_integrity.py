@@ -1,7 +1,7 @@
 """Hand changes around the suite: foreign drop-ins, foreign nginx servers on the gateway's
 port, an engine running with another configuration than its unit (facts/units.py
 UnitDropIns, facts/nginx.py NginxServers, facts/vllm_service.py EngineProcess, and the
-comparisons of operations/ and pyinfra_vllm/run/report.py).
+comparisons of pyinfra_vllm/operations/ and pyinfra_vllm/report/verdicts.py).
 
 nginx outputs are real ``nginx -T`` dumps (tests/fixtures/nginx/, record.py there);
 the /proc reader runs for real against a process this test starts.
@@ -38,7 +38,8 @@ from pyinfra_vllm.plans.vllm_service import (
     hardening_differences,
     render_unit,
 )
-from pyinfra_vllm.run.report import integrity, integrity_problems, render_markdown
+from pyinfra_vllm.report.markdown import render_markdown
+from pyinfra_vllm.report.verdicts import integrity, integrity_problems
 
 TESTS = Path(__file__).parents[1]
 RAW = TESTS / "fixtures" / "nginx"

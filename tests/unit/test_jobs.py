@@ -1,7 +1,7 @@
-"""Long jobs as transient units (operations/util/jobs.py): the progress lines, the polling
-loop against a sequence of unit states, the watch's output parsing, and the job script
-run for real by /bin/sh in a temporary directory (systemd's part, ExecStopPost's
-variables, given by hand as systemd.exec(5) names them)."""
+"""Long jobs as transient units (pyinfra_vllm/operations/util/jobs.py): the progress lines, the
+polling loop against a sequence of unit states, the watch's output parsing, and the job script run
+for real by /bin/sh in a temporary directory (systemd's part, ExecStopPost's variables, given by
+hand as systemd.exec(5) names them)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import subprocess
 import pytest
 from pyinfra.api import StringCommand
 
-from operations.util import jobs
+from pyinfra_vllm.operations.util import jobs
 
 SIZES = {"config.json": 1_000, "model-1.safetensors": 30_000_000_000,
          "model-2.safetensors": 25_600_000_000}

@@ -36,7 +36,7 @@ def test_busy_gpus_ignores_our_service_and_other_gpus():
 
 
 def test_mig_verification_messages(inventory_host):
-    from operations.mig import _verify_mig_disabled
+    from pyinfra_vllm.operations.mig import _verify_mig_disabled
 
     host = inventory_host([_gpu(0), _gpu(1, "Enabled", "Disabled")])
     assert _verify_mig_disabled(None, host, [0], False) is True

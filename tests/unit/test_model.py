@@ -12,11 +12,11 @@ from pyinfra.context import ctx_host, ctx_state
 from pyinfra_testing.util import FakeState, create_host
 
 from facts.model import mtime_ns, unverified
-from operations import model as model_ops
 from pyinfra_vllm.core import model_files as model_plan
 from pyinfra_vllm.core.locks import LockFileError, load_lock, lock_path, safetensors_bytes
 from pyinfra_vllm.core.model_files import FETCH_LOCK, INCOMING, VERIFIED_NAME, unsafe_model_path
 from pyinfra_vllm.core.settings import Settings, validate
+from pyinfra_vllm.operations import model as model_ops
 
 _SPEC = importlib.util.spec_from_file_location(
     "fetch_model", Path(__file__).resolve().parents[2] / "files" / "fetch_model.py")
@@ -138,7 +138,7 @@ def test_the_download_job_keeps_the_token_and_proxy_credentials_in_its_env_file_
                                      "units.UnitState": {f"unit={unit}": None}})
     with ctx_state.use(state), ctx_host.use(host), \
             pytest.MonkeyPatch.context() as patch:
-        patch.setattr("operations.util.jobs.unit_name", lambda *_: unit)
+        patch.setattr("pyinfra_vllm.operations.util.jobs.unit_name", lambda *_: unit)
         commands = list(model_ops.downloaded._inner(
             lock=lock, dest="/srv/m/Q", base_url="https://huggingface.co", token=token,
             proxy=f"http://ops:{password}@proxy:3128",

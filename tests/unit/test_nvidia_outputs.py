@@ -47,12 +47,11 @@ from facts.topology import (
     GpuTopology,
     NvlinkStatus,
     P2pRead,
-    nvlink_joined,
     parse_nvlink_status,
     parse_p2p,
     parse_topology,
-    tp_link_verdict,
 )
+from pyinfra_vllm.plans.topology import nvlink_joined, tp_link_verdict
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures" / "nvidia"

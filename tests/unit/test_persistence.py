@@ -4,7 +4,7 @@ from __future__ import annotations
 
 
 def test_persistence_verification(inventory_host):
-    from operations.persistence import _verify_persistence
+    from pyinfra_vllm.operations.persistence import _verify_persistence
 
     host = inventory_host([{"index": 0, "persistence_mode": "Enabled"},
                   {"index": 1, "persistence_mode": "Disabled"}])

@@ -1,10 +1,11 @@
 """What the suite reads of pyinfra beyond its operations and facts, checked by behaviour.
 
-The audit's drift (pyinfra_vllm/run/report.py ``host_plan``) reads pyinfra's prepared state,
-and ``--diff`` (operations/util/file_diff.py) reuses pyinfra's diff switch and printer. pyinfra
-documents these but may change them in a minor release: pyproject.toml pins the tested
-range (pyinfra_vllm/core/versions.py ``PYINFRA_TESTED``). A newer pyinfra that breaks one fails
-here, naming the attribute and the version, instead of the audit saying "converged".
+The audit's drift (pyinfra_vllm/report/drift.py ``host_plan``) reads pyinfra's prepared
+state, and ``--diff`` (pyinfra_vllm/operations/util/file_diff.py) reuses pyinfra's diff switch
+and printer. pyinfra documents these but may change them in a minor release: pyproject.toml
+pins the tested range (pyinfra_vllm/core/versions.py ``PYINFRA_TESTED``). A newer pyinfra
+that breaks one fails here, naming the attribute and the version, instead of the audit
+saying "converged".
 """
 
 from __future__ import annotations
@@ -31,8 +32,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def broken(attribute: str, what: str) -> str:
-    return (f"pyinfra {VERSION}: {attribute} {what}; pyinfra_vllm/run/report.py and "
-            "operations/util/file_diff.py rely on it (see PYINFRA_TESTED in pyinfra_vllm/core/versions.py)")
+    return (f"pyinfra {VERSION}: {attribute} {what}; pyinfra_vllm/report/drift.py and "
+            "pyinfra_vllm/operations/util/file_diff.py rely on it "
+            "(see PYINFRA_TESTED in pyinfra_vllm/core/versions.py)")
 
 
 @operation()
@@ -134,9 +136,9 @@ def test_the_diff_switch_and_printer():
 
 
 def test_a_function_command_runs_remote_commands_with_its_operations_arguments():
-    # The rolling restart (operations/vllm_service.py ``_roll``) and the watch of a long
-    # job (operations/util/jobs.py) run their commands from a FunctionCommand with the
-    # operation's connector arguments (_sudo, _env ...): pyinfra passes those to
+    # The rolling restart (pyinfra_vllm/operations/vllm_service.py ``_roll``) and the watch of a
+    # long job (pyinfra_vllm/operations/util/jobs.py) run their commands from a FunctionCommand
+    # with the operation's connector arguments (_sudo, _env ...): pyinfra passes those to
     # StringCommands only, so ``connector_arguments`` reads them from
     # host.current_op_global_arguments while the operation runs. Run for real on @local
     # (``echo``).
@@ -145,7 +147,7 @@ def test_a_function_command_runs_remote_commands_with_its_operations_arguments()
     from pyinfra.api.operation import add_op
     from pyinfra.api.operations import run_ops
 
-    from operations.util.jobs import connector_arguments
+    from pyinfra_vllm.operations.util.jobs import connector_arguments
 
     seen: dict = {}
 

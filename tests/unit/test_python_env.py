@@ -10,9 +10,9 @@ import pytest
 
 from files import vllm_probe
 from files.vllm_probe import server_flags
-from operations.util.uploads import env_file_text
 from pyinfra_vllm.core.stack_locks import read_lock, requirements_text
 from pyinfra_vllm.core.stacks import STACKS
+from pyinfra_vllm.operations.util.uploads import env_file_text
 from pyinfra_vllm.plans.python_env import (
     download_env,
     environment_base,

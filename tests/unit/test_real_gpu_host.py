@@ -195,7 +195,8 @@ H200_BUS = "00000000:00:06.0"
 
 
 def test_the_h200_health_facts_are_the_parsers_on_its_raw_outputs():
-    from facts.gpu_health import parse_nvlink_errors, parse_query_text
+    from facts.gpu_health_nvlink import parse_nvlink_errors
+    from facts.gpu_health_smi import parse_query_text
 
     facts = json.loads((HEALTH_CAPTURE / "pyinfra-facts.json").read_text())
     recorded = facts["facts.gpu_health.GpuHealth"]["@local"]

@@ -18,7 +18,7 @@ from pyinfra_testing.util import FakeState, create_host
 from facts.files import PathTypes
 from facts.model import ModelFiles
 from facts.python_env import MARKER, EnvRootEntries
-from operations import remove as remove_ops
+from pyinfra_vllm.operations import remove as remove_ops
 from pyinfra_vllm.plans.model import DOWNLOADER_NAMES
 
 FIXTURE = Path(__file__).resolve().parents[1] / "operations/remove.sysctl_reapplied/two-keys.json"

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from pyinfra_vllm.run.report import summary_rows
-from pyinfra_vllm.run.report_changes import changes
-from pyinfra_vllm.run.report_html import LINK_KINDS, render_html
+from pyinfra_vllm.report.changes import changes
+from pyinfra_vllm.report.html_page import LINK_KINDS, render_html
+from pyinfra_vllm.report.summary import summary_rows
 from tests.unit.fleet_reports import fleet, previous_of
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

@@ -4,8 +4,9 @@ the counters that moved since the previous audit."""
 from __future__ import annotations
 
 from pyinfra_vllm.core.settings import validate
-from pyinfra_vllm.run.report import render_markdown, summarize
-from pyinfra_vllm.run.report_changes import change_words, changes
+from pyinfra_vllm.report.changes import change_words, changes
+from pyinfra_vllm.report.markdown import render_markdown
+from pyinfra_vllm.report.verdicts import summarize
 from tests.unit.test_checks import XID_79, seed_state
 
 SETTINGS = validate({"gateway_open": True})

@@ -14,11 +14,12 @@ from pathlib import Path
 import pytest
 
 from pyinfra_vllm.core.settings import SettingsError, validate
-from pyinfra_vllm.run import report as report_module
-from pyinfra_vllm.run import report_store
-from pyinfra_vllm.run.report import render_markdown, summary_rows
-from pyinfra_vllm.run.report_changes import changes, markdown_changes
-from pyinfra_vllm.run.report_html import LINK_KINDS, UNKNOWN, link_kind, matrix_svg, render_html
+from pyinfra_vllm.report import runs as report_module
+from pyinfra_vllm.report import store as report_store
+from pyinfra_vllm.report.changes import changes, markdown_changes
+from pyinfra_vllm.report.html_page import LINK_KINDS, UNKNOWN, link_kind, matrix_svg, render_html
+from pyinfra_vllm.report.markdown import render_markdown
+from pyinfra_vllm.report.summary import summary_rows
 from tests.unit.fleet_reports import (
     GATEWAY,
     REBOOT,

@@ -11,15 +11,11 @@ from pyinfra.api import Config, Inventory, State
 from pyinfra.context import ctx_host
 
 from pyinfra_vllm.core.settings import SettingsError, validate
-from pyinfra_vllm.run import report as report_module
-from pyinfra_vllm.run.report import (
-    render_markdown,
-    settings_problems,
-    settings_refusal,
-    summary_rows,
-    summary_table,
-)
-from pyinfra_vllm.run.report_html import host_status, render_html
+from pyinfra_vllm.report import runs as report_module
+from pyinfra_vllm.report.html_page import host_status, render_html
+from pyinfra_vllm.report.markdown import render_markdown
+from pyinfra_vllm.report.summary import summary_rows, summary_table
+from pyinfra_vllm.report.verdicts import settings_problems, settings_refusal
 from pyinfra_vllm.stages import audit as audit_stage
 from tests.unit.fleet_reports import connected_state, fleet, h200_state
 

@@ -14,10 +14,11 @@ from typing import Any
 import pytest
 
 import tools.audit
-from pyinfra_vllm.run import report as report_module
-from pyinfra_vllm.run.report import render_markdown, summary_table
-from pyinfra_vllm.run.report_changes import changes, markdown_changes
-from pyinfra_vllm.run.report_text import markdown_text, printable, printable_keeping_colours
+from pyinfra_vllm.report import runs as report_module
+from pyinfra_vllm.report.changes import changes, markdown_changes
+from pyinfra_vllm.report.markdown import render_markdown
+from pyinfra_vllm.report.summary import summary_table
+from pyinfra_vllm.report.text import markdown_text, printable, printable_keeping_colours
 from tests.unit.fleet_reports import connected_state, fleet, h200_state, host_entry
 
 HOSTILE = "| <script>alert(1)</script> [x](http://evil) \x1b[31mRED\x1b[0m \r"

@@ -22,9 +22,9 @@ import gevent
 import pytest
 from pyinfra.api import Config, Inventory, OperationValueError, State, StringCommand
 
-from operations.util import rolling as rolling_util
-from operations.util import vllm_service as vllm_service_util
-from operations.util.uploads import SECRET_DIR, UPLOAD_ROOT
+from pyinfra_vllm.operations.util import rolling as rolling_util
+from pyinfra_vllm.operations.util import vllm_service as vllm_service_util
+from pyinfra_vllm.operations.util.uploads import SECRET_DIR, UPLOAD_ROOT
 from pyinfra_vllm.plans.gateway import DRAIN_DIR, DRAIN_FLAG
 from tests.unit.impostor import impostor
 

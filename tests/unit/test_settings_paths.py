@@ -11,9 +11,9 @@ import posixpath
 
 import pytest
 
-from operations.util import uploads
-from pyinfra_vllm.core import settings_checks
+from pyinfra_vllm.core import settings_checks_paths
 from pyinfra_vllm.core.settings import SettingsError, validate
+from pyinfra_vllm.operations.util import uploads
 from pyinfra_vllm.plans import driver as driver_plan
 from pyinfra_vllm.plans import gateway as gateway_plan
 from pyinfra_vllm.plans import model as model_plan
@@ -34,32 +34,33 @@ SUITE_DIRS = {
 # And those it creates below them.
 SUITE_SUBDIRS = (driver_plan.CUDA_KEY_DIR, gateway_plan.DISABLED_DIR,
                  units_plan.DISABLED_DROP_IN_DIR)
-REFUSED = sorted({*settings_checks.SYSTEM_TREES, *settings_checks.SUITE_DIRS,
-                  *settings_checks.SHARED_DIRS} - set(settings_checks.VIRTUAL_FS_DIRS))
+REFUSED = sorted({*settings_checks_paths.SYSTEM_TREES, *settings_checks_paths.SUITE_DIRS,
+                  *settings_checks_paths.SHARED_DIRS} - set(settings_checks_paths.VIRTUAL_FS_DIRS))
 
 
 def test_the_suite_directories_the_rules_know_are_the_code_s():
-    assert set(settings_checks.SUITE_DIRS) == SUITE_DIRS
+    assert set(settings_checks_paths.SUITE_DIRS) == SUITE_DIRS
     for path in SUITE_SUBDIRS:
-        assert any(settings_checks.within(path, own) for own in SUITE_DIRS), path
+        assert any(settings_checks_paths.within(path, own) for own in SUITE_DIRS), path
 
 
-@pytest.mark.parametrize("name", settings_checks.OWN_DIR_SETTINGS)
+@pytest.mark.parametrize("name", settings_checks_paths.OWN_DIR_SETTINGS)
 @pytest.mark.parametrize("path", REFUSED)
 def test_every_system_shared_and_suite_directory_is_refused(name, path):
     with pytest.raises(SettingsError, match=rf"  {name} = '{path}': is "):
         validate({**OPEN, name: path})
 
 
-@pytest.mark.parametrize("name", settings_checks.OWN_DIR_SETTINGS)
-@pytest.mark.parametrize("tree", sorted({*settings_checks.SYSTEM_TREES,
-                                         *settings_checks.SUITE_DIRS}))
+@pytest.mark.parametrize("name", settings_checks_paths.OWN_DIR_SETTINGS)
+@pytest.mark.parametrize("tree", sorted({*settings_checks_paths.SYSTEM_TREES,
+                                         *settings_checks_paths.SUITE_DIRS}))
 def test_nothing_below_a_system_or_suite_directory_is_taken(name, tree):
     with pytest.raises(SettingsError, match=rf"  {name} = '{tree}/x/y': is inside {tree}, "):
         validate({**OPEN, name: f"{tree}/x/y"})
 
 
-@pytest.mark.parametrize("shared", sorted(settings_checks.SHARED_DIRS - {"/", "/var", "/var/lib"}))
+@pytest.mark.parametrize("shared", sorted(settings_checks_paths.SHARED_DIRS
+                                          - {"/", "/var", "/var/lib"}))
 def test_a_directory_of_its_own_below_a_shared_one_is_taken(shared):
     settings = validate({**OPEN, "python_env_root": f"{shared}/vllm-envs",
                          "model_dir": f"{shared}/vllm-models"})
@@ -67,8 +68,8 @@ def test_a_directory_of_its_own_below_a_shared_one_is_taken(shared):
 
 
 def test_the_defaults_are_apart():
-    assert settings_checks.dirs_apart(
-        {name: getattr(validate(OPEN), name) for name in settings_checks.OWN_DIR_SETTINGS}
+    assert settings_checks_paths.dirs_apart(
+        {name: getattr(validate(OPEN), name) for name in settings_checks_paths.OWN_DIR_SETTINGS}
     ) == []
 
 
@@ -89,6 +90,6 @@ def test_the_defaults_are_apart():
     ],
 )
 def test_dirs_apart(dirs, problems):
-    found = settings_checks.dirs_apart(dirs)
+    found = settings_checks_paths.dirs_apart(dirs)
     assert [text.split(":")[0] for _key, text in found] == problems
     assert [key for key, _text in found] == [text.split(" ")[0] for text in problems]

@@ -5,8 +5,8 @@ from __future__ import annotations
 import dataclasses
 import re
 
+from facts.versions import version_tuple
 from pyinfra_vllm.core.stacks import FIRST_SUPPORTED, REMOVED_FROM, STACKS
-from pyinfra_vllm.core.versions import version_tuple
 
 KEYS = {"vllm", "python", "torch", "cuda", "min_driver", "pins", "architectures"}
 

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
+from facts.versions import version_tuple
 from files import vllm_probe
 from files.vllm_probe import server_flags
 from pyinfra_vllm.core.settings import validate
 from pyinfra_vllm.core.stack_locks import read_lock
 from pyinfra_vllm.core.stacks import CPU_STACKS, REMOVED_FROM, STACKS, StackRow
-from pyinfra_vllm.core.versions import version_tuple
 from pyinfra_vllm.plans import vllm_service as vllm_service_plan
 from sandbox.hosts import SERVING_DATA
 

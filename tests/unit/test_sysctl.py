@@ -34,7 +34,7 @@ def test_sysctl_paths_and_values():
 
 
 def test_sysctl_template_renders_one_line_per_key():
-    # The renderer operations/sysctl.py drop_in uses (strict, keep_trailing_newline).
+    # The renderer pyinfra_vllm/operations/sysctl.py drop_in uses (strict, keep_trailing_newline).
     text = render(TEMPLATE, params=[("vm.swappiness", "1"), ("net.core.somaxconn", "65535")])
     body = [line for line in text.splitlines() if not line.startswith("#")]
     assert body == ["vm.swappiness = 1", "net.core.somaxconn = 65535"]

@@ -1,4 +1,5 @@
-"""operations/util/uploads.py: the commands that keep an upload private, under sudo too."""
+"""pyinfra_vllm/operations/util/uploads.py: the commands that keep an upload private, under sudo
+too."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from pyinfra_testing.util import (
     patch_files,
 )
 
-from operations.util.uploads import (
+from pyinfra_vllm.operations.util.uploads import (
     SECRET_DIR,
     UPLOAD_ROOT,
     env_file_text,
@@ -138,7 +139,7 @@ def _replayed_uploads(path: Path, monkeypatch) -> list[FileUploadCommand]:
     does (the fixture format keeps neither an upload's stage nor its other arguments)."""
     data = json.loads(path.read_text())
     module, name = path.parent.name.rsplit(".", 1)
-    op = getattr(importlib.import_module(f"operations.{module}"), name)
+    op = getattr(importlib.import_module(f"pyinfra_vllm.operations.{module}"), name)
     args, kwargs = coerce_operation_arguments(op, parse_value(data.get("args", [])),
                                               parse_value(data.get("kwargs", {})))
     state = FakeState()
@@ -170,7 +171,7 @@ def test_only_private_upload_builds_an_upload():
                 called = ast.unparse(node.func).rsplit(".", 1)[-1]
                 if called in ("FileUploadCommand", "put_file"):
                     builders.setdefault(module_name(path), []).append(node.lineno)
-    assert sorted(builders) == ["operations.util.uploads"], builders
+    assert sorted(builders) == ["pyinfra_vllm.operations.util.uploads"], builders
 
 
 _UPLOADS = re.compile(r"\bFileUploadCommand\b|\bput_file\b")
