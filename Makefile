@@ -4,7 +4,7 @@ PY ?= .venv/bin/python
 PYINFRA ?= .venv/bin/pyinfra
 HOSTS ?= 1
 
-.PHONY: venv test demo audit-local
+.PHONY: venv test check servers demo audit-local
 
 venv: .venv/.done
 .venv/.done: pyproject.toml requirements.lock
@@ -55,6 +55,21 @@ test: system-deps venv
 	.venv/bin/ruff check .
 	.venv/bin/mypy
 	$(PY) -m pytest
+
+# The developers' fast loop (about a minute on 2 cores, docs/tests.md): ruff, mypy, and the
+# unit, fact and operation fixture and sandbox harness tests, less those that start a server
+# (marked `servers` in tests/conftest.py); no sandbox host, no whole pyinfra run (tests/cli).
+# `make test` runs these and the rest.
+CHECK_TESTS := tests/unit tests/test_facts.py tests/test_operations.py tests/sandbox
+check: venv
+	.venv/bin/ruff check .
+	.venv/bin/mypy
+	$(PY) -m pytest -q -m "not servers and not e2e" $(CHECK_TESTS)
+
+# The same folders' tests that start servers (nginx, HTTP, Chromium, testssl.sh, nft in a
+# network namespace): about a minute and a half.
+servers: system-deps venv
+	$(PY) -m pytest -q -m servers $(CHECK_TESTS)
 
 # The main job against the embedded default target: one sandbox host (Debian 12,
 # systemd, sshd, two simulated NVLink-joined A100s), provisioned with the whole run

@@ -85,3 +85,78 @@ def _checkout_reports_untouched():
         pytest.fail(f"the tests wrote {len(added)} file(s) into {CHECKOUT_REPORTS}: "
                     f"{', '.join(added)}; give the audit audit_report_dir in a temporary "
                     "directory")
+
+
+# The tests that start servers: nginx, HTTP servers (on loopback too), headless Chromium,
+# testssl.sh, nft in a network namespace of the kernel. They are marked ``servers``: `make
+# check`, the developers' fast loop, leaves them out (-m "not servers and not e2e"); `make
+# test` runs them with the rest. Named by module file (every test of it), by fixture (what
+# it starts) or, where a module holds both kinds, by test; tests/e2e has its own marker.
+SERVER_MODULES = {
+    "test_gateway_nginx.py",  # the rendered gateway under the real nginx
+    "test_report_browser.py",  # the HTML report in headless Chromium
+    "test_wait_ready.py",  # files/wait_ready.py against HTTP servers and another user's
+    "test_relay.py",  # sandbox/relay.py on loopback
+    "test_proxy.py",  # the sandbox's HTTP proxy on loopback
+}
+SERVER_FIXTURES = {"mirror"}  # the model mirror's HTTP server (above)
+SERVER_TESTS = {
+    "test_gateway_analyzers.py": {"test_testssl_finds_nothing_but_the_accepted"},
+    "test_engine_firewall.py": {  # nft in a network namespace (unshare --net)
+        "test_the_engines_user_serves_root_and_nginx_and_nobody_is_refused",
+        "test_another_user_on_the_engines_port_completes_no_handshake",
+        "test_a_listener_answering_with_syn_cookies_on_the_engine_s_port_gets_nothing",
+        "test_the_engine_s_own_connections_open_and_close_through_the_table",
+    },
+    "test_engine_serving.py": {
+        "test_the_fact_reads_what_the_engine_serves",
+        "test_engine_health_prints_a_whole_line_for_the_one_read",
+        "test_the_engine_s_own_key_is_sent_from_its_file_on_curl_s_input",
+        "test_a_listener_of_another_user_is_named_never_asked",
+    },
+    "test_rolling.py": {
+        "test_idle_waits_until_no_request_is_in_flight",
+        "test_idle_gives_up_at_the_end_of_the_grace",
+        "test_idle_does_not_wait_for_an_engine_that_does_not_answer",
+        "test_idle_never_asks_a_listener_of_another_user",
+    },
+    "test_bench.py": {"test_the_key_goes_to_no_listener_but_root_s_on_the_gateway_s_port"},
+    "test_model_lock.py": {
+        "test_cli_against_gated_mirror_keeps_token_secret",
+        "test_config_that_does_not_match_its_lock_entry_is_refused",
+    },
+    "test_mirror_server.py": {
+        "test_token_gates_repo_requests",
+        "test_cli_serve_generates_prints_url_and_stops",
+    },
+}
+E2E = Path(__file__).parent / "e2e"
+
+
+def _starts_servers(item: pytest.Item) -> bool:
+    module = item.path.name
+    return (module in SERVER_MODULES
+            or getattr(item, "originalname", item.name) in SERVER_TESTS.get(module, ())
+            or not SERVER_FIXTURES.isdisjoint(getattr(item, "fixturenames", ())))
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by it
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark the tests that start servers ``servers``. A test SERVER_TESTS names that its
+    module no longer defines stops the run: a renamed server test never slips into the
+    fast loop unmarked."""
+    modules = {}
+    for item in items:
+        if E2E in item.path.parents:
+            continue
+        if _starts_servers(item):
+            item.add_marker(pytest.mark.servers)
+        module = item.getparent(pytest.Module)
+        if module is not None:
+            modules[item.path.name] = module.obj
+    gone = [f"{name} {test}" for name, module in sorted(modules.items())
+            for test in sorted(SERVER_TESTS.get(name, ())) if not hasattr(module, test)]
+    if gone:
+        raise pytest.UsageError(
+            "tests/conftest.py SERVER_TESTS names tests their modules no longer define: "
+            f"{', '.join(gone)}; name the test that starts a server under its new name")
