@@ -13,10 +13,17 @@ may hold one.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Generator, Iterator
 from pathlib import Path
 
 from pyinfra import host, state
-from pyinfra.api import OperationValueError, QuoteString, StringCommand, operation
+from pyinfra.api import (
+    FileUploadCommand,
+    OperationValueError,
+    QuoteString,
+    StringCommand,
+    operation,
+)
 
 from facts.files import FileDigests, PathTypes
 from pyinfra_vllm.operations.util import file_diff
@@ -33,6 +40,37 @@ def _content(source: str | bytes) -> bytes:
 def _private(mode: str) -> bool:
     """A file only its owner may read (0600, 0400): the suite keeps secrets in those."""
     return not int(mode, 8) & 0o077
+
+
+def _owner_and_mode_kept(path: str, have: dict[str, str], mode: str, user: str,
+                         group: str) -> Generator[StringCommand, None, bool]:
+    """``chown`` and ``chmod`` for a file whose content is right (``have``: its FileDigests
+    entry) where its owner or mode differs; returns whether one ran. A path of the access
+    table is left to pyinfra_vllm/operations/access.py."""
+    if path in access.ROWS:
+        return False
+    changed = False
+    if have["owner"] != f"{user}:{group}":
+        yield StringCommand("chown", QuoteString(f"{user}:{group}"), QuoteString(path))
+        changed = True
+    if int(have["mode"], 8) != int(mode, 8):
+        yield StringCommand("chmod", QuoteString(mode), QuoteString(path))
+        changed = True
+    return changed
+
+
+def _written(path: str, data: bytes, mode: str, owner: str, stage: bool,
+             parent_mode: str | None) -> Iterator[StringCommand | FileUploadCommand]:
+    """``data`` uploaded beside ``path`` with its owner and mode, then renamed over it; with
+    ``stage``, left beside it under STAGED_SUFFIX for the caller to move."""
+    if stage:
+        yield from private_upload(data, f"{path}{STAGED_SUFFIX}", mode=mode,
+                                  owner=owner, parent_mode=parent_mode)
+        return
+    temporary = f"{path}.pyinfra-new"
+    yield from private_upload(data, temporary, mode=mode, owner=owner,
+                              parent_mode=parent_mode)
+    yield StringCommand("mv -f", QuoteString(temporary), QuoteString(path))
 
 
 @operation()
@@ -67,34 +105,19 @@ def present(files: dict[str, tuple[str | bytes, str]], user: str = "root", group
         if (found.get(path) or {}).get("sha256") != hashlib.sha256(data).hexdigest()
     ]
     # Before the first command: pyinfra's change detection stops at the first one.
-    if differing and file_diff.wanted(state):
-        for path in differing:
-            file_diff.show(host, path, wanted[path], secret=_private(files[path][1]),
-                           exists=found.get(path) is not None)
+    file_diff.show_changes(state, host, [
+        (path, wanted[path], _private(files[path][1]), found.get(path) is not None)
+        for path in differing
+    ])
     changed = []
     for path, data in wanted.items():
         mode = files[path][1]
         have = found.get(path)
         if path not in differing and have is not None:
-            if path in access.ROWS:
-                continue
-            if have["owner"] != f"{user}:{group}":
-                yield StringCommand("chown", QuoteString(f"{user}:{group}"), QuoteString(path))
+            if (yield from _owner_and_mode_kept(path, have, mode, user, group)):
                 changed.append(path)
-            if int(have["mode"], 8) != int(mode, 8):
-                yield StringCommand("chmod", QuoteString(mode), QuoteString(path))
-                if path not in changed:
-                    changed.append(path)
             continue
-        if stage:
-            yield from private_upload(data, f"{path}{STAGED_SUFFIX}", mode=mode,
-                                      owner=f"{user}:{group}", parent_mode=parent_mode)
-            changed.append(path)
-            continue
-        temporary = f"{path}.pyinfra-new"
-        yield from private_upload(data, temporary, mode=mode, owner=f"{user}:{group}",
-                                  parent_mode=parent_mode)
-        yield StringCommand("mv -f", QuoteString(temporary), QuoteString(path))
+        yield from _written(path, data, mode, f"{user}:{group}", stage, parent_mode)
         changed.append(path)
     if not changed:
         host.noop(f"{len(files)} file(s) in place")

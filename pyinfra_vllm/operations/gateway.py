@@ -68,6 +68,20 @@ def _wanted_files(
     return wanted
 
 
+def _changed_files(
+    wanted: list[tuple[str, str, str, str]],
+) -> tuple[list[tuple[str, str, str, str]], dict[str, str | None]]:
+    """The files of ``wanted`` (``_wanted_files``) whose content's sha1 is not the live
+    file's, and each live file's sha1 (None: no such file)."""
+    live_sums = {live: host.get_fact(Sha1File, path=live) for _n, live, _c, _m in wanted}
+    changed = [
+        (name, live, content, mode)
+        for name, live, content, mode in wanted
+        if live_sums[live] != sha1(content)
+    ]
+    return changed, live_sums
+
+
 def _swapped_in(
     changed: list[tuple[str, str, str, str]], site_path: str, keys_path: str,
     staging_dir: str, service: str, secrets: list[str] | None,
@@ -142,18 +156,13 @@ def site(
         )
     """
     wanted = _wanted_files(site_path, site_content, keys_path, keys_content, extra_files)
-    live_sums = {live: host.get_fact(Sha1File, path=live) for _n, live, _c, _m in wanted}
-    changed = [
-        (name, live, content, mode)
-        for name, live, content, mode in wanted
-        if live_sums[live] != sha1(content)
-    ]
+    changed, live_sums = _changed_files(wanted)
     # --diff: before the first command (pyinfra's change detection stops there); the key
     # file and a "600" file are masked (pyinfra_vllm/operations/util/file_diff.py).
-    if changed and file_diff.wanted(state):
-        for _name, live, content, mode in changed:
-            file_diff.show(host, live, content.encode(), secret=mode == "600",
-                           exists=live_sums[live] is not None)
+    file_diff.show_changes(state, host, [
+        (live, content.encode(), mode == "600", live_sums[live] is not None)
+        for _name, live, content, mode in changed
+    ])
 
     if changed:
         yield from _swapped_in(changed, site_path, keys_path, staging_dir, service, secrets)

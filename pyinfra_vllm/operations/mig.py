@@ -12,6 +12,7 @@ before anything is changed. A mode still pending after the reset needs a reboot.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 
 from pyinfra import host
 from pyinfra.api import FunctionCommand, QuoteString, StringCommand, operation
@@ -62,6 +63,47 @@ def _verify_mig_disabled(state, host, indices: list[int], rebooted: bool) -> boo
     return not failed
 
 
+def _service_state(service: str | None) -> tuple[bool, list[int]]:
+    """Whether our unit ``service`` runs, and the PIDs of its processes: a GPU they alone
+    use is not busy, since the unit is stopped before the reset."""
+    service_running = False
+    service_pids: list[int] = []
+    if service is not None:
+        service_running = bool(host.get_fact(SystemdStatus, services=[service]).get(service))
+        if service_running:
+            service_pids = host.get_fact(UnitPids, unit=service)
+    return service_running, service_pids
+
+
+def _mig_turned_off(
+    steps: list[dict], service: str | None, service_running: bool
+) -> Iterator[StringCommand]:
+    """``service`` stopped when it runs, then each GPU's pending mode set and the GPU reset,
+    as ``steps`` (plan_mig) say."""
+    if service is not None and service_running:
+        yield StringCommand("systemctl", "stop", QuoteString(service))
+    for step in steps:
+        index = QuoteString(str(step["index"]))
+        if step["set_pending"]:
+            yield StringCommand("nvidia-smi", "-i", index, "-mig", "0")
+        if step["reset"]:
+            yield StringCommand("nvidia-smi", "-i", index, "-r")
+
+
+def _mig_checked(
+    indices: list[int], allow_reboot: bool, reboot_timeout: int
+) -> Iterator[StringCommand | FunctionCommand]:
+    """The check that MIG is off on the GPUs ``indices`` after their reset, with a reboot
+    first where ``allow_reboot`` and a mode is still pending."""
+    rebooted = False
+    # Read when the reset commands have run (pyinfra runs an operation's commands as
+    # they are yielded); at prepare time the generator never gets here.
+    if allow_reboot and _still_enabled(indices):
+        yield from server.reboot._inner(reboot_timeout=reboot_timeout)
+        rebooted = True
+    yield FunctionCommand(_verify_mig_disabled, (indices, rebooted), {})
+
+
 @operation()
 def mig_disabled(
     service: str | None = VLLM_UNIT,
@@ -104,31 +146,11 @@ def mig_disabled(
             "failed); refusing to reset a GPU that may be in use; check nvidia-smi and re-run"
         ])
         return
-    service_running = False
-    service_pids: list[int] = []
-    if service is not None:
-        service_running = bool(host.get_fact(SystemdStatus, services=[service]).get(service))
-        if service_running:
-            service_pids = host.get_fact(UnitPids, unit=service)
+    service_running, service_pids = _service_state(service)
     busy = busy_gpus(steps, processes, service_pids)
     if busy:
         yield from gate.refuse._inner(reasons=[busy_reason(busy, processes)])
         return
 
-    if service is not None and service_running:
-        yield StringCommand("systemctl", "stop", QuoteString(service))
-    for step in steps:
-        index = QuoteString(str(step["index"]))
-        if step["set_pending"]:
-            yield StringCommand("nvidia-smi", "-i", index, "-mig", "0")
-        if step["reset"]:
-            yield StringCommand("nvidia-smi", "-i", index, "-r")
-
-    indices = [step["index"] for step in steps]
-    rebooted = False
-    # Read when the commands above have run (pyinfra runs an operation's commands as
-    # they are yielded); at prepare time the generator never gets here.
-    if allow_reboot and _still_enabled(indices):
-        yield from server.reboot._inner(reboot_timeout=reboot_timeout)
-        rebooted = True
-    yield FunctionCommand(_verify_mig_disabled, (indices, rebooted), {})
+    yield from _mig_turned_off(steps, service, service_running)
+    yield from _mig_checked([step["index"] for step in steps], allow_reboot, reboot_timeout)

@@ -46,6 +46,28 @@ def _downloader_argv(script: str, lock_file: str, dest: str, base_url: str, jobs
     return argv
 
 
+def _job_and_meter(dest: str, lock: dict) -> tuple[str, dict]:
+    """The transient unit that downloads the lock's files into ``dest``, and what its
+    watch measures: the bytes on disk against the lock's file sizes."""
+    # One job per directory and commit, whatever it refetches: a re-run attaches to
+    # it rather than starting a second download into the same files.
+    unit = job_units.unit_name("model", dest, lock["commit"])
+    meter = {"kind": "bytes", "path": dest,
+             "sizes": {entry["path"]: entry["size"] for entry in lock["files"]}}
+    return unit, meter
+
+
+def _staged(downloader: str, script: str, lock: dict, lock_file: str,
+            dest: str) -> Iterator[StringCommand | FileUploadCommand]:
+    """The model directory made, the downloader uploaded to ``script`` and the lock to
+    ``lock_file``."""
+    yield StringCommand("install -d -m 700", QuoteString(f"{TOOL_DIR}/locks"), "&& mkdir -p",
+                        QuoteString(dest))
+    # Root runs both: through the private spool, never a /tmp name another user can take.
+    yield from private_upload(downloader, script, mode="644")
+    yield from private_upload((json.dumps(lock, indent=1) + "\n").encode(), lock_file)
+
+
 def _job_started(unit: str, lock: dict, dest: str, argv: list[str | QuoteString],
                  proxy: str | None,
                  token: str | None) -> Iterator[StringCommand | FileUploadCommand]:
@@ -136,19 +158,11 @@ def downloaded(lock: dict, dest: str, base_url: str, token: str | None = None,
                             refetch)
     detached = host.get_fact(SystemdBooted)
     if detached:
-        # One job per directory and commit, whatever it refetches: a re-run attaches to
-        # it rather than starting a second download into the same files.
-        unit = job_units.unit_name("model", dest, lock["commit"])
-        meter = {"kind": "bytes", "path": dest,
-                 "sizes": {entry["path"]: entry["size"] for entry in lock["files"]}}
+        unit, meter = _job_and_meter(dest, lock)
         if job_units.running(host.get_fact(UnitState, unit=unit)):
             yield job_units.watch(unit, "model", meter, attached=True)
             return
-    yield StringCommand("install -d -m 700", QuoteString(f"{TOOL_DIR}/locks"), "&& mkdir -p",
-                        QuoteString(dest))
-    # Root runs both: through the private spool, never a /tmp name another user can take.
-    yield from private_upload(downloader, script, mode="644")
-    yield from private_upload((json.dumps(lock, indent=1) + "\n").encode(), lock_file)
+    yield from _staged(downloader, script, lock, lock_file, dest)
     if detached:
         yield from _job_started(unit, lock, dest, argv, proxy, token)
         yield job_units.watch(unit, "model", meter)

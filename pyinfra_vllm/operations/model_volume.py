@@ -10,7 +10,7 @@ only then moved over the old one, so a failed check never leaves a broken fstab.
 from __future__ import annotations
 
 import uuid as uuid_module
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from typing import Any
 
 from pyinfra import host
@@ -105,6 +105,31 @@ def _mount_point_refusal(
     return None
 
 
+def _facts_or_refusal(
+    device: str, path: str, mkfs: bool
+) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any] | None] | str:
+    """The BlockDevice, Fstab and MountPoint facts ``mounted`` acts on, or why it refuses:
+    each fact is read only once the ones before it passed their check."""
+    info = host.get_fact(BlockDevice, device=device)
+    if info is None:
+        return (
+            f"model_volume_device {device} is not a block device on this host; point "
+            "model_volume_device at the disk for the weights, or set it to None"
+        )
+    refusal = _device_refusal(device, info, mkfs, path)
+    if refusal is not None:
+        return refusal
+    fstab = host.get_fact(Fstab)
+    refusal = _fstab_refusal(device, path, fstab, _device_spellings(device, info))
+    if refusal is not None:
+        return refusal
+    mount = host.get_fact(MountPoint, path=path)
+    refusal = _mount_point_refusal(device, info, path, mount)
+    if refusal is not None:
+        return refusal
+    return info, fstab, mount
+
+
 def _mkfs_command(device: str, fs_uuid: str) -> StringCommand:
     # No -f: mkfs.xfs itself refuses a device where it finds a signature.
     return StringCommand(
@@ -132,6 +157,19 @@ def _fstab_replaced(content: str) -> Iterator[StringCommand | FileUploadCommand]
         "cp", "-p", QuoteString(FSTAB), QuoteString(f"{FSTAB}.pyinfra-vllm.bak"),
     )
     yield StringCommand("mv", "-f", QuoteString(new), QuoteString(FSTAB))
+
+
+def _fstab_kept(
+    fstab: list[dict[str, Any]], fs_uuid: str, path: str, options: list[str],
+    sources: list[str],
+) -> Generator[StringCommand | FileUploadCommand, None, bool]:
+    """The fstab's line for the file system ``fs_uuid`` at ``path`` written, replacing any
+    line for one of the device's ``sources``; returns whether the fstab changed."""
+    wanted_line = render_fstab_line(fs_uuid, path, options)
+    content, changed = fstab_with_entry(fstab, wanted_line, path, sources)
+    if changed:
+        yield from _fstab_replaced(content)
+    return changed
 
 
 def _mount_command(
@@ -187,43 +225,21 @@ def mounted(
         )
     """
     options = list(options) if options is not None else ["noatime"]
-    info = host.get_fact(BlockDevice, device=device)
-    if info is None:
-        yield from gate.refuse._inner(
-            reasons=[
-                f"model_volume_device {device} is not a block device on this host; point "
-                "model_volume_device at the disk for the weights, or set it to None"
-            ]
-        )
+    facts = _facts_or_refusal(device, path, mkfs)
+    if isinstance(facts, str):
+        yield from gate.refuse._inner(reasons=[facts])
         return
-    refusal = _device_refusal(device, info, mkfs, path)
-    if refusal is not None:
-        yield from gate.refuse._inner(reasons=[refusal])
-        return
-    sources = _device_spellings(device, info)
-    fstab = host.get_fact(Fstab)
-    refusal = _fstab_refusal(device, path, fstab, sources)
-    if refusal is not None:
-        yield from gate.refuse._inner(reasons=[refusal])
-        return
-    mount = host.get_fact(MountPoint, path=path)
-    refusal = _mount_point_refusal(device, info, path, mount)
-    if refusal is not None:
-        yield from gate.refuse._inner(reasons=[refusal])
-        return
+    info, fstab, mount = facts
 
     # Past the checks, the device carries XFS or, mkfs allowed, nothing at all.
     new_uuid = None if info.get("fstype") == "xfs" else fs_uuid or str(uuid_module.uuid4())
     fs_uuid_now = new_uuid or info["uuid"]
+    sources = _device_spellings(device, info)
     yield from files.directory._inner(path=path)
     if new_uuid is not None:
         yield _mkfs_command(device, new_uuid)
         sources.append(f"UUID={new_uuid}")
-
-    wanted_line = render_fstab_line(fs_uuid_now, path, options)
-    content, changed = fstab_with_entry(fstab, wanted_line, path, sources)
-    if changed:
-        yield from _fstab_replaced(content)
+    changed = yield from _fstab_kept(fstab, fs_uuid_now, path, options, sources)
 
     mount_command = _mount_command(device, path, options, mount)
     if mount_command is not None:

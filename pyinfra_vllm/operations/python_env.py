@@ -300,6 +300,27 @@ def _build_in_session(root: str, stack: StackRow, manager: str, python: str, pat
     yield _manifest_command(path)
 
 
+def _check_link_mode(link_mode: str) -> None:
+    """Refuse a ``link_mode`` uv does not have before any command: its wheel cache is
+    linked (``hardlink``) or copied (``copy``) into the environment."""
+    if link_mode not in ("hardlink", "copy"):
+        raise OperationValueError(f"link_mode {link_mode!r}: hardlink or copy")
+
+
+def _built(root: str, stack: StackRow, manager: str, python: str, path: str,
+           lock: StackLock, pairs: dict[str, str], probe: str, link_mode: str,
+           clean_cache: bool, wait: bool, clean_packages: list[str] | None = None,
+           ) -> Iterator[StringCommand | FileUploadCommand | FunctionCommand]:
+    """The build as a job where systemd is the init (facts.units.SystemdBooted), so that a
+    lost SSH session does not stop it; else in the SSH session."""
+    if host.get_fact(SystemdBooted):
+        yield from _build_as_job(root, stack, manager, python, path, lock, pairs, probe,
+                                 link_mode, clean_cache, wait, clean_packages)
+        return
+    yield from _build_in_session(root, stack, manager, python, path, lock, pairs, probe,
+                                 link_mode, clean_cache, clean_packages)
+
+
 @operation()
 def environment(root: str, stack: StackRow, manager: str, python: str, path: str,
                 index_url: str = "https://pypi.org/simple", ca_bundle: str | None = None,
@@ -352,20 +373,15 @@ def environment(root: str, stack: StackRow, manager: str, python: str, path: str
     nobody watched) has nothing to do. A job stopped half-way leaves no marker, so the next run
     builds from scratch.
     """
-    if link_mode not in ("hardlink", "copy"):
-        raise OperationValueError(f"link_mode {link_mode!r}: hardlink or copy")
+    _check_link_mode(link_mode)
     lock = read_lock(stack)
     if proven(environments or host.get_fact(VllmEnvironments, root=root), path, stack):
         host.noop(f"{path} works (vLLM {stack.vllm}, checked when it was built; its "
                   "files unchanged since)")
         return
-    pairs = download_env(index_url, ca_bundle, proxy)
-    if host.get_fact(SystemdBooted):
-        yield from _build_as_job(root, stack, manager, python, path, lock, pairs, probe,
-                                 link_mode, clean_cache, wait, clean_packages)
-        return
-    yield from _build_in_session(root, stack, manager, python, path, lock, pairs, probe,
-                                 link_mode, clean_cache, clean_packages)
+    yield from _built(root, stack, manager, python, path, lock,
+                      download_env(index_url, ca_bundle, proxy), probe, link_mode,
+                      clean_cache, wait, clean_packages)
 
 
 @operation()

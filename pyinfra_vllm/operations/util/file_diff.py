@@ -4,8 +4,9 @@ pyinfra's ``files.put`` and ``files.template`` print a unified diff of a file th
 change when the CLI runs with ``--diff`` (``state.config.DIFF``, pyinfra 3.10
 ``operations/files.py``): they read the old content with the ``FileContents`` fact and
 print ``generate_color_diff`` of it. The suite's own file operations (file_set.present,
-gateway.site) compare digests instead and never read content; ``show`` gives them the
-same diff, in pyinfra's own format, read only for a file whose digest already differs.
+gateway.site) compare digests instead and never read content; ``show`` (``show_changes``
+for a set of files) gives them the same diff, in pyinfra's own format, read only for a
+file whose digest already differs.
 
 A file that holds secrets (mode 0600: the engine's environment file, nginx's API-key
 map, the TLS key) is never read: its lines come from ``SecretFileLines``, a variable name
@@ -122,3 +123,12 @@ def show(host: Any, path: str, data: bytes, secret: bool, exists: bool) -> None:
     for line in lines(host, path, data, secret, exists):
         logger.info("  %s", line)
     logger.info("")
+
+
+def show_changes(state: Any, host: Any, changes: list[tuple[str, bytes, bool, bool]]) -> None:
+    """``show`` each of ``changes``, ``(path, data, secret, exists)``, when diffs are
+    ``wanted``: an operation calls it before its first command, since pyinfra's change
+    detection stops at the first one."""
+    if changes and wanted(state):
+        for path, data, secret, exists in changes:
+            show(host, path, data, secret=secret, exists=exists)
