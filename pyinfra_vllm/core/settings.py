@@ -20,7 +20,7 @@ import difflib
 import ipaddress
 from typing import Any
 
-from pydantic import SecretStr, ValidationError, field_validator, model_validator
+from pydantic import ValidationError, field_validator, model_validator
 from pyinfra.api.exceptions import DeployError
 
 from pyinfra_vllm.core import (
@@ -58,6 +58,11 @@ FOREIGN_DATA_PREFIXES = (
     "sandbox_",
 )
 
+# The stages of the whole run, in the runbook's order: the one list of them. skip_stages
+# is checked against it; each is the @stage function of that name
+# (pyinfra_vllm/stages/<name>.py: @stage refuses a name not here), and
+# pyinfra_vllm/stages/full.py's RUNBOOK runs them in this order (refused otherwise, as it is
+# imported: pyinfra_vllm/run/stage.py runbook_order).
 STAGES = (
     "preflight",
     "driver",
@@ -149,13 +154,13 @@ class Settings(UpkeepSettings, GatewaySettings, HostSettings, EngineSettings):
         return self
 
     @model_validator(mode="after")
-    def _keys_and_exposure(self) -> Settings:
-        # Rules across settings: the keys of api_keys and api_keys_file together, who may
-        # reach the gateway and the engine, and where a token may travel. Each problem is
-        # one sentence naming its keys; no key or token is ever in it.
-        from_file, problems = settings_checks_keys.file_keys(self.api_keys, self.api_keys_file)
-        problems += settings_checks_networks.exposure_problems(
-            has_keys=bool(self.api_keys or from_file),
+    def _exposure(self) -> Settings:
+        # Rules across settings: who may reach the gateway and the engine, and where a
+        # token may travel. api_keys holds api_keys_file's keys by now (api_keys' own
+        # rule read them). Each problem is one sentence naming its keys; no key or token
+        # is ever in it.
+        problems = settings_checks_networks.exposure_problems(
+            has_keys=bool(self.api_keys),
             gateway_open=self.gateway_open,
             vllm_listen_beyond_loopback=self.vllm_listen_beyond_loopback,
             engine_allow=self.vllm_engine_allow,
@@ -165,12 +170,6 @@ class Settings(UpkeepSettings, GatewaySettings, HostSettings, EngineSettings):
         )
         if problems:
             raise settings_checks.rule_errors(problems)
-        if from_file:
-            # The gateway and the engine read api_keys only: the file's keys join it here.
-            # The model is frozen; this is its own validation, before anyone holds it.
-            object.__setattr__(
-                self, "api_keys", [*self.api_keys, *(SecretStr(key) for _, key in from_file)]
-            )
         return self
 
     @property

@@ -21,16 +21,19 @@ class GatewaySettings(SettingsSection):
     # --- gateway ---------------------------------------------------------------------
     gateway_port: int = Field(default=8001, ge=1, le=65535)
     """Port nginx listens on for clients (the seed's 8001)."""
-    api_keys: list[SecretStr] = Field(default_factory=list)
-    """API keys clients send as "Authorization: Bearer <key>"; never logged. Each at least
-    32 characters (so it cannot be guessed) of letters, digits and _.~+/=:-, no two alike
-    (ignoring case). After validation it holds the keys of api_keys_file too. Prefer
-    api_keys_file, which keeps them out of the inventory.
-    """
+    # api_keys_file before api_keys: api_keys' rule reads the file (once) and keeps its
+    # keys, so the file is validated first; that rule runs on the default too
+    # (validate_default), as the file alone may hold every key.
     api_keys_file: str | None = None
     """A file on the operator's machine with one API key per line (blank lines and lines
     starting with # ignored), read at validation time and added to api_keys; refused
     unless only its owner may read it (chmod 600).
+    """
+    api_keys: list[SecretStr] = Field(default_factory=list, validate_default=True)
+    """API keys clients send as "Authorization: Bearer <key>"; never logged. Each at least
+    32 characters (so it cannot be guessed) of letters, digits and _.~+/=:-, no two alike
+    (ignoring case). After validation it holds the keys of api_keys_file too. Prefer
+    api_keys_file, which keeps them out of the inventory.
     """
     gateway_open: bool = False
     """Serve /v1/ without an API key. Without keys the settings are refused unless this is
@@ -92,8 +95,8 @@ class GatewaySettings(SettingsSection):
     """
 
     # --- rules of one setting (settings_checks* say what each allows) -----------------
-    _api_keys = field_validator("api_keys")(settings_checks_keys.api_keys)
     _api_keys_file = field_validator("api_keys_file")(settings_checks_keys.api_keys_file)
+    _api_keys = field_validator("api_keys")(settings_checks_keys.api_keys)
     _allow_networks = field_validator("metrics_allow")(settings_checks_networks.networks)
     _one_directive_each = field_validator("gateway_extra_directives")(
         settings_checks_gateway.one_directive_each

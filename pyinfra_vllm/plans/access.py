@@ -27,6 +27,7 @@ from pyinfra_vllm.core.settings import Settings
 from pyinfra_vllm.plans import engine_access
 from pyinfra_vllm.plans import gateway as gateway_plan
 from pyinfra_vllm.plans import vllm_service as vllm_service_plan
+from pyinfra_vllm.plans.engine_access import Endpoint
 
 # The spools of pyinfra_vllm/operations/util/uploads.py and pyinfra_vllm/operations/util/jobs.py,
 # defined here so that the table can name them (operations import plans, never the other way).
@@ -45,19 +46,19 @@ KIND_WORDS = {"file": "a file", "directory": "a directory", "socket": "a socket"
               "unknown": "unreadable (stat failed)"}
 
 
-def _always(_settings: Settings) -> bool:
+def _always(_settings: Settings, _place: Endpoint) -> bool:
     return True
 
 
-def _on_socket(settings: Settings) -> bool:
-    return engine_access.endpoint(settings).socket is not None
+def _on_socket(_settings: Settings, place: Endpoint) -> bool:
+    return place.socket is not None
 
 
-def _on_tcp(settings: Settings) -> bool:
-    return engine_access.endpoint(settings).socket is None
+def _on_tcp(_settings: Settings, place: Endpoint) -> bool:
+    return place.socket is None
 
 
-def _with_tls(settings: Settings) -> bool:
+def _with_tls(settings: Settings, _place: Endpoint) -> bool:
     return bool(settings.gateway_tls_cert and settings.gateway_tls_key)
 
 
@@ -76,9 +77,10 @@ class Access:
     stage: str
     # What it is, in a few words (messages, docs/security.md).
     what: str
-    # When it applies, in words, and as a function of the settings.
+    # When it applies, in words, and as a function of the settings and the engine's
+    # endpoint.
     when: str = "always"
-    applies: Callable[[Settings], bool] = _always
+    applies: Callable[[Settings, Endpoint], bool] = _always
     # The user a mode change runs as: root, or the owner of the path's directory where
     # that is not root (so a link put there is never followed by root).
     chmod_as: str = "root"
@@ -138,21 +140,27 @@ def mode(path: str) -> str:
     return ROWS[path].mode
 
 
-def rows(settings: Settings, stage: str) -> list[Access]:
-    """The rows ``stage`` keeps under ``settings``, by path."""
-    return sorted((row for row in TABLE if row.stage == stage and row.applies(settings)),
+def rows(settings: Settings, stage: str, place: Endpoint | None = None) -> list[Access]:
+    """The rows ``stage`` keeps under ``settings``, by path. ``place``: the engine's
+    endpoint as the run's context decided it (HostContext.endpoint); None:
+    ``engine_access.endpoint``'s, for a caller without a run (a stage's reads)."""
+    if place is None:
+        place = engine_access.endpoint(settings)
+    return sorted((row for row in TABLE if row.stage == stage and row.applies(settings, place)),
                   key=lambda row: row.path)
 
 
-def read(settings: Settings, stage: str) -> dict[str, list[str]]:
-    """facts.files.PathModes' arguments for ``stage``: the stage's read and its
-    operation's are the same read."""
-    return {"paths": [row.path for row in rows(settings, stage)]}
+def read(settings: Settings, stage: str, place: Endpoint | None = None) -> dict[str, list[str]]:
+    """facts.files.PathModes' arguments for ``stage`` (``place`` as ``rows``): the
+    stage's read and its operation's are the same read."""
+    return {"paths": [row.path for row in rows(settings, stage, place)]}
 
 
-def wanted(settings: Settings, stage: str) -> dict[str, dict[str, str]]:
-    """pyinfra_vllm.operations.access.kept's ``paths`` for ``stage``."""
-    return {row.path: row.wanted() for row in rows(settings, stage)}
+def wanted(settings: Settings, stage: str, place: Endpoint | None = None
+           ) -> dict[str, dict[str, str]]:
+    """pyinfra_vllm.operations.access.kept's ``paths`` for ``stage`` (``place`` as
+    ``rows``)."""
+    return {row.path: row.wanted() for row in rows(settings, stage, place)}
 
 
 def declared_words(row: Access) -> str:

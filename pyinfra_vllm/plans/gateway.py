@@ -14,7 +14,6 @@ from pyinfra.api import (
     OperationValueError,
 )
 
-from pyinfra_vllm.core.settings_checks_keys import API_KEY_ALPHABET, API_KEY_CHARS
 from pyinfra_vllm.core.templating import render
 from pyinfra_vllm.plans.engine_access import KEY_NGINX_PATH
 
@@ -86,29 +85,18 @@ def _escape(key: str) -> str:
     return _KEY_REGEX_META.sub(r"\\\1", key)
 
 
-def check_keys(keys: list[str]) -> None:
-    """Refuse a key nginx would read as syntax, and a repeated key; by position only."""
-    seen: dict[str, int] = {}
-    for index, key in enumerate(keys):
-        if not API_KEY_CHARS.fullmatch(key):
-            raise OperationValueError(
-                f"api_keys[{index}] has characters other than {API_KEY_ALPHABET}"
-            )
-        if key in seen:
-            raise OperationValueError(f"api_keys[{index}] repeats api_keys[{seen[key]}]")
-        seen[key] = index
-
-
 def render_keys_map(keys: list[str]) -> str:
     """The secret file: the map from the Authorization header to ``$vllm_key_ok``.
 
-    + keys: the API keys clients may send; none: every request is let through
+    + keys: the validated settings' ``api_keys``: the API keys clients may send; none:
+      every request is let through
 
-    The Authorization header nginx sends the engine (``$vllm_upstream_authorization``,
-    the engine's own key) is in a file made on the host (``engine_access.KEY_NGINX_PATH``).
-    A bad key is named by its position only: its value is never printed.
+    The keys are rendered as they are: the settings' rules
+    (pyinfra_vllm/core/settings_checks_keys.py) refused, naming its position only, a key
+    nginx would read as syntax and a repeated one before any host was touched. The
+    Authorization header nginx sends the engine (``$vllm_upstream_authorization``, the
+    engine's own key) is in a file made on the host (``engine_access.KEY_NGINX_PATH``).
     """
-    check_keys(keys)
     return render(KEYS_TEMPLATE, patterns=[key_regex(key) for key in keys])
 
 

@@ -1,6 +1,9 @@
-"""What the engine's unit should be: its server flags, its command line quoted for systemd,
-its environment file, and the running engine compared with them (pure functions of
-settings; pyinfra_vllm/operations/vllm_service.py writes and starts it)."""
+"""The engine's service: its server flags, words quoted for systemd, its environment and
+environment file, and the running engine compared with what its unit gives.
+
+Pure functions of settings: pyinfra_vllm/plans/engine_plan.py puts them together, once per
+host, into the engine and its unit; pyinfra_vllm/operations/vllm_service.py writes and
+starts it."""
 
 from __future__ import annotations
 
@@ -94,6 +97,14 @@ def exec_command(argv: Sequence[str], *, continued: bool = False) -> str:
     return " \\\n    ".join(" ".join(group) for group in groups)
 
 
+def systemd_plain(text: str, *, path: bool = True) -> str:
+    """A bare value for a unit directive that expands specifiers (Description=, paths)."""
+    if _CONTROL_RE.search(text) or (path and _PATH_UNSAFE_RE.search(text)):
+        what = "spaces, quotes, backslashes or control characters" if path else "control characters"
+        raise OperationValueError(f"{text!r}: no {what} here")
+    return text.replace("%", "%%")
+
+
 # --- server flags --------------------------------------------------------------------
 def _bool_flag(name: str, value: bool, accepted: set[str] | None, explicit_false: bool) -> list[str]:
     """``--name`` when on; when off, ``--no-name`` where the installed server has it
@@ -126,13 +137,16 @@ def drains_on_sigterm(settings: Settings, accepted: set[str] | None = None) -> b
     return settings.stack.shutdown_timeout
 
 
-def server_flags(settings: Settings, model_path: str, accepted: set[str] | None = None) -> list[str]:
+def server_flags(settings: Settings, model_path: str, accepted: set[str] | None = None,
+                 place: engine_access.Endpoint | None = None) -> list[str]:
     """The arguments of ``python -m vllm.entrypoints.openai.api_server`` for ``settings``.
 
     + settings: a validated ``pyinfra_vllm.core.settings.Settings``
     + model_path: directory of the downloaded model on the host (``--model``)
     + accepted: the installed server's options (the flags files/vllm_probe.py
       records), to pick a spelling where vLLM releases differ; None: the stack row's
+    + place: where it listens, as the run's context decided it (HostContext.endpoint);
+      None: ``engine_access.endpoint``'s, for a caller without a run
 
     Chunked prefill is always explicit: 0.6.3 turns it on by itself above 32K tokens, so
     "off" must be said (``--enable-chunked-prefill=false``). Request logging is off where
@@ -150,7 +164,7 @@ def server_flags(settings: Settings, model_path: str, accepted: set[str] | None 
     flags = [
         "--model", model_path,
         "--served-model-name", settings.model_name,
-        *engine_access.server_listen_flags(settings),
+        *engine_access.server_listen_flags(settings, place),
         "--tensor-parallel-size", str(settings.tensor_parallel_size),
         "--dtype", settings.dtype,
         "--max-model-len", str(settings.max_model_len),
@@ -267,130 +281,6 @@ def environment_pairs(settings: Settings, devices: Sequence[int],
     return pairs
 
 
-def unit_environment(settings: Settings, devices: Sequence[int],
-                     threads_bind: str | None = None) -> list[str]:
-    """The unit's ``Environment=`` assignments (``environment_pairs``), quoted for systemd."""
-    return [systemd_quote(f"{name}={value}", exec_line=False)
-            for name, value in environment_pairs(settings, devices, threads_bind)]
-
-
-def _plain(text: str, *, path: bool = True) -> str:
-    """A bare value for a unit directive that expands specifiers (Description=, paths)."""
-    if _CONTROL_RE.search(text) or (path and _PATH_UNSAFE_RE.search(text)):
-        what = "spaces, quotes, backslashes or control characters" if path else "control characters"
-        raise OperationValueError(f"{text!r}: no {what} here")
-    return text.replace("%", "%%")
-
-
-def _unit_devices(settings: Settings, devices: Sequence[int] | None,
-                  threads_bind: str | None) -> list[int]:
-    """The unit's GPUs: ``devices``, else the first tensor_parallel_size; on vllm_device
-    "cpu" the workers' numbers, whose CPUs threads_bind must name."""
-    tp = settings.tensor_parallel_size
-    cpu = settings.vllm_device == "cpu"
-    if cpu and threads_bind is None:
-        raise OperationValueError(
-            f"no CPU binding for {tp} CPU worker(s): set vllm_cpu_threads_bind")
-    chosen = list(range(tp)) if devices is None or cpu else list(devices)
-    if len(chosen) != tp:
-        raise OperationValueError(
-            f"{len(chosen)} GPU(s) {chosen} for tensor_parallel_size {tp}"
-        )
-    return chosen
-
-
-def _guard_argv(settings: Settings, python: str, guard_path: str,
-                devices: list[int]) -> list[str]:
-    """files/gpu_guard.py's command line before each start: the unit's GPUs, joined by
-    NVLink for tensor parallel unless allow_pcie_tensor_parallel."""
-    tp = settings.tensor_parallel_size
-    guard = [python, guard_path, "--expect-gpus", str(tp),
-             "--devices", ",".join(str(d) for d in devices)]
-    if not settings.allow_pcie_tensor_parallel and tp > 1:
-        guard.append("--require-nvlink")
-    return guard
-
-
-def _ready_argv(settings: Settings, python: str, ready_path: str,
-                place: engine_access.Endpoint) -> list[str]:
-    """files/wait_ready.py's command line after each start: /health, then completions."""
-    return [python, ready_path, "--url", place.url("/health"),
-            *engine_access.client_args(place), "--model", settings.model_name,
-            "--warmups", str(settings.vllm_warmup_requests),
-            "--request-timeout", str(settings.vllm_warmup_timeout_s)]
-
-
-def _reach_words(place: engine_access.Endpoint) -> dict[str, Any]:
-    """The unit template's values for how the engine is reached: its Unix socket, or its
-    TCP port behind its firewall, and the file of its own key."""
-    return {
-        "key_env_path": engine_access.KEY_ENV_PATH,
-        "socket_dir": place.socket and engine_access.SOCKET_DIR,
-        "socket_path": place.socket,
-        "socket_group": engine_access.SOCKET_GROUP,
-        "firewall_path": None if place.socket else engine_access.FIREWALL_PATH,
-        "nft": engine_access.NFT,
-    }
-
-
-def render_unit(
-    settings: Settings,
-    *,
-    python: str,
-    model_path: str,
-    devices: Sequence[int] | None = None,
-    accepted: set[str] | None = None,
-    guard_path: str = GUARD_PATH,
-    ready_path: str = READY_PATH,
-    env_path: str = ENV_PATH,
-    systemd_version: int = 249,
-    threads_bind: str | None = None,
-) -> str:
-    """The unit file ``vllm.service``.
-
-    + settings: a validated ``pyinfra_vllm.core.settings.Settings``
-    + python: the stack environment's interpreter, e.g. ``/opt/vllm/<env>/bin/python``
-    + model_path: directory of the downloaded model (``--model``; ``RequiresMountsFor=``)
-    + devices: NVML/CUDA indexes of the GPUs to use; default the first tensor_parallel_size
-    + accepted: the installed server's options (the flags files/vllm_probe.py
-      records), see ``server_flags``
-    + guard_path, ready_path: where the deploy put files/gpu_guard.py and files/wait_ready.py
-    + env_path: the secret EnvironmentFile
-    + systemd_version: the host's systemd; RestartSteps= only from 254 on
-    + threads_bind: vllm_device "cpu": VLLM_CPU_OMP_THREADS_BIND (``cpu_threads_bind``
-      of the host's CPUs, or the vllm_cpu_threads_bind setting); devices is then unused
-
-    On vllm_device "cpu" the unit has no GPU guard, no nvidia-modprobe and no NVIDIA
-    device or unit (the template says why).
-    """
-    devices = _unit_devices(settings, devices, threads_bind)
-    place = engine_access.endpoint(settings)
-    start = [python, "-m", SERVER_MODULE, *server_flags(settings, model_path, accepted)]
-    drains = drains_on_sigterm(settings, accepted)
-    return render(
-        UNIT_TEMPLATE,
-        model_name=_plain(settings.model_name, path=False),
-        tp=settings.tensor_parallel_size,
-        model_path=_plain(model_path),
-        user=SERVICE_USER,
-        state_dir=STATE_DIR,
-        state_dir_name=STATE_DIR.removeprefix("/var/lib/"),
-        env_path=env_path,
-        **_reach_words(place),
-        environment=unit_environment(settings, devices, threads_bind),
-        cpu=settings.vllm_device == "cpu",
-        guard_command=exec_command(_guard_argv(settings, python, guard_path, devices)),
-        exec_start=exec_command(start, continued=True),
-        ready_command=exec_command(_ready_argv(settings, python, ready_path, place)),
-        start_timeout_s=settings.vllm_start_timeout_s,
-        drains_on_sigterm=drains,
-        stop_timeout_s=STOP_TIMEOUT_S + (settings.vllm_shutdown_timeout_s if drains else 0),
-        start_limit_burst=START_LIMIT_BURST,
-        start_limit_interval_s=START_LIMIT_INTERVAL_S,
-        restart_steps=systemd_version >= RESTART_STEPS_SINCE,
-    )
-
-
 # --- the running engine against its unit -----------------------------------------------
 # Every variable environment_pairs can render, for either device: the ones the engine's
 # process is compared on (a drop-in adding NCCL_P2P_LEVEL is seen too). The secrets of
@@ -404,35 +294,6 @@ ENGINE_ENV_KEYS = (
 )
 SECRET_ENV_KEYS = ("HF_TOKEN", "VLLM_API_KEY")
 MASK = "(secret)"
-
-
-def engine_expected(
-    settings: Settings,
-    *,
-    python: str,
-    model_path: str,
-    devices: Sequence[int] | None = None,
-    accepted: set[str] | None = None,
-    threads_bind: str | None = None,
-    key_sha256: str | None = None,
-) -> dict[str, Any]:
-    """What the engine's main process runs with when it was started from the unit and
-    environment file this run renders (same arguments as ``render_unit``):
-    ``{"argv", "env", "secret_sha256"}``.
-
-    ``ExecStart`` runs the interpreter itself (Type=exec, no shell or wrapper), so the
-    main process's argv is exactly its words; its one secret is its own key
-    (VLLM_API_KEY, pyinfra_vllm/plans/engine_access.py), as its sha256 (``key_sha256``:
-    facts.vllm_service.EngineKey; None while the host has none yet: then any key differs).
-    """
-    cpu = settings.vllm_device == "cpu"
-    tp = settings.tensor_parallel_size
-    devices = list(range(tp)) if devices is None or cpu else list(devices)
-    return {
-        "argv": [python, "-m", SERVER_MODULE, *server_flags(settings, model_path, accepted)],
-        "env": dict(environment_pairs(settings, devices, threads_bind)),
-        "secret_sha256": {} if key_sha256 is None else {"VLLM_API_KEY": key_sha256},
-    }
 
 
 def _secret_flag(name: str) -> bool:
@@ -482,7 +343,8 @@ def hardening_differences(status: dict[str, str] | None) -> list[dict[str, Any]]
 def engine_differences(found: dict[str, Any] | None,
                        expected: dict[str, Any]) -> dict[str, list[dict[str, Any]]] | None:
     """Where the running engine (facts.vllm_service.EngineProcess) differs from
-    ``expected`` (``engine_expected``); None when no engine runs.
+    ``expected`` (pyinfra_vllm/plans/engine_plan.py ``engine_expected``); None when no
+    engine runs.
 
     ``{"argv": [{"flag", "running", "unit"}], "env": [{"key", "running", "unit"}],
     "hardening": [{"key", "running", "unit"}]}``, each ``[]`` when they agree.

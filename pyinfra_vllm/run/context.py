@@ -23,7 +23,7 @@ from weakref import WeakKeyDictionary
 
 from pyinfra import logger
 from pyinfra.api.exceptions import DeployError
-from pyinfra.context import ctx_host
+from pyinfra.context import ContextObject, ctx_host
 from pyinfra.facts.server import KernelVersion, LinuxDistribution
 
 from facts.cpu_host import CpuHostState
@@ -35,7 +35,9 @@ from pyinfra_vllm.core.settings import Settings, load_settings
 from pyinfra_vllm.core.stack_locks import driver_floor, read_lock
 from pyinfra_vllm.operations import gate
 from pyinfra_vllm.operations.util.refusals import log_reasons
+from pyinfra_vllm.plans import engine_access
 from pyinfra_vllm.plans import python_env as python_env_plan
+from pyinfra_vllm.plans.engine_access import Endpoint
 from pyinfra_vllm.run import host_reads
 
 # Keyed by pyinfra's Host object: a second run in the same process (pyinfra's API, a
@@ -91,7 +93,7 @@ class HostContext:
     # The VllmEnvironments fact, read once for the stages that need it (preflight's
     # registry, the runtime, the unit): facts are not cached by pyinfra 3.
     environments_read: dict[str, Any] | None = None
-    # What the engine's main process should run with (pyinfra_vllm.operations.vllm_service
+    # What the engine's main process should run with (pyinfra_vllm/plans/engine_plan.py
     # engine_expected; secrets as sha256), set by the vllm_service stage for the audit.
     engine_expected: dict[str, Any] | None = None
     # The model stage's deep check (facts.model.ModelContent), once it ran
@@ -107,6 +109,14 @@ class HostContext:
     # its path, and what it found (None: not checked).
     env_checked: str | None = None
     env_content: dict[str, Any] | None = None
+    # Where clients on the host reach the engine (engine_access.endpoint), decided once
+    # per host as the context is made: the engine's flags and unit, its firewall, the
+    # access table's rows, the gateway's upstream and the audit's reads of the engine all
+    # take this one instead of each computing it again from the settings.
+    endpoint: Endpoint = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.endpoint = engine_access.endpoint(self.settings)
 
     def environments(self, host: Any) -> dict[str, Any]:
         """The host's vLLM environments (facts.python_env.VllmEnvironments), read once;
@@ -202,6 +212,10 @@ def context(host: Any, lock_required: bool = True,
     unless ``lock_required`` is False or the model stage is skipped. On first use, the
     host's state for the preflight and ``stages`` is read in one remote command
     (pyinfra_vllm/run/host_reads.py)."""
+    # Keyed by the Host itself: pyinfra's ``host`` (the stages' argument) is one proxy
+    # for every host, hashed as whichever is current; kept under it, a context outlived
+    # its host and went to a later one whose object took the freed one's address.
+    host = ctx_host.get() if isinstance(host, ContextObject) else host
     found = _CONTEXTS.get(host)
     if found is None:
         settings = load_settings(host)

@@ -1,9 +1,17 @@
 """The shape of every stage: a pyinfra ``@deploy`` function, once per host, that adds its
 operations only when the host should get them.
 
-    @stage("model")
+    @stage()
     def model(ctx: HostContext) -> None:
         ...
+
+The stage's name is the function's: one of pyinfra_vllm/core/settings.py ``STAGES``, the
+one list of the stages (skip_stages is checked against it, the whole run's order is its
+order). ``stage`` refuses, as the module defining it is imported, a function named after
+no stage of STAGES; ``runbook_order`` refuses a whole run (pyinfra_vllm/stages/full.py
+``RUNBOOK``) that does not run STAGES, each once, in their order. To add a stage: its name
+in STAGES, at its place in the runbook; ``@stage() def <name>(ctx)`` in
+pyinfra_vllm/stages/<name>.py; the function in RUNBOOK at the same place.
 
 ``stage`` makes the run's context for the host (settings validated, the host's state
 read in one command, ``pyinfra_vllm/run/context.py``) and calls the stage's body with it
@@ -16,45 +24,105 @@ and recorded for the audit.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from functools import wraps
-from typing import Concatenate, ParamSpec
+from collections.abc import Callable, Sequence
+from functools import partial, wraps
+from typing import Any, Concatenate, ParamSpec
 
 from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.api.operation import PyinfraOperation
 
-from pyinfra_vllm.core.settings import Settings
+from pyinfra_vllm.core.settings import STAGES, Settings
 from pyinfra_vllm.run import host_reads
 from pyinfra_vllm.run.context import HostContext, context
 from pyinfra_vllm.run.host_reads import Read
 
 P = ParamSpec("P")
 
+# The stage of each @stage function (the @deploy it made), and those that continue a
+# stage another function starts: what runbook_order reads.
+STAGE_OF: dict[Callable[..., Any], str] = {}
+CONTINUING: set[Callable[..., Any]] = set()
 
-def stage(name: str, *, gpu_only: bool = False, lock_required: bool = True,
+
+def stage(*, gpu_only: bool = False, lock_required: bool = True,
           reads: Callable[[Settings], list[Read]] | None = None,
+          continues: Callable[..., Any] | None = None, runbook: bool = True,
           ) -> Callable[[Callable[Concatenate[HostContext, P], None]], PyinfraOperation[P]]:
     """
-    Make ``body(ctx, ...)`` the stage ``name``: a ``@deploy`` of that name.
+    Make ``body(ctx, ...)`` the stage named after it (``body.__name__``): a ``@deploy`` of
+    that name.
 
-    + name: the stage's name, as settings' ``skip_stages`` and the run's reads know it
     + gpu_only: skipped (and logged) when ``vllm_device`` is cpu
     + lock_required: the stage needs the model lock (``False``: read only when the model
       stage runs)
     + reads: what the stage reads of a converged host, from its settings (the same facts
       and arguments its operations read): read with the run's one read
+    + continues: the @stage function whose stage this one ends (python_env_built ends the
+      build python_env(wait=False) starts): the stage is that one's
+    + runbook: ``False``: a stage run on its own (bench), not one of STAGES, which
+      skip_stages cannot name
     """
-    if reads is not None:
-        host_reads.declare(name, reads)
 
     def wrap(body: Callable[Concatenate[HostContext, P], None]) -> PyinfraOperation[P]:
+        name = _stage_name(body, continues, runbook)
+        if reads is not None:
+            host_reads.declare(name, reads)
+
         @wraps(body)
         def run(*args: P.args, **kwargs: P.kwargs) -> None:
             ctx = context(host, lock_required=lock_required, stages=(name,))
             if ctx.gpu_stage(host, name) if gpu_only else ctx.proceed(name):
                 body(ctx, *args, **kwargs)
 
-        return deploy(name)(run)
+        made = deploy(name)(run)
+        STAGE_OF[made] = name
+        if continues is not None:
+            CONTINUING.add(made)
+        return made
 
     return wrap
+
+
+def _stage_name(body: Callable[..., Any], continues: Callable[..., Any] | None,
+                runbook: bool) -> str:
+    """The stage ``body`` makes: its own name, or the stage it continues; refused (the
+    module defining it fails to import) where STAGES does not say the same."""
+    where = f"@stage {body.__module__}.{body.__name__}"
+    if continues is not None:
+        if continues not in STAGE_OF:
+            raise ValueError(f"{where}: continues={continues!r}, which is no @stage function")
+        return STAGE_OF[continues]
+    name = body.__name__
+    if runbook and name not in STAGES:
+        raise ValueError(
+            f"{where}: {name!r} is no stage of pyinfra_vllm/core/settings.py STAGES "
+            f"({', '.join(STAGES)}): name the function after its stage, or add the stage to "
+            "STAGES at its place in the runbook (runbook=False: a stage run on its own)"
+        )
+    if not runbook and name in STAGES:
+        raise ValueError(f"{where}: {name!r} is one of STAGES, run by the whole run: "
+                         "remove runbook=False")
+    return name
+
+
+def runbook_order(steps: Sequence[Callable[..., Any]]) -> None:
+    """Refuse a whole run whose ``steps`` (@stage functions, or ``partial`` of them) do not
+    start every stage of STAGES once, in STAGES' order, or end a stage (``continues``)
+    that no step before starts."""
+    started: list[str] = []
+    for step in steps:
+        function = step.func if isinstance(step, partial) else step
+        if function not in STAGE_OF:
+            raise ValueError(f"runbook: {function!r} is no @stage function")
+        name = STAGE_OF[function]
+        if function not in CONTINUING:
+            started.append(name)
+        elif name not in started:
+            raise ValueError(f"runbook: {function.__name__} ends the stage {name}, which no "
+                             "step before it starts")
+    if started != list(STAGES):
+        raise ValueError(
+            f"runbook: the stages run in the order {', '.join(started)}; "
+            f"pyinfra_vllm/core/settings.py STAGES is {', '.join(STAGES)}: one order, STAGES'"
+        )

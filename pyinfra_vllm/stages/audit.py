@@ -60,27 +60,28 @@ from pyinfra_vllm.run import host_reads
 from pyinfra_vllm.run.context import collect, context, refuse
 from pyinfra_vllm.run.host_reads import Read
 from pyinfra_vllm.stages.persistence import persistence_reads
-from pyinfra_vllm.stages.vllm_service import vllm_service_reads
+from pyinfra_vllm.stages.vllm_service import engine_reads
 
 # The audit reads a host without a model lock too (it then says so); deploys/full.py,
 # when it runs first in the same process, has already required one.
 
 
 def audit_reads(settings: Settings) -> list[Read]:
-    """deploys/audit.py on its own: what the audit stage reads besides the preflight's."""
-    reads = [*vllm_service_reads(settings), *persistence_reads(settings)]
+    """deploys/audit.py on its own: what the audit stage reads besides the preflight's
+    (the engine's endpoint computed once for them, as ``engine_reads`` says why)."""
+    place = engine_access.endpoint(settings)
+    reads = [*engine_reads(settings, place), *persistence_reads(settings)]
     if "gateway" not in settings.skip_stages:
-        reads += [Read(NginxServers), Read(PathModes, access.read(settings, "gateway"))]
+        reads += [Read(NginxServers), Read(PathModes, access.read(settings, "gateway", place))]
     if settings.vllm_start and "vllm_service" not in settings.skip_stages:
-        reads.append(Read(EngineServing, engine_serving_read(settings)))
+        reads.append(Read(EngineServing, engine_serving_read(place)))
     reads.append(Read(BenchRecord, bench_plan.RECORD_READ))
     return reads
 
 
-def engine_serving_read(settings: Settings) -> dict:
-    """EngineServing's arguments: the engine's endpoint, its user (a listener of anyone
-    else's is not asked) and its own key's file."""
-    place = engine_access.endpoint(settings)
+def engine_serving_read(place: engine_access.Endpoint) -> dict:
+    """EngineServing's arguments: the engine's endpoint ``place``, its user (a listener of
+    anyone else's is not asked) and its own key's file."""
     return {"url": place.url(""), "socket": place.socket,
             "user": vllm_service_plan.SERVICE_USER, "key_file": engine_access.KEY_ENV_PATH}
 
@@ -112,7 +113,7 @@ def audit() -> None:
     if settings.vllm_start and "vllm_service" not in settings.skip_stages:
         # What the engine itself says it serves, asked on the host (in the audit only:
         # one more command after deploys/full.py, in the one read on its own).
-        entry["engine"] = host.get_fact(EngineServing, **engine_serving_read(settings))
+        entry["engine"] = host.get_fact(EngineServing, **engine_serving_read(ctx.endpoint))
     if settings.deep_model_check and ctx.lock:
         # The model stage's deep check when it ran in this process, else read here.
         path = settings.model_path
@@ -122,7 +123,7 @@ def audit() -> None:
         entry["environment_integrity"] = environment_integrity(ctx.env_content,
                                                                ctx.env_checked)
     entry["integrity"] = _integrity(ctx)
-    entry["findings"] += integrity_problems(entry) + _access_findings(settings)
+    entry["findings"] += integrity_problems(entry) + _access_findings(settings, ctx.endpoint)
     # The last benchmark (python -m tools.bench) and its age; below the thresholds, named.
     last = host.get_fact(BenchRecord, **bench_plan.RECORD_READ)
     entry["bench"] = {"record": last, "age_s": last and bench_plan.age_s(
@@ -132,15 +133,15 @@ def audit() -> None:
            keep=ctx.settings.audit_report_keep)
 
 
-def _access_findings(settings: Settings) -> list[str]:
-    """The secrets and the engine's access paths whose owner, group, mode or kind is not
-    the access table's (pyinfra_vllm/plans/access.py), named: the operation that puts
-    them back says only that it would."""
+def _access_findings(settings: Settings, place: engine_access.Endpoint) -> list[str]:
+    """The secrets and the engine's access paths (the engine on ``place``) whose owner,
+    group, mode or kind is not the access table's (pyinfra_vllm/plans/access.py), named:
+    the operation that puts them back says only that it would."""
     lines = []
     for stage in access.STAGES:
         if stage not in settings.skip_stages:
-            found = host.get_fact(PathModes, **access.read(settings, stage))
-            lines += access.findings(access.rows(settings, stage), found)
+            found = host.get_fact(PathModes, **access.read(settings, stage, place))
+            lines += access.findings(access.rows(settings, stage, place), found)
     return lines
 
 

@@ -22,7 +22,7 @@ from pyinfra_vllm.run.context import HostContext
 from pyinfra_vllm.run.stage import stage
 
 
-@stage("bench", lock_required=False)
+@stage(lock_required=False, runbook=False)
 def bench(ctx: HostContext) -> None:
     """Bench: the acceptance benchmark, through the host's gateway, with vLLM's own client."""
     settings = ctx.settings

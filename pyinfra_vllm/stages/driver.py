@@ -40,7 +40,7 @@ def driver_reads(settings: Settings) -> list[Read]:
             Read(FileDigests, {"paths": [driver_plan.BLACKLIST_FILE]})]
 
 
-@stage("driver", gpu_only=True, reads=driver_reads)
+@stage(gpu_only=True, reads=driver_reads)
 def driver(ctx: HostContext) -> None:
     """Driver: install the pinned branch on a host without one, and keep it from drifting."""
     settings = ctx.settings

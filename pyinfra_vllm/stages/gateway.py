@@ -71,7 +71,7 @@ def gateway_reads(settings: Settings) -> list[Read]:
     ]
 
 
-@stage("gateway", reads=gateway_reads)
+@stage(reads=gateway_reads)
 def gateway(ctx: HostContext) -> None:
     """Gateway: nginx in front of the engine, with API keys, streaming and a safe reload."""
     settings = ctx.settings
@@ -87,8 +87,9 @@ def gateway(ctx: HostContext) -> None:
             ),
         )
 
-    wrong = access.wrong_kinds(access.rows(settings, "gateway"),
-                               host.get_fact(PathModes, **access.read(settings, "gateway")))
+    wrong = access.wrong_kinds(access.rows(settings, "gateway", ctx.endpoint),
+                               host.get_fact(PathModes, **access.read(settings, "gateway",
+                                                                      ctx.endpoint)))
     if wrong:
         ctx.refuse("Gateway: host refused", wrong)
         return
@@ -104,7 +105,7 @@ def gateway(ctx: HostContext) -> None:
     gateway_ops.site(
         name="Gateway: nginx site and API keys (nginx -t before going live)",
         site_content=gateway_plan.render_site(
-            upstream=engine_access.endpoint(settings).nginx_server,
+            upstream=ctx.endpoint.nginx_server,
             gateway_port=settings.gateway_port,
             metrics_allow=settings.metrics_networks,
             node_exporter_port=(settings.node_exporter_port
@@ -125,7 +126,7 @@ def gateway(ctx: HostContext) -> None:
     # The key map, the engine's key for nginx, the TLS key and the staging directory as
     # the access table says (a mode changed by hand: put back, nginx not reloaded).
     access_ops.kept(name="Gateway: owner and mode of its key files and staging directory",
-                    paths=access.wanted(settings, "gateway"))
+                    paths=access.wanted(settings, "gateway", ctx.endpoint))
     units.enabled_and_running(name="Gateway: nginx enabled and running", unit="nginx.service")
 
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from pyinfra import host, logger
 from pyinfra.facts.deb import DebPackage
+from pyinfra.facts.systemd import SystemdStatus
 from pyinfra.operations import systemd
 
 from facts.files import FileDigests, PathComponents, PathTypes
@@ -76,13 +77,16 @@ def metrics_reads(settings: Settings) -> list[Read]:
              Read(PathComponents, {"path": settings.textfile_collector_dir}),
              Read(FileDigests, {"paths": [textfile]})]
     if settings.node_exporter_install:
+        # SystemdStatus: pyinfra's systemd.service of the restart reads it while the run
+        # is planned (its _if is only asked when the run executes).
         reads += [Read(FileDigests, {"paths": [metrics_plan.DROP_IN]}),
                   Read(DebPackage, {"package": metrics_plan.PACKAGE}),
+                  Read(SystemdStatus, {"services": [metrics_plan.UNIT]}),
                   Read(UnitActivation, {"unit": metrics_plan.UNIT})]
     return reads
 
 
-@stage("metrics", reads=metrics_reads)
+@stage(reads=metrics_reads)
 def metrics(ctx: HostContext) -> None:
     """Metrics: node_exporter on loopback, and this host's verdicts for its textfile
     collector."""

@@ -29,7 +29,7 @@ def mig_reads(settings: Settings) -> list[Read]:
     return [] if settings.vllm_device == "cpu" else [Read(GpuInventory)]
 
 
-@stage("mig", gpu_only=True, reads=mig_reads)
+@stage(gpu_only=True, reads=mig_reads)
 def mig(ctx: HostContext) -> None:
     """MIG: off on every GPU, so vLLM's tensor parallelism gets whole GPUs."""
     # mig_mode allows only "disabled" (vLLM tensor parallelism needs whole GPUs).

@@ -35,7 +35,7 @@ def model_reads(settings: Settings) -> list[Read]:
     return [Read(ModelFiles, {"path": settings.model_path})]
 
 
-@stage("model", reads=model_reads)
+@stage(reads=model_reads)
 def model(ctx: HostContext) -> None:
     """Model: the locked files in the model volume, each verified against the lock."""
     settings = ctx.settings

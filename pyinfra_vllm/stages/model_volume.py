@@ -32,7 +32,7 @@ def model_volume_reads(settings: Settings) -> list[Read]:
     return reads
 
 
-@stage("model_volume", reads=model_volume_reads)
+@stage(reads=model_volume_reads)
 def model_volume(ctx: HostContext) -> None:
     """Model volume: XFS for the weights, mounted with noatime at model_dir, in fstab by UUID."""
     settings = ctx.settings

@@ -16,6 +16,7 @@ On vllm_device "cpu" (vLLM's CPU build, no GPU) the stage is skipped, the reason
 
 from __future__ import annotations
 
+from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
 from pyinfra.operations import systemd
 from pyinfra.operations.util import any_changed
 
@@ -36,14 +37,20 @@ def persistence_reads(settings: Settings) -> list[Read]:
     if settings.vllm_device == "cpu":
         return []
     unit = persistence_plan.PERSISTENCED_UNIT
-    reads = [Read(UnitDropIns, {"unit": unit}), Read(GpuInventory)]
+    # pyinfra's systemd.service reads the daemon's state while the run is planned, the
+    # restart's too (its _if is only asked when the run executes); stopped and disabled,
+    # whether it is enabled as well.
+    reads = [Read(UnitDropIns, {"unit": unit}), Read(GpuInventory),
+             Read(SystemdStatus, {"services": [unit]})]
     if settings.persistence_mode:
         reads += [Read(FileDigests, {"paths": [persistence_plan.PERSISTENCED_DROP_IN]}),
                   Read(UnitActivation, {"unit": unit})]
+    else:
+        reads.append(Read(SystemdEnabled, {"services": [unit]}))
     return reads
 
 
-@stage("persistence", gpu_only=True, reads=persistence_reads)
+@stage(gpu_only=True, reads=persistence_reads)
 def persistence(ctx: HostContext) -> None:
     """Persistence: the nvidia-persistenced daemon keeps every GPU initialised."""
     unit = persistence_plan.PERSISTENCED_UNIT

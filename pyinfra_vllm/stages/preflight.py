@@ -44,7 +44,7 @@ def preflight_reads(settings: Settings) -> list[Read]:
     return reads
 
 
-@stage("preflight", reads=preflight_reads)
+@stage(reads=preflight_reads)
 def preflight(ctx: HostContext) -> None:
     """Preflight: check the host can serve the stack before anything changes."""
     settings = ctx.settings

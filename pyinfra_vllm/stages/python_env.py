@@ -42,7 +42,7 @@ def python_env_reads(settings: Settings) -> list[Read]:
     return [Read(Link, {"path": f"{settings.python_env_root}/current"})]
 
 
-@stage("python_env", reads=python_env_reads)
+@stage(reads=python_env_reads)
 def python_env(ctx: HostContext, wait: bool = True) -> None:
     """Python environment: vLLM and torch, pinned by the stack, in an environment of their own.
 
@@ -105,7 +105,7 @@ def python_env(ctx: HostContext, wait: bool = True) -> None:
             _current(ctx)
 
 
-@stage("python_env")
+@stage(continues=python_env)
 def python_env_built(ctx: HostContext) -> None:
     """Python environment: the build that python_env(wait=False) started, followed to its
     end, and ``current`` moved to it."""

@@ -27,7 +27,7 @@ def sysctl_reads(settings: Settings) -> list[Read]:
             *(Read(KernelParam, {"key": key}) for key in settings.sysctl)]
 
 
-@stage("sysctl", reads=sysctl_reads)
+@stage(reads=sysctl_reads)
 def sysctl(ctx: HostContext) -> None:
     """Sysctl: kernel parameters for a long-context server, persisted and applied."""
     sysctl_ops.drop_in(

@@ -35,6 +35,7 @@ from pyinfra.facts.deb import DebPackage
 from pyinfra.operations.util import any_changed
 
 from facts.accounts import Account
+from facts.bench import BenchRecord
 from facts.files import FileDigests, PathModes, PathTypes
 from facts.python_env import MARKER
 from facts.storage import FilesystemSize
@@ -50,6 +51,7 @@ from pyinfra_vllm.plans import access, engine_access
 from pyinfra_vllm.plans import bench as bench_plan
 from pyinfra_vllm.plans import python_env as python_env_plan
 from pyinfra_vllm.plans import vllm_service as vllm_service_plan
+from pyinfra_vllm.plans.engine_plan import EnginePlan, engine_expected, engine_plan, render_unit
 from pyinfra_vllm.plans.topology import tp_link_verdict
 from pyinfra_vllm.run.context import HostContext
 from pyinfra_vllm.run.host_reads import Read
@@ -60,6 +62,13 @@ logger = logging.getLogger("pyinfra")
 
 def vllm_service_reads(settings: Settings) -> list[Read]:
     """What the vllm_service stage reads of a converged host: the run's one read."""
+    return engine_reads(settings, engine_access.endpoint(settings))
+
+
+def engine_reads(settings: Settings, place: engine_access.Endpoint) -> list[Read]:
+    """``vllm_service_reads`` with the engine's endpoint ``place``. The reads are declared
+    from settings, before the run's context exists (pyinfra_vllm/run/host_reads.py): the
+    endpoint is computed once for them here, once for the run in HostContext.endpoint."""
     ops = vllm_service_plan
     helpers = [ops.READY_PATH, ops.IDLE_PATH, ops.CLIENT_PATH, bench_plan.HELPER_PATH]
     helpers.append(ops.AMX_PERMISSION_PATH if settings.vllm_device == "cpu" else ops.GUARD_PATH)
@@ -71,43 +80,43 @@ def vllm_service_reads(settings: Settings) -> list[Read]:
         Read(FileDigests, {"paths": sorted([ops.UNIT_PATH, ops.ENV_PATH])}),
         Read(EngineProcess, ops.ENGINE_PROCESS_READ),
         Read(EngineKey, engine_access.KEY_READ),
-        Read(EngineHealth, engine_health_read(settings)),
+        Read(EngineHealth, engine_health_read(place)),
         Read(UnitActivation, {"unit": ops.UNIT}),
         Read(PathTypes, {"paths": [rolling.DRAIN_FLAG]}),
         Read(EngineFirewall, engine_access.FIREWALL_READ),
-        *_firewall_reads(settings),
-        Read(PathModes, access.read(settings, "vllm_service")),
+        *_firewall_reads(place),
+        Read(PathModes, access.read(settings, "vllm_service", place)),
+        # The last benchmark, for the restart's canary: read while the run is planned
+        # (the restart's _if is only asked when the run executes).
+        *([Read(BenchRecord, bench_plan.RECORD_READ)]
+          if settings.rollout_canary and settings.vllm_start else []),
     ]
 
 
-def _firewall_reads(settings: Settings) -> list[Read]:
+def _firewall_reads(place: engine_access.Endpoint) -> list[Read]:
     """The firewall's file and package where the engine listens on TCP; else whether a
     file of an earlier TCP engine is left."""
-    if engine_access.endpoint(settings).socket:
+    if place.socket:
         return [Read(PathTypes, {"paths": [engine_access.FIREWALL_PATH]})]
     return [Read(DebPackage, {"package": "nftables"}),
             Read(FileDigests, {"paths": [engine_access.FIREWALL_PATH]})]
 
 
-def engine_health_read(settings: Settings) -> dict[str, Any]:
-    """EngineHealth's arguments: the engine's endpoint."""
-    place = engine_access.endpoint(settings)
+def engine_health_read(place: engine_access.Endpoint) -> dict[str, Any]:
+    """EngineHealth's arguments: the engine's endpoint ``place``."""
     return {"url": place.url(""), "socket": place.socket}
 
 
-@stage("vllm_service", reads=vllm_service_reads)
+@stage(reads=vllm_service_reads)
 def vllm_service(ctx: HostContext) -> None:
     """vLLM service: the OpenAI server under systemd, tensor parallel on the NVLink-joined GPUs."""
     settings = ctx.settings
     env_path = ctx.environment_path(host)
-    python = f"{env_path}/bin/python"
-    model_path = settings.model_path
-    devices, threads_bind = _engine_placement(ctx)
     marker = (ctx.environments(host)["envs"].get(env_path) or {}).get("marker")
     accepted = set(marker["runtime"]["flags"]) if marker else None
-    flags = vllm_service_plan.server_flags(settings, model_path, accepted)
+    plan = _engine_plan(ctx, f"{env_path}/bin/python", accepted)
 
-    problems = _problems(ctx, flags, accepted, threads_bind)
+    problems = _problems(ctx, plan, accepted)
     if problems:
         ctx.refuse("vLLM service: host refused", problems)
         return
@@ -120,29 +129,27 @@ def vllm_service(ctx: HostContext) -> None:
     # its socket directory too, which only the engine's next start would make 0750 again.
     access_ops.kept(
         name="vLLM service: owner and mode of its key, environment file, socket and spools",
-        paths=access.wanted(settings, "vllm_service"),
+        paths=access.wanted(settings, "vllm_service", plan.endpoint),
     )
     _helpers(settings.vllm_device)
-    _firewall(settings)
+    _firewall(plan)
     if marker is None:
         # Built in this run: its --help was unknown when the run was planned.
         vllm_service_ops.flags_accepted(
             name="vLLM service: flags accepted by the new environment's server",
-            python=python,
+            python=plan.python,
             marker=f"{env_path}/{MARKER}",
-            flags=flags,
+            flags=list(plan.flags),
         )
     foreign = units.drop_ins_only(
         name="vLLM service: no foreign drop-in for its unit",
         unit=vllm_service_plan.UNIT,
     )
-    engine: dict[str, Any] = {"python": python, "model_path": model_path, "devices": devices,
-              "accepted": accepted, "threads_bind": threads_bind}
-    unit_files, unit = _unit(settings, engine)
+    unit_files, unit = _unit(plan)
     key_sha256 = host.get_fact(EngineKey, **engine_access.KEY_READ)
-    stale = _engine_current(ctx, engine, key_sha256)
-    answering = _answering(settings)
-    _restarted(ctx, python, unit_files, [unit, foreign, stale, answering],
+    stale = _engine_current(ctx, plan, key_sha256)
+    answering = _answering(plan.endpoint)
+    _restarted(ctx, plan, unit_files, [unit, foreign, stale, answering],
                new_key=key_sha256 is None)
     vllm_service_ops.running(name="vLLM service: enabled and running"
                              if settings.vllm_start else "vLLM service: enabled",
@@ -150,10 +157,20 @@ def vllm_service(ctx: HostContext) -> None:
     rolling.not_draining(name="vLLM service: the gateway serves (no drain left)")
 
 
-def _unit(settings: Settings, engine: dict[str, Any]) -> tuple[dict[str, bytes], Any]:
-    """The unit and its environment file for ``engine``, as their bytes, and the
+def _engine_plan(ctx: HostContext, python: str, accepted: set[str] | None) -> EnginePlan:
+    """This host's engine (pyinfra_vllm/plans/engine_plan.py), built once for the stage:
+    on the endpoint the run's context decided, on the GPUs or CPUs preflight judged, run
+    by ``python`` with the flags its server accepts (``accepted``; None: not built yet)."""
+    devices, threads_bind = _engine_placement(ctx)
+    return engine_plan(ctx.settings, python=python, model_path=ctx.settings.model_path,
+                       devices=devices, accepted=accepted, threads_bind=threads_bind,
+                       place=ctx.endpoint)
+
+
+def _unit(plan: EnginePlan) -> tuple[dict[str, bytes], Any]:
+    """The unit and its environment file for the engine ``plan``, as their bytes, and the
     operation that stages them beside the live ones (the restart moves them in)."""
-    unit_files = _unit_files(settings, engine)
+    unit_files = _unit_files(plan)
     unit = file_set.present(
         name="vLLM service: systemd unit and its environment file",
         files={
@@ -166,11 +183,10 @@ def _unit(settings: Settings, engine: dict[str, Any]) -> tuple[dict[str, bytes],
     return unit_files, unit
 
 
-def _engine_current(ctx: HostContext, engine: dict[str, Any], key_sha256: str | None) -> Any:
+def _engine_current(ctx: HostContext, plan: EnginePlan, key_sha256: str | None) -> Any:
     """The running engine against what its unit gives (kept in ``ctx.engine_expected``
     for the audit): changed where it differs."""
-    ctx.engine_expected = vllm_service_plan.engine_expected(ctx.settings, **engine,
-                                                            key_sha256=key_sha256)
+    ctx.engine_expected = engine_expected(plan, key_sha256)
     return vllm_service_ops.engine_current(
         name="vLLM service: the running engine has its unit's command line, "
         "environment and hardening",
@@ -178,13 +194,13 @@ def _engine_current(ctx: HostContext, engine: dict[str, Any], key_sha256: str | 
     )
 
 
-def _answering(settings: Settings) -> Any:
+def _answering(place: engine_access.Endpoint) -> Any:
     """The engine active and answering /health within 5 s, or named (plan time, for the
     audit, and when the run executes) and restarted: alive but not answering (stopped with
     SIGSTOP, or wedged), it would pass every other check."""
     active = (host.get_fact(UnitActivation, unit=vllm_service_plan.UNIT) or {}).get(
         "active") == "active"
-    status = host.get_fact(EngineHealth, **engine_health_read(settings))
+    status = host.get_fact(EngineHealth, **engine_health_read(place))
     if active and status not in (200, None):
         host.log_styled(
             f"vLLM service: active, but /health did not answer 200 within 5 s "
@@ -207,12 +223,12 @@ def _engine_placement(ctx: HostContext) -> tuple[list[int] | None, str | None]:
     return verdict["indices"] or None, None
 
 
-def _problems(ctx: HostContext, flags: list[str], accepted: set[str] | None,
-              threads_bind: str | None) -> list[str]:
-    """Why this host cannot run the engine as its settings say, if it cannot."""
+def _problems(ctx: HostContext, plan: EnginePlan, accepted: set[str] | None) -> list[str]:
+    """Why this host cannot run the engine ``plan`` (its server's options ``accepted``),
+    if it cannot."""
     settings = ctx.settings
     problems = []
-    unknown = vllm_service_plan.unknown_flags(flags, accepted) if accepted else []
+    unknown = vllm_service_plan.unknown_flags(plan.flags, accepted) if accepted else []
     if unknown:
         problems.append(
             f"vllm_service: the installed vLLM {settings.vllm_version} server does not accept "
@@ -223,14 +239,15 @@ def _problems(ctx: HostContext, flags: list[str], accepted: set[str] | None,
     if shm:
         problems.append(f"vllm_service: {shm}; raise it (fstab: tmpfs /dev/shm size=...) "
                         "or lower vllm_min_shm_mib")
-    if settings.vllm_device == "cpu" and threads_bind is None:
+    if settings.vllm_device == "cpu" and plan.threads_bind is None:
         problems.append(
             f"vllm_service: fewer online CPUs than the {settings.tensor_parallel_size} CPU "
             "workers (tensor_parallel_size): lower it or set vllm_cpu_threads_bind"
         )
     # A secret or the socket's directory replaced by a link or another kind of file.
-    problems += access.wrong_kinds(access.rows(settings, "vllm_service"), host.get_fact(
-        PathModes, **access.read(settings, "vllm_service")))
+    problems += access.wrong_kinds(access.rows(settings, "vllm_service", plan.endpoint),
+                                   host.get_fact(PathModes, **access.read(
+                                       settings, "vllm_service", plan.endpoint)))
     return problems
 
 
@@ -257,11 +274,12 @@ def _helpers(device: str) -> None:
         )
 
 
-def _firewall(settings: Settings) -> None:
+def _firewall(plan: EnginePlan) -> None:
     """On TCP, the engine's nftables table (pyinfra_vllm/plans/engine_access.py): its file,
     loaded before the engine's next start by the unit and now wherever the loaded table
     differs. On a Unix socket none, and an earlier TCP engine's table and file gone."""
-    rules = engine_access.render_firewall(settings, vllm_service_plan.SERVICE_USER)
+    rules = engine_access.render_firewall(plan.settings, vllm_service_plan.SERVICE_USER,
+                                          plan.endpoint)
     if rules is None:
         file_set.absent(name="vLLM service: no engine firewall on its Unix socket",
                         paths=[engine_access.FIREWALL_PATH])
@@ -275,7 +293,7 @@ def _firewall(settings: Settings) -> None:
         "vLLM service: no engine firewall loaded", rules=rules)
 
 
-def _unit_files(settings: Settings, engine: dict[str, Any]) -> dict[str, bytes]:
+def _unit_files(plan: EnginePlan) -> dict[str, bytes]:
     """The unit and its environment file, as their bytes.
 
     The environment file holds no secret by default: the weights are local
@@ -287,12 +305,12 @@ def _unit_files(settings: Settings, engine: dict[str, Any]) -> dict[str, bytes]:
     reaches (another failed readiness) keeps its unit, and its engine the configuration
     it runs with."""
     return {
-        vllm_service_plan.UNIT_PATH: vllm_service_plan.render_unit(settings, **engine).encode(),
+        vllm_service_plan.UNIT_PATH: render_unit(plan).encode(),
         vllm_service_plan.ENV_PATH: vllm_service_plan.render_env().encode(),
     }
 
 
-def _restarted(ctx: HostContext, python: str, unit_files: dict[str, bytes],
+def _restarted(ctx: HostContext, plan: EnginePlan, unit_files: dict[str, bytes],
                changes: list, new_key: bool) -> None:
     """One rolling restart for every reason: the unit or its environment file changed, a
     foreign drop-in set aside, the running engine stale, or model files the model stage
@@ -308,8 +326,7 @@ def _restarted(ctx: HostContext, python: str, unit_files: dict[str, bytes],
     # The drain asks the engine that runs now: a run that moves it (a socket to TCP, a
     # port) would otherwise ask the new place, find nothing and cut what is in flight.
     running = host.get_fact(EngineProcess, **vllm_service_plan.ENGINE_PROCESS_READ)
-    place = (running and engine_access.running_endpoint(running["argv"])
-             ) or engine_access.endpoint(settings)
+    place = (running and engine_access.running_endpoint(running["argv"])) or plan.endpoint
     changed = any_changed(*changes, *repaired)
     vllm_service_ops.restarted(
         name="vLLM service: restarted for its new unit" if not repaired else
@@ -318,28 +335,30 @@ def _restarted(ctx: HostContext, python: str, unit_files: dict[str, bytes],
         staged={path: hashlib.sha256(data).hexdigest() for path, data in unit_files.items()},
         batch=settings.rolling_batch,
         grace_s=settings.drain_grace_s,
-        python=python,
+        python=plan.python,
         metrics_url=place.url("/metrics"),
         client=engine_access.client_args(place),
         new_key=new_key,
-        canary=_canary(ctx, python, running) if settings.rollout_canary else None,
+        canary=_canary(ctx, plan, running) if settings.rollout_canary else None,
         _if=lambda: new_key or changed(),
     )
 
 
-def _canary(ctx: HostContext, python: str, running: dict[str, Any] | None
+def _canary(ctx: HostContext, plan: EnginePlan, running: dict[str, Any] | None
             ) -> dict[str, Any] | None:
     """What the restart's canary benchmark needs (pyinfra_vllm/operations/vllm_service.py
     restarted): the new environment's interpreter runs vLLM's client through the gateway. None in a
     run that moves the engine to another socket or address: the gateway, whose stage comes after,
     reaches it there only once its site is rewritten, so every request of a canary in the restart's
-    slot would fail. ``running``: the engine now (EngineProcess)."""
+    slot would fail. ``plan``: the host's engine; ``running``: the engine now (EngineProcess)."""
     settings = ctx.settings
-    if running and not engine_access.listens_as_settings(running["argv"], settings):
+    if running and not engine_access.listens_as_settings(running["argv"], settings,
+                                                         plan.endpoint):
         host.log_styled(
             "vLLM service: no canary in this run: the engine moves to "
-            f"{' '.join(engine_access.server_listen_flags(settings))}, which the gateway "
-            "follows only after the restart", fg="yellow", log_func=logger.warning)
+            f"{' '.join(engine_access.server_listen_flags(settings, plan.endpoint))}, "
+            "which the gateway follows only after the restart", fg="yellow",
+            log_func=logger.warning)
         return None
     path = ctx.environment_path(host)
     if python_env_plan.returns_to_kept(ctx.environments(host), path, settings.stack):
@@ -350,7 +369,7 @@ def _canary(ctx: HostContext, python: str, running: dict[str, Any] | None
             f"vLLM service: the canary holds {path}, kept from before, to the record of "
             "the release it replaces; a rollback that must go through whatever it "
             "measures: --data rollout_canary=false", fg="yellow", log_func=logger.warning)
-    return {"python": python, "args": bench_plan.client_args(settings),
+    return {"python": plan.python, "args": bench_plan.client_args(settings),
             "env": bench_plan.client_env(settings), "stack": bench_plan.stack_words(settings),
             "textfile": bench_plan.textfile_path(settings),
             "bound": settings.rollout_max_regression}

@@ -23,6 +23,7 @@ from pyinfra_vllm.operations.util.access import repair_command
 from pyinfra_vllm.plans import access, engine_access
 from pyinfra_vllm.plans import gateway as gateway_plan
 from pyinfra_vllm.plans import vllm_service as vllm_service_plan
+from pyinfra_vllm.plans.engine_plan import engine_plan, render_unit
 
 ON_SOCKET = validate({"vllm_version": "0.17.0", "vllm_device": "cpu", "gateway_open": True})
 ON_TCP = validate({"gateway_open": True})  # vLLM 0.6.3: no --uds
@@ -72,8 +73,8 @@ def test_each_stage_keeps_the_rows_its_settings_make_apply():
 
 def test_the_unit_makes_the_socket_directory_as_the_table_declares_it():
     row = access.ROWS[engine_access.SOCKET_DIR]
-    unit = vllm_service_plan.render_unit(ON_SOCKET, python="/opt/vllm/current/bin/python",
-                                         model_path="/srv/models/m", threads_bind="0|1")
+    unit = render_unit(engine_plan(ON_SOCKET, python="/opt/vllm/current/bin/python",
+                                   model_path="/srv/models/m", threads_bind="0|1"))
     assert (f"ExecStartPre=+/usr/bin/install -d -o {row.owner} -g {row.group} -m 0{row.mode} "
             f"{row.path}\n") in unit
 

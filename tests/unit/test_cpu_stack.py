@@ -16,9 +16,10 @@ from pyinfra_vllm.core.settings import validate as validate_settings
 from pyinfra_vllm.core.stack_locks import distribution, read_lock, requirements_text
 from pyinfra_vllm.core.stacks import CPU_STACKS, STACKS, stack_for
 from pyinfra_vllm.plans.checks import blocking, check_host, cpu_reserve_bytes
+from pyinfra_vllm.plans.engine_plan import engine_plan, render_unit
 from pyinfra_vllm.plans.gates import model_gates
 from pyinfra_vllm.plans.python_env import environment_base, proven, stack_label
-from pyinfra_vllm.plans.vllm_service import cpu_threads_bind, render_unit, server_flags
+from pyinfra_vllm.plans.vllm_service import cpu_threads_bind, server_flags
 from sandbox.hosts import SERVING_DATA
 from sandbox.mirror.model import model_config
 
@@ -274,8 +275,8 @@ def unit_lines(text: str) -> list[str]:
 
 def test_the_cpu_unit_has_no_gpu_part_and_the_cpu_variables():
     settings = cpu_settings(vllm_cpu_kvcache_space_gib=3)
-    text = render_unit(settings, python="/opt/vllm/current/bin/python", model_path="/srv/m",
-                       threads_bind="0-7|8-15")
+    text = render_unit(engine_plan(settings, python="/opt/vllm/current/bin/python",
+                                   model_path="/srv/m", threads_bind="0-7|8-15"))
     lines = unit_lines(text)
     for absent in ("CUDA_", "NCCL_", "gpu_guard", "nvidia", "gpu-memory-utilization"):
         assert not any(absent in line for line in lines), absent
@@ -299,7 +300,7 @@ def test_the_cpu_unit_needs_a_binding():
     from pyinfra.api import OperationValueError
 
     with pytest.raises(OperationValueError):
-        render_unit(cpu_settings(), python="/p", model_path="/m")
+        render_unit(engine_plan(cpu_settings(), python="/p", model_path="/m"))
 
 
 def test_cpu_flags_have_no_gpu_memory_utilization():

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from pyinfra.api import OperationValueError
 
-from pyinfra_vllm.core.settings import Settings, validate
+from pyinfra_vllm.core.settings import Settings, SettingsError, validate
 from pyinfra_vllm.operations.util.gateway import disable_script, swap_script
 from pyinfra_vllm.plans.engine_access import KEY_NGINX_PATH, SOCKET_PATH, engine_address
 from pyinfra_vllm.plans.gateway import (
@@ -72,11 +72,16 @@ def test_key_regex_escapes_every_operator_of_the_key_alphabet():
 
 
 def test_repeated_key_is_refused_by_position_only():
-    with pytest.raises(OperationValueError) as raised:
-        render_keys_map(["sk-one", "sk-two", "sk-one"])
-    assert str(raised.value) == "api_keys[2] repeats api_keys[0]"
-    # Keys that differ only in case are two keys.
-    render_keys_map(["sk-one", "SK-ONE"])
+    # By the settings, before any host is touched: the key map renders the validated
+    # settings' keys as they are, with no second check.
+    one, two = "sk-one-" + "1" * 32, "sk-two-" + "2" * 32
+    with pytest.raises(SettingsError) as raised:
+        validate({"api_keys": [one, two, one]})
+    assert "  api_keys = <secret>: api_keys[2] repeats api_keys[0]" in str(raised.value)
+    assert one not in str(raised.value)
+    # Keys that differ only in case are two keys to nginx: two case-sensitive entries.
+    text = render_keys_map(["sk-one", "SK-ONE"])
+    assert '"~^Bearer sk-one\\z" 1;' in text and '"~^Bearer SK-ONE\\z" 1;' in text
 
 
 def test_no_keys_turns_the_check_off():
@@ -96,9 +101,11 @@ def test_the_engine_gets_its_own_key_from_the_hosts_file_never_a_clients():
 
 @pytest.mark.parametrize("bad", ['sk"x', "sk x", "sk;x", "sk{x", "", "sk\\x"])
 def test_key_with_nginx_syntax_is_refused_without_printing_it(bad):
-    with pytest.raises(OperationValueError) as raised:
-        render_keys_map(["sk-ok", bad])
-    assert "api_keys[1]" in str(raised.value)
+    # By the settings, before any host is touched (the key map trusts them).
+    with pytest.raises(SettingsError) as raised:
+        validate({"api_keys": ["sk-ok-" + "0" * 32, bad]})
+    assert "api_keys[1] has characters other than letters, digits and _.~+/=:-" in str(
+        raised.value)
     if bad:
         assert bad not in str(raised.value)
 

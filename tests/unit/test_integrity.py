@@ -21,6 +21,7 @@ import pytest
 from facts.nginx import NginxServers
 from facts.vllm_service import STATUS_KEYS, EngineProcess, parse_process, process_snippet
 from pyinfra_vllm.core.settings import validate
+from pyinfra_vllm.plans.engine_plan import engine_expected, engine_plan, render_unit
 from pyinfra_vllm.plans.gateway import (
     foreign_servers,
     http_server_tokens,
@@ -33,10 +34,8 @@ from pyinfra_vllm.plans.vllm_service import (
     SECRET_ENV_KEYS,
     difference_words,
     engine_differences,
-    engine_expected,
     environment_pairs,
     hardening_differences,
-    render_unit,
 )
 from pyinfra_vllm.report.markdown import render_markdown
 from pyinfra_vllm.report.verdicts import integrity, integrity_problems
@@ -239,10 +238,10 @@ def _environment(unit: str) -> dict[str, str]:
 def test_expected_argv_and_environment_are_the_rendered_units(data):
     settings = validate(data)
     bind = "0|1" if settings.vllm_device == "cpu" else None
-    unit = render_unit(settings, python=PYTHON, model_path=MODEL, devices=[0, 1],
-                       threads_bind=bind)
-    expected = engine_expected(settings, python=PYTHON, model_path=MODEL, devices=[0, 1],
-                               threads_bind=bind)
+    engine = engine_plan(settings, python=PYTHON, model_path=MODEL, devices=[0, 1],
+                         threads_bind=bind)
+    unit = render_unit(engine)
+    expected = engine_expected(engine)
     assert expected["argv"] == _exec_start_words(unit)
     assert expected["argv"][:3] == [PYTHON, "-m", "vllm.entrypoints.openai.api_server"]
     assert expected["env"] == _environment(unit)
@@ -259,7 +258,8 @@ def test_every_variable_the_unit_can_render_is_watched():
 
 
 def _engine(settings):
-    expected = engine_expected(settings, python=PYTHON, model_path=MODEL, devices=[0, 1])
+    expected = engine_expected(engine_plan(settings, python=PYTHON, model_path=MODEL,
+                                           devices=[0, 1]))
     running = {"pid": 4242, "argv": list(expected["argv"]), "env": dict(expected["env"]),
                "secret_sha256": dict(expected["secret_sha256"])}
     return expected, running
@@ -318,8 +318,8 @@ HARDENED = {"NoNewPrivs": "1", "Seccomp": "2", "CapEff": "0000000000000000",
 
 
 def test_the_unit_promises_no_new_privileges_a_seccomp_filter_and_no_capabilities():
-    unit = render_unit(validate({"gateway_open": True}), python=PYTHON, model_path=MODEL,
-                       devices=[0, 1])
+    unit = render_unit(engine_plan(validate({"gateway_open": True}), python=PYTHON,
+                                   model_path=MODEL, devices=[0, 1]))
     for line in ("NoNewPrivileges=yes", "CapabilityBoundingSet=", "AmbientCapabilities="):
         assert line in unit.splitlines()
     assert any(line.startswith("SystemCallFilter=") for line in unit.splitlines())

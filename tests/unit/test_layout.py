@@ -136,22 +136,6 @@ def test_the_check_fails_on_an_import_running_the_wrong_way(tmp_path, source, li
         assert len(problems) == 1 and problems[0].endswith(problem), problems
 
 
-def test_the_whole_run_calls_the_stages_in_the_order_settings_name_them():
-    """pyinfra_vllm/core/settings.py STAGES is the one list of stages (skip_stages is
-    checked against it); pyinfra_vllm/stages/full.py calls them in that order."""
-    from pyinfra_vllm.core.settings import STAGES
-
-    tree = ast.parse((ROOT / "pyinfra_vllm/stages/full.py").read_text())
-    full = next(node for node in tree.body if isinstance(node, ast.FunctionDef)
-                and node.name == "full")
-    called = [node.value.func.id for node in full.body if isinstance(node, ast.Expr)
-              and isinstance(node.value, ast.Call) and isinstance(node.value.func, ast.Name)]
-    # python_env_built is the second half of the python_env stage.
-    stages = list(dict.fromkeys("python_env" if name == "python_env_built" else name
-                                for name in called if name != "context"))
-    assert stages == list(STAGES)
-
-
 def test_no_stage_refuses_a_host_by_itself():
     """Stages refuse through HostContext.refuse (pyinfra_vllm/run/context.py), which logs
     the reasons once and records the refusal for the audit; pyinfra_vllm.operations.gate

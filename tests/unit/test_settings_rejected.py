@@ -729,6 +729,24 @@ def test_keys_of_the_key_file_join_api_keys(tmp_path):
     assert [key.get_secret_value() for key in only_file.api_keys] == [KEY2]
 
 
+def test_the_key_file_is_read_once(tmp_path, monkeypatch):
+    # One read, by api_keys' rule, for every check of its keys and the keys kept.
+    keys = tmp_path / "keys"
+    keys.write_text(f"{KEY2}\n")
+    keys.chmod(0o600)
+    opened = []
+    real_open = open
+
+    def counting_open(file, *args, **kwargs):
+        opened.append(str(file))
+        return real_open(file, *args, **kwargs)
+
+    monkeypatch.setattr("builtins.open", counting_open)
+    settings = validate({"api_keys": [KEY], "api_keys_file": str(keys)})
+    assert opened.count(str(keys)) == 1
+    assert [key.get_secret_value() for key in settings.api_keys] == [KEY, KEY2]
+
+
 def test_every_problem_of_independent_settings_is_listed_at_once():
     with pytest.raises(SettingsError) as refused:
         validate({"vllm_host": "0.0.0.0", "model_dir": "/", "api_keys": [SHORT],

@@ -18,6 +18,7 @@ from pyinfra_vllm.core.settings import validate
 from pyinfra_vllm.core.stack_locks import read_lock
 from pyinfra_vllm.core.stacks import CPU_STACKS, REMOVED_FROM, STACKS, StackRow
 from pyinfra_vllm.plans import vllm_service as vllm_service_plan
+from pyinfra_vllm.plans.engine_plan import engine_plan, render_unit
 from sandbox.hosts import SERVING_DATA
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -91,9 +92,9 @@ def test_the_recorded_help_is_the_probe_s_flags_and_holds_the_row_s_spellings(ke
 def test_every_flag_of_the_row_s_unit_is_one_its_server_accepts(key):
     _, row, marker = recorded(key)
     flags = set(marker["runtime"]["flags"])
-    unit = vllm_service_plan.render_unit(settings_for(row), python="/opt/vllm/current/bin/python",
-                                         model_path="/srv/models/m", accepted=flags,
-                                         threads_bind="0|1" if row.device == "cpu" else None)
+    unit = render_unit(engine_plan(settings_for(row), python="/opt/vllm/current/bin/python",
+                                   model_path="/srv/models/m", accepted=flags,
+                                   threads_bind="0|1" if row.device == "cpu" else None))
     start = unit.split("\nExecStart=", 1)[1].split("\nExecStartPost=", 1)[0]
     used = set(re.findall(r'"(--[a-z0-9][a-z0-9-]*)"', start))
     assert {"--tensor-parallel-size", "--max-model-len", "--uds"} <= used

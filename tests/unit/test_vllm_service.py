@@ -19,10 +19,9 @@ from pyinfra_vllm.plans.engine_access import (
     SOCKET_PATH,
     listens_beyond_loopback,
 )
+from pyinfra_vllm.plans.engine_plan import engine_expected, engine_plan, render_unit
 from pyinfra_vllm.plans.vllm_service import (
-    engine_expected,
     render_env,
-    render_unit,
     server_flags,
     shm_problem,
     systemd_quote,
@@ -58,9 +57,11 @@ usage: api_server.py [-h] [--host HOST] [--port PORT] [--model MODEL]
 """
 
 
-def unit(settings: Settings | None = None, **kwargs) -> str:
-    return render_unit(settings or Settings(gateway_open=True), python=kwargs.pop("python", PYTHON),
-                       model_path=kwargs.pop("model_path", MODEL), **kwargs)
+def unit(settings: Settings | None = None, systemd_version: int = 249, **kwargs) -> str:
+    engine = engine_plan(settings or Settings(gateway_open=True),
+                         python=kwargs.pop("python", PYTHON),
+                         model_path=kwargs.pop("model_path", MODEL), **kwargs)
+    return render_unit(engine, systemd_version=systemd_version)
 
 
 def directives(text: str) -> list[tuple[str, str]]:
@@ -251,19 +252,18 @@ def test_the_engine_never_gets_a_client_key_only_its_own_file():
     keys = ["sk-first-" + "1" * 32, "sk-second-" + "2" * 32]
     for settings in (validate({"api_keys": keys}),
                      beyond_loopback(vllm_host="10.0.0.5", api_keys=keys)):
-        text = render_unit(settings, python=PYTHON, model_path=MODEL)
+        engine = engine_plan(settings, python=PYTHON, model_path=MODEL)
+        text = render_unit(engine)
         assert not any(key in text for key in keys) and "--api-key" not in text
         assert f"EnvironmentFile={KEY_ENV_PATH}\n" in text
-        assert engine_expected(settings, python=PYTHON, model_path=MODEL)[
-            "secret_sha256"] == {}
-        assert engine_expected(settings, python=PYTHON, model_path=MODEL, key_sha256="ab")[
-            "secret_sha256"] == {"VLLM_API_KEY": "ab"}
+        assert engine_expected(engine)["secret_sha256"] == {}
+        assert engine_expected(engine, key_sha256="ab")["secret_sha256"] == {"VLLM_API_KEY": "ab"}
 
 
 def test_a_stack_with_a_unix_socket_serves_on_it_in_a_directory_for_nginx_alone():
     settings = validate({"vllm_version": "0.17.0", "gateway_open": True,
                          "nvidia_driver_branch": "570-server"})
-    text = render_unit(settings, python=PYTHON, model_path=MODEL)
+    text = unit(settings)
     assert f'"--uds" "{SOCKET_PATH}"' in text
     assert '"--host"' not in text and '"--port"' not in text
     assert (f"ExecStartPre=+/usr/bin/install -d -o vllm -g www-data -m 0750 {SOCKET_DIR}\n"
@@ -277,7 +277,7 @@ def test_a_stack_with_a_unix_socket_serves_on_it_in_a_directory_for_nginx_alone(
                                 nvidia_driver_branch="570-server",
                                 api_keys=["sk-first-" + "1" * 32]),
                 validate({"gateway_open": True})):
-        text = render_unit(tcp, python=PYTHON, model_path=MODEL)
+        text = unit(tcp)
         assert '"--uds"' not in text and SOCKET_DIR not in text
         assert '"--host"' in text and '"--port" "8000"' in text
 
