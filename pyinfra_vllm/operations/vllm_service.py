@@ -356,7 +356,6 @@ _FLAGS_CHECK = (
 )
 
 
-
 def _report_stale(state, host, words: str) -> bool:
     host.log_styled(f"vLLM runs with another configuration than its unit: {words}; "
                     "restarting it", fg="yellow", log_func=logger.warning)

@@ -140,24 +140,21 @@ def mode(path: str) -> str:
     return ROWS[path].mode
 
 
-def rows(settings: Settings, stage: str, place: Endpoint | None = None) -> list[Access]:
+def rows(settings: Settings, stage: str, place: Endpoint) -> list[Access]:
     """The rows ``stage`` keeps under ``settings``, by path. ``place``: the engine's
-    endpoint as the run's context decided it (HostContext.endpoint); None:
-    ``engine_access.endpoint``'s, for a caller without a run (a stage's reads)."""
-    if place is None:
-        place = engine_access.endpoint(settings)
+    endpoint as the run's context decided it (HostContext.endpoint), which the stages'
+    reads are handed too."""
     return sorted((row for row in TABLE if row.stage == stage and row.applies(settings, place)),
                   key=lambda row: row.path)
 
 
-def read(settings: Settings, stage: str, place: Endpoint | None = None) -> dict[str, list[str]]:
+def read(settings: Settings, stage: str, place: Endpoint) -> dict[str, list[str]]:
     """facts.files.PathModes' arguments for ``stage`` (``place`` as ``rows``): the
     stage's read and its operation's are the same read."""
     return {"paths": [row.path for row in rows(settings, stage, place)]}
 
 
-def wanted(settings: Settings, stage: str, place: Endpoint | None = None
-           ) -> dict[str, dict[str, str]]:
+def wanted(settings: Settings, stage: str, place: Endpoint) -> dict[str, dict[str, str]]:
     """pyinfra_vllm.operations.access.kept's ``paths`` for ``stage`` (``place`` as
     ``rows``)."""
     return {row.path: row.wanted() for row in rows(settings, stage, place)}

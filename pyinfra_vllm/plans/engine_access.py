@@ -67,10 +67,11 @@ class Endpoint:
 
 def endpoint(settings: Settings) -> Endpoint:
     """The engine's endpoint for ``settings``: the Unix socket where its stack has one and
-    it listens on loopback, else ``engine_address``. A run decides it once per host (the
-    run's context, pyinfra_vllm/run/context.py ``HostContext.endpoint``) and hands it to
-    every stage; only the stages' reads, declared from settings before that context
-    exists, and callers without a run (tests, tools) call this themselves."""
+    it listens on loopback, else ``engine_address``. A run decides it once per host, as
+    its context is made (pyinfra_vllm/run/context.py ``HostContext.endpoint``), and hands
+    it to every stage and every stage's reads; the functions below take it as ``place``
+    and never compute it again. Only callers without a run (tests, tools) call this
+    themselves."""
     if settings.stack.unix_socket and not listens_beyond_loopback(settings.vllm_host):
         return Endpoint(socket=SOCKET_PATH, address="localhost")
     return Endpoint(socket=None, address=engine_address(settings.vllm_host, settings.vllm_port))
@@ -103,11 +104,10 @@ def listens_beyond_loopback(address: str) -> bool:
         return True  # a host name: it may resolve to anything
 
 
-def listens_as_settings(argv: list[str], settings: Settings,
-                        place: Endpoint | None = None) -> bool:
+def listens_as_settings(argv: list[str], settings: Settings, place: Endpoint) -> bool:
     """Does a running engine's command line (``EngineProcess`` argv) hold the listen
     options the settings give (``server_listen_flags``)? ``place``: the endpoint the
-    run's context decided for the host (HostContext.endpoint); None: ``endpoint``'s."""
+    run's context decided for the host (HostContext.endpoint)."""
     listen = server_listen_flags(settings, place)
     return any(argv[at:at + len(listen)] == listen for at in range(len(argv)))
 
@@ -144,12 +144,9 @@ def running_endpoint(argv: list[str]) -> Endpoint | None:
     return Endpoint(socket=None, address=engine_address(address, int(port)))
 
 
-def server_listen_flags(settings: Settings, place: Endpoint | None = None) -> list[str]:
+def server_listen_flags(settings: Settings, place: Endpoint) -> list[str]:
     """The server's listen options: ``--uds`` or ``--host`` and ``--port``. ``place``:
-    the endpoint the run's context decided for the host (HostContext.endpoint); None:
-    ``endpoint``'s, for a caller without a run."""
-    if place is None:
-        place = endpoint(settings)
+    the endpoint the run's context decided for the host (HostContext.endpoint)."""
     if place.socket:
         return ["--uds", place.socket]
     return ["--host", settings.vllm_host, "--port", str(settings.vllm_port)]
@@ -158,7 +155,6 @@ def server_listen_flags(settings: Settings, place: Endpoint | None = None) -> li
 def client_args(place: Endpoint) -> list[str]:
     """The arguments files/wait_ready.py and files/engine_idle.py reach it with."""
     return ["--unix-socket", place.socket] if place.socket else []
-
 
 
 # --- the engine's firewall, wherever it listens on TCP ------------------------------------
@@ -199,18 +195,15 @@ FIREWALL_MARK = 0x00100000
 FIREWALL_READ = {"nft": NFT, "table": FIREWALL_TABLE, "comment": FIREWALL_COMMENT}
 
 
-def render_firewall(settings: Settings, user: str, place: Endpoint | None = None
-                    ) -> str | None:
+def render_firewall(settings: Settings, user: str, place: Endpoint) -> str | None:
     """The engine's nftables file for ``settings``, or None where it listens on a Unix
     socket (the socket's directory keeps everyone else out: no firewall is needed).
 
     + settings: a validated ``pyinfra_vllm.core.settings.Settings``
     + user: the engine's user (the only owner its port may answer from)
-    + place: the endpoint the run's context decided for the host (HostContext.endpoint);
-      None: ``endpoint``'s, for a caller without a run
+    + place: the endpoint the run's context decided for the host (HostContext.endpoint; a
+      caller without a run: ``endpoint(settings)``)
     """
-    if place is None:
-        place = endpoint(settings)
     if place.socket:
         return None
     beyond = listens_beyond_loopback(settings.vllm_host)

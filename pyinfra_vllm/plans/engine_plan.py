@@ -61,7 +61,7 @@ def engine_plan(
     devices: Sequence[int] | None = None,
     accepted: set[str] | None = None,
     threads_bind: str | None = None,
-    place: Endpoint | None = None,
+    place: Endpoint,
 ) -> EnginePlan:
     """The engine of one host for ``settings``.
 
@@ -73,11 +73,9 @@ def engine_plan(
       records), see ``vllm_service.server_flags``
     + threads_bind: vllm_device "cpu": VLLM_CPU_OMP_THREADS_BIND (``cpu_threads_bind``
       of the host's CPUs, or the vllm_cpu_threads_bind setting); devices is then unused
-    + place: the endpoint the run's context decided for the host (HostContext.endpoint);
-      None: ``engine_access.endpoint``'s, for a caller without a run
+    + place: the endpoint the run's context decided for the host (HostContext.endpoint; a
+      caller without a run: ``engine_access.endpoint(settings)``)
     """
-    if place is None:
-        place = engine_access.endpoint(settings)
     tp = settings.tensor_parallel_size
     chosen = tuple(range(tp) if devices is None or settings.vllm_device == "cpu" else devices)
     return EnginePlan(
@@ -87,7 +85,8 @@ def engine_plan(
         model_path=model_path,
         devices=chosen,
         threads_bind=threads_bind,
-        flags=tuple(vllm_service_plan.server_flags(settings, model_path, accepted, place)),
+        flags=tuple(vllm_service_plan.server_flags(settings, model_path, accepted,
+                                                   place=place)),
         environment=tuple(vllm_service_plan.environment_pairs(settings, chosen, threads_bind)),
         drains=vllm_service_plan.drains_on_sigterm(settings, accepted),
     )

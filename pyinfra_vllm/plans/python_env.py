@@ -179,7 +179,6 @@ def prunable(environments: dict, keep: int, wanted: str) -> list[str]:
     return sorted(path for path in others[keep:] if path != environments["current"])
 
 
-
 def download_env(index_url: str, ca_bundle: str | None, proxy: str | None) -> dict[str, str]:
     """The variables that point pip, uv and curl at the index, CA bundle and proxy."""
     pairs = {"PIP_INDEX_URL": index_url, "UV_DEFAULT_INDEX": index_url,

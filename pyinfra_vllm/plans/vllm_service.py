@@ -137,16 +137,16 @@ def drains_on_sigterm(settings: Settings, accepted: set[str] | None = None) -> b
     return settings.stack.shutdown_timeout
 
 
-def server_flags(settings: Settings, model_path: str, accepted: set[str] | None = None,
-                 place: engine_access.Endpoint | None = None) -> list[str]:
+def server_flags(settings: Settings, model_path: str, accepted: set[str] | None = None, *,
+                 place: engine_access.Endpoint) -> list[str]:
     """The arguments of ``python -m vllm.entrypoints.openai.api_server`` for ``settings``.
 
     + settings: a validated ``pyinfra_vllm.core.settings.Settings``
     + model_path: directory of the downloaded model on the host (``--model``)
     + accepted: the installed server's options (the flags files/vllm_probe.py
       records), to pick a spelling where vLLM releases differ; None: the stack row's
-    + place: where it listens, as the run's context decided it (HostContext.endpoint);
-      None: ``engine_access.endpoint``'s, for a caller without a run
+    + place: where it listens, as the run's context decided it (HostContext.endpoint; a
+      caller without a run: ``engine_access.endpoint(settings)``)
 
     Chunked prefill is always explicit: 0.6.3 turns it on by itself above 32K tokens, so
     "off" must be said (``--enable-chunked-prefill=false``). Request logging is off where
@@ -425,7 +425,6 @@ def shm_problem(shm_bytes: int | None, min_mib: int) -> str | None:
             f"({min_mib} MiB): NCCL and vLLM's TP workers exchange data through it"
         )
     return None
-
 
 
 # --- operations ----------------------------------------------------------------------

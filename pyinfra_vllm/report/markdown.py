@@ -81,7 +81,6 @@ def render_markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-
 def _markdown_host_state(summary: dict[str, Any], state: dict[str, Any]) -> list[str]:
     """The start of a host's section: what was read of its OS, driver, GPUs and links
     (``summary``: the entry's, ``state``: the raw facts)."""

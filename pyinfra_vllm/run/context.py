@@ -75,6 +75,12 @@ def refuse(operation: str, reasons: list[str]) -> Any:
 class HostContext:
     settings: Settings
     state: dict[str, Any]
+    # Where clients on the host reach the engine (engine_access.endpoint), decided once
+    # per host as the context is made (``context``), before the host is read: the stages'
+    # reads, the engine's flags and unit, its firewall, the access table's rows, the
+    # gateway's upstream and the audit's reads of the engine all take this one instead
+    # of each computing it again from the settings.
+    endpoint: Endpoint
     # The model lock (tools.model_lock), read before any operation; None only when the
     # model stage is skipped and there is no lock.
     lock: dict[str, Any] | None = None
@@ -109,14 +115,6 @@ class HostContext:
     # its path, and what it found (None: not checked).
     env_checked: str | None = None
     env_content: dict[str, Any] | None = None
-    # Where clients on the host reach the engine (engine_access.endpoint), decided once
-    # per host as the context is made: the engine's flags and unit, its firewall, the
-    # access table's rows, the gateway's upstream and the audit's reads of the engine all
-    # take this one instead of each computing it again from the settings.
-    endpoint: Endpoint = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.endpoint = engine_access.endpoint(self.settings)
 
     def environments(self, host: Any) -> dict[str, Any]:
         """The host's vLLM environments (facts.python_env.VllmEnvironments), read once;
@@ -210,8 +208,9 @@ def context(host: Any, lock_required: bool = True,
             stages: tuple[str, ...] = ()) -> HostContext:
     """The run's context for ``host``, made on first use. The model lock is required
     unless ``lock_required`` is False or the model stage is skipped. On first use, the
-    host's state for the preflight and ``stages`` is read in one remote command
-    (pyinfra_vllm/run/host_reads.py)."""
+    engine's endpoint is decided (HostContext.endpoint), then the host's state for the
+    preflight and ``stages`` is read in one remote command (pyinfra_vllm/run/host_reads.py),
+    each stage's reads made with that endpoint."""
     # Keyed by the Host itself: pyinfra's ``host`` (the stages' argument) is one proxy
     # for every host, hashed as whichever is current; kept under it, a context outlived
     # its host and went to a later one whose object took the freed one's address.
@@ -225,9 +224,10 @@ def context(host: Any, lock_required: bool = True,
         # driver its CUDA runtime needs known (StackLockError where it is not).
         read_lock(settings.stack)
         driver_floor(settings.stack)
-        reads = host_reads.stage_reads(settings, ("preflight", *stages))
+        place = engine_access.endpoint(settings)
+        reads = host_reads.stage_reads(settings, ("preflight", *stages), place)
         host_reads.answer_from(host, host_reads.read_all(host, reads))
         found = HostContext(settings=settings, state=collect(host, settings.vllm_device),
-                            lock=lock)
+                            endpoint=place, lock=lock)
         _CONTEXTS[host] = found
     return found

@@ -4,13 +4,15 @@ pyinfra 3 reads a fact with one remote command each time an operation asks for i
 after another. Over a link with 20 ms round trips, a converged host's run spent most of
 its time waiting for 33 of them. Each stage declares what it reads, next to the code
 that reads it (``stage(reads=...)``, kept in ``STAGE_READS``, each read made from the
-stage's settings), and ``state_reads`` is what every run's context reads; at the start of a run every one of them is read in one remote command
-(facts.host_state.StateSections), the GPU reads side by side as one group, each section
-parsed by its own fact, with pyinfra's rules for a single fact: a parser's error fails
-that host with pyinfra's "could not process fact", never the run. The host's
-``get_fact`` then answers those reads from what was read until the first command that
-is not a read runs on the host (an operation's command, an upload): from then on every
-read goes to the host again, so an operation after a change sees the change.
+settings and the engine's endpoint the run's context decided for the host), and
+``state_reads`` is what every run's context reads; at the start of a run every one of
+them is read in one remote command (facts.host_state.StateSections), the GPU reads side
+by side as one group, each section parsed by its own fact, with pyinfra's rules for a
+single fact: a parser's error fails that host with pyinfra's "could not process fact",
+never the run. The host's ``get_fact`` then answers those reads from what was read until
+the first command that is not a read runs on the host (an operation's command, an
+upload): from then on every read goes to the host again, so an operation after a change
+sees the change.
 
 A read not listed is read on its own, as before: listing is about speed, never about
 what is read. Each fact stays usable alone (``pyinfra HOST fact facts.x.Y``).
@@ -48,6 +50,7 @@ from facts.host_state import (
 )
 from facts.python_env import VllmEnvironments
 from pyinfra_vllm.core.settings import Settings
+from pyinfra_vllm.plans.engine_access import Endpoint
 
 
 @dataclass(frozen=True)
@@ -196,49 +199,28 @@ def state_reads(settings: Settings) -> list[Read]:
     return reads
 
 
+# What a stage reads of a converged host, from its settings and the engine's endpoint the
+# run's context decided for the host (HostContext.endpoint, computed once per host and
+# handed to every stage's reads, never computed again from the settings).
+StageReads = Callable[[Settings, Endpoint], list[Read]]
+# Each stage's, declared by the stage next to the code that reads it
+# (pyinfra_vllm/run/stage.py ``stage(reads=...)``).
+STAGE_READS: dict[str, StageReads] = {}
 
 
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-# What each stage reads of a converged host, from its settings: declared by the stage,
-# next to the code that reads it (pyinfra_vllm/run/stage.py ``stage(reads=...)``).
-STAGE_READS: dict[str, Callable[[Settings], list[Read]]] = {}
-
-
-def declare(stage: str, reads: Callable[[Settings], list[Read]]) -> None:
+def declare(stage: str, reads: StageReads) -> None:
     """``reads``: what ``stage`` reads of a converged host, for the run's one read."""
     if STAGE_READS.setdefault(stage, reads) is not reads:
         raise ValueError(f"the reads of stage {stage} are declared twice")
 
 
-def stage_reads(settings: Settings, stages: Iterable[str]) -> list[Read]:
+def stage_reads(settings: Settings, stages: Iterable[str], place: Endpoint) -> list[Read]:
     """The context's reads (``state_reads``) and those of ``stages``, each once (a stage
-    skipped by settings reads nothing)."""
+    skipped by settings reads nothing). ``place``: the engine's endpoint the run's context
+    decided for the host (HostContext.endpoint), handed to every stage's reads."""
     reads: dict[tuple[type, str], Read] = {read.key(): read for read in state_reads(settings)}
     for stage in stages:
         if stage in STAGE_READS and stage not in settings.skip_stages:
-            for read in STAGE_READS[stage](settings):
+            for read in STAGE_READS[stage](settings, place):
                 reads.setdefault(read.key(), read)
     return list(reads.values())

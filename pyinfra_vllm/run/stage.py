@@ -32,10 +32,10 @@ from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.api.operation import PyinfraOperation
 
-from pyinfra_vllm.core.settings import STAGES, Settings
+from pyinfra_vllm.core.settings import STAGES
 from pyinfra_vllm.run import host_reads
 from pyinfra_vllm.run.context import HostContext, context
-from pyinfra_vllm.run.host_reads import Read
+from pyinfra_vllm.run.host_reads import StageReads
 
 P = ParamSpec("P")
 
@@ -46,7 +46,7 @@ CONTINUING: set[Callable[..., Any]] = set()
 
 
 def stage(*, gpu_only: bool = False, lock_required: bool = True,
-          reads: Callable[[Settings], list[Read]] | None = None,
+          reads: StageReads | None = None,
           continues: Callable[..., Any] | None = None, runbook: bool = True,
           ) -> Callable[[Callable[Concatenate[HostContext, P], None]], PyinfraOperation[P]]:
     """
@@ -56,8 +56,9 @@ def stage(*, gpu_only: bool = False, lock_required: bool = True,
     + gpu_only: skipped (and logged) when ``vllm_device`` is cpu
     + lock_required: the stage needs the model lock (``False``: read only when the model
       stage runs)
-    + reads: what the stage reads of a converged host, from its settings (the same facts
-      and arguments its operations read): read with the run's one read
+    + reads: what the stage reads of a converged host, from its settings and the engine's
+      endpoint the run's context decided for the host (``reads(settings, place)``; the
+      same facts and arguments its operations read): read with the run's one read
     + continues: the @stage function whose stage this one ends (python_env_built ends the
       build python_env(wait=False) starts): the stage is that one's
     + runbook: ``False``: a stage run on its own (bench), not one of STAGES, which

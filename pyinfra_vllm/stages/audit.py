@@ -60,17 +60,16 @@ from pyinfra_vllm.run import host_reads
 from pyinfra_vllm.run.context import collect, context, refuse
 from pyinfra_vllm.run.host_reads import Read
 from pyinfra_vllm.stages.persistence import persistence_reads
-from pyinfra_vllm.stages.vllm_service import engine_reads
+from pyinfra_vllm.stages.vllm_service import vllm_service_reads
 
 # The audit reads a host without a model lock too (it then says so); deploys/full.py,
 # when it runs first in the same process, has already required one.
 
 
-def audit_reads(settings: Settings) -> list[Read]:
-    """deploys/audit.py on its own: what the audit stage reads besides the preflight's
-    (the engine's endpoint computed once for them, as ``engine_reads`` says why)."""
-    place = engine_access.endpoint(settings)
-    reads = [*engine_reads(settings, place), *persistence_reads(settings)]
+def audit_reads(settings: Settings, place: engine_access.Endpoint) -> list[Read]:
+    """deploys/audit.py on its own: what the audit stage reads besides the preflight's,
+    at the engine's endpoint ``place`` the run's context decided (HostContext.endpoint)."""
+    reads = [*vllm_service_reads(settings, place), *persistence_reads(settings, place)]
     if "gateway" not in settings.skip_stages:
         reads += [Read(NginxServers), Read(PathModes, access.read(settings, "gateway", place))]
     if settings.vllm_start and "vllm_service" not in settings.skip_stages:

@@ -27,12 +27,13 @@ from facts.files import FileDigests
 from pyinfra_vllm.core.settings import Settings
 from pyinfra_vllm.operations import driver as driver_ops
 from pyinfra_vllm.plans import driver as driver_plan
+from pyinfra_vllm.plans.engine_access import Endpoint
 from pyinfra_vllm.run.context import HostContext
 from pyinfra_vllm.run.host_reads import Read
 from pyinfra_vllm.run.stage import stage
 
 
-def driver_reads(settings: Settings) -> list[Read]:
+def driver_reads(settings: Settings, _place: Endpoint) -> list[Read]:
     """What the driver stage reads of a converged host: the run's one read."""
     if settings.vllm_device == "cpu":
         return []

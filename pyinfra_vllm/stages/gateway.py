@@ -56,8 +56,9 @@ from pyinfra_vllm.run.stage import stage
 logger = logging.getLogger("pyinfra")
 
 
-def gateway_reads(settings: Settings) -> list[Read]:
-    """What the gateway stage reads of a converged host: the run's one read."""
+def gateway_reads(settings: Settings, place: engine_access.Endpoint) -> list[Read]:
+    """What the gateway stage reads of a converged host: the run's one read (the access
+    table's rows at the engine's endpoint ``place``, HostContext.endpoint)."""
     live = [gateway_plan.SITE_PATH, gateway_plan.KEYS_PATH]
     if settings.gateway_tls_cert and settings.gateway_tls_key:
         live += [gateway_plan.TLS_CERT_PATH, gateway_plan.TLS_KEY_PATH]
@@ -66,7 +67,7 @@ def gateway_reads(settings: Settings) -> list[Read]:
         Read(NginxServers),
         Read(EngineKey, engine_access.KEY_READ),
         *(Read(Sha1File, {"path": path}) for path in live),
-        Read(PathModes, access.read(settings, "gateway")),
+        Read(PathModes, access.read(settings, "gateway", place)),
         Read(UnitActivation, {"unit": "nginx.service"}),
     ]
 

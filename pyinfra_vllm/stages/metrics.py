@@ -40,6 +40,7 @@ from pyinfra_vllm.operations import file_set, units
 from pyinfra_vllm.operations.util.packages import debian_package
 from pyinfra_vllm.plans import bench as bench_plan
 from pyinfra_vllm.plans import metrics as metrics_plan
+from pyinfra_vllm.plans.engine_access import Endpoint
 from pyinfra_vllm.plans.gates import model_gates
 from pyinfra_vllm.plans.textfile import metrics_text
 from pyinfra_vllm.report.verdicts import summarize
@@ -70,7 +71,7 @@ def node_exporter(port: int, textfile_dir: str) -> None:
                               unit=metrics_plan.UNIT)
 
 
-def metrics_reads(settings: Settings) -> list[Read]:
+def metrics_reads(settings: Settings, _place: Endpoint) -> list[Read]:
     """What the metrics stage reads of a converged host: the run's one read."""
     textfile = f"{settings.textfile_collector_dir}/{metrics_plan.TEXTFILE_NAME}"
     reads = [Read(PathTypes, {"paths": [metrics_plan.LEGACY_SCRAPE_JOB]}),

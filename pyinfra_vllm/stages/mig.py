@@ -19,12 +19,13 @@ from facts.gpus import GpuInventory
 from pyinfra_vllm.core.settings import Settings
 from pyinfra_vllm.operations import mig as mig_ops
 from pyinfra_vllm.plans import mig as mig_plan
+from pyinfra_vllm.plans.engine_access import Endpoint
 from pyinfra_vllm.run.context import HostContext
 from pyinfra_vllm.run.host_reads import Read
 from pyinfra_vllm.run.stage import stage
 
 
-def mig_reads(settings: Settings) -> list[Read]:
+def mig_reads(settings: Settings, _place: Endpoint) -> list[Read]:
     """What the mig stage reads of a converged host: the run's one read."""
     return [] if settings.vllm_device == "cpu" else [Read(GpuInventory)]
 

@@ -25,12 +25,13 @@ from pyinfra_vllm.core.locks import hf_token
 from pyinfra_vllm.core.settings import Settings
 from pyinfra_vllm.operations import model as model_ops
 from pyinfra_vllm.plans import model as model_plan
+from pyinfra_vllm.plans.engine_access import Endpoint
 from pyinfra_vllm.run.context import HostContext
 from pyinfra_vllm.run.host_reads import Read
 from pyinfra_vllm.run.stage import stage
 
 
-def model_reads(settings: Settings) -> list[Read]:
+def model_reads(settings: Settings, _place: Endpoint) -> list[Read]:
     """What the model stage reads of a converged host: the run's one read."""
     return [Read(ModelFiles, {"path": settings.model_path})]
 

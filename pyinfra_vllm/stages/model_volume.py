@@ -17,12 +17,13 @@ from pyinfra.operations import files
 from facts.storage import BlockDevice, Fstab, MountPoint
 from pyinfra_vllm.core.settings import Settings
 from pyinfra_vllm.operations import model_volume as model_volume_ops
+from pyinfra_vllm.plans.engine_access import Endpoint
 from pyinfra_vllm.run.context import HostContext
 from pyinfra_vllm.run.host_reads import Read
 from pyinfra_vllm.run.stage import stage
 
 
-def model_volume_reads(settings: Settings) -> list[Read]:
+def model_volume_reads(settings: Settings, _place: Endpoint) -> list[Read]:
     """What the model_volume stage reads of a converged host: the run's one read."""
     path = settings.model_dir
     reads = [Read(Directory, {"path": path})]

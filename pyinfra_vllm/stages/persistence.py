@@ -27,12 +27,13 @@ from pyinfra_vllm.core.settings import Settings
 from pyinfra_vllm.operations import file_set, units
 from pyinfra_vllm.operations import persistence as persistence_ops
 from pyinfra_vllm.plans import persistence as persistence_plan
+from pyinfra_vllm.plans.engine_access import Endpoint
 from pyinfra_vllm.run.context import HostContext
 from pyinfra_vllm.run.host_reads import Read
 from pyinfra_vllm.run.stage import stage
 
 
-def persistence_reads(settings: Settings) -> list[Read]:
+def persistence_reads(settings: Settings, _place: Endpoint) -> list[Read]:
     """What the persistence stage reads of a converged host: the run's one read."""
     if settings.vllm_device == "cpu":
         return []

@@ -27,6 +27,7 @@ from pyinfra_vllm.core.settings import Settings
 from pyinfra_vllm.operations import file_set
 from pyinfra_vllm.plans import metrics as metrics_plan
 from pyinfra_vllm.plans.checks import blocking, check_gpu_health, check_host, gpu_health
+from pyinfra_vllm.plans.engine_access import Endpoint
 from pyinfra_vllm.plans.gates import installed_registry, model_gates
 from pyinfra_vllm.plans.textfile import gpu_health_text
 from pyinfra_vllm.run.context import HostContext
@@ -35,7 +36,7 @@ from pyinfra_vllm.run.stage import stage
 from pyinfra_vllm.stages.metrics import textfile_dir_problem
 
 
-def preflight_reads(settings: Settings) -> list[Read]:
+def preflight_reads(settings: Settings, _place: Endpoint) -> list[Read]:
     """What the preflight stage reads of a converged host: the run's one read."""
     reads = []
     if "metrics" not in settings.skip_stages:

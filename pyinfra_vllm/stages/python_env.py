@@ -32,12 +32,13 @@ from pyinfra_vllm.core.stacks import INSTALLERS, StackRow
 from pyinfra_vllm.operations import python_env as python_env_ops
 from pyinfra_vllm.operations.util.packages import debian_package
 from pyinfra_vllm.plans import python_env as python_env_plan
+from pyinfra_vllm.plans.engine_access import Endpoint
 from pyinfra_vllm.run.context import HostContext
 from pyinfra_vllm.run.host_reads import Read
 from pyinfra_vllm.run.stage import stage
 
 
-def python_env_reads(settings: Settings) -> list[Read]:
+def python_env_reads(settings: Settings, _place: Endpoint) -> list[Read]:
     """What the python_env stage reads of a converged host: the run's one read."""
     return [Read(Link, {"path": f"{settings.python_env_root}/current"})]
 

@@ -15,12 +15,13 @@ from facts.sysctl import KernelParam
 from pyinfra_vllm.core.settings import Settings
 from pyinfra_vllm.operations import sysctl as sysctl_ops
 from pyinfra_vllm.plans import sysctl as sysctl_plan
+from pyinfra_vllm.plans.engine_access import Endpoint
 from pyinfra_vllm.run.context import HostContext
 from pyinfra_vllm.run.host_reads import Read
 from pyinfra_vllm.run.stage import stage
 
 
-def sysctl_reads(settings: Settings) -> list[Read]:
+def sysctl_reads(settings: Settings, _place: Endpoint) -> list[Read]:
     """What the sysctl stage reads of a converged host: the run's one read."""
     path = sysctl_plan.drop_in_path(settings.sysctl_file_priority)
     return [Read(FileDigests, {"paths": [path]}),

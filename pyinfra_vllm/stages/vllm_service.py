@@ -60,15 +60,9 @@ from pyinfra_vllm.run.stage import stage
 logger = logging.getLogger("pyinfra")
 
 
-def vllm_service_reads(settings: Settings) -> list[Read]:
-    """What the vllm_service stage reads of a converged host: the run's one read."""
-    return engine_reads(settings, engine_access.endpoint(settings))
-
-
-def engine_reads(settings: Settings, place: engine_access.Endpoint) -> list[Read]:
-    """``vllm_service_reads`` with the engine's endpoint ``place``. The reads are declared
-    from settings, before the run's context exists (pyinfra_vllm/run/host_reads.py): the
-    endpoint is computed once for them here, once for the run in HostContext.endpoint."""
+def vllm_service_reads(settings: Settings, place: engine_access.Endpoint) -> list[Read]:
+    """What the vllm_service stage reads of a converged host: the run's one read, at the
+    engine's endpoint ``place`` the run's context decided (HostContext.endpoint)."""
     ops = vllm_service_plan
     helpers = [ops.READY_PATH, ops.IDLE_PATH, ops.CLIENT_PATH, bench_plan.HELPER_PATH]
     helpers.append(ops.AMX_PERMISSION_PATH if settings.vllm_device == "cpu" else ops.GUARD_PATH)

@@ -355,7 +355,8 @@ class ConvergedHost:
                 "status": dict(vllm_service_plan.HARDENING_EXPECTED)}
 
     def engine_firewall(self, nft: str, table: str, comment: str) -> str | None:
-        rules = engine_access.render_firewall(self.settings, vllm_service_plan.SERVICE_USER)
+        rules = engine_access.render_firewall(self.settings, vllm_service_plan.SERVICE_USER,
+                                              engine_access.endpoint(self.settings))
         return None if rules is None else engine_access.loaded_digest(rules)
 
     def engine_serving(self, url: str, socket: str | None = None, user: str = "",

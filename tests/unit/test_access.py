@@ -57,24 +57,28 @@ def test_every_secret_is_root_s_alone_and_the_socket_directory_nginx_s_too():
 
 
 def test_each_stage_keeps_the_rows_its_settings_make_apply():
-    on_socket = [row.path for row in access.rows(ON_SOCKET, "vllm_service")]
+    on_socket = [row.path for row in
+                 access.rows(ON_SOCKET, "vllm_service", engine_access.endpoint(ON_SOCKET))]
     assert engine_access.SOCKET_DIR in on_socket and engine_access.SOCKET_PATH in on_socket
     assert engine_access.FIREWALL_PATH not in on_socket
-    on_tcp = [row.path for row in access.rows(ON_TCP, "vllm_service")]
+    on_tcp = [row.path for row in
+              access.rows(ON_TCP, "vllm_service", engine_access.endpoint(ON_TCP))]
     assert engine_access.FIREWALL_PATH in on_tcp and engine_access.SOCKET_DIR not in on_tcp
-    gateway = access.read(ON_SOCKET, "gateway")["paths"]
+    gateway = access.read(ON_SOCKET, "gateway", engine_access.endpoint(ON_SOCKET))["paths"]
     assert gateway == sorted([engine_access.KEY_NGINX_PATH, gateway_plan.KEYS_PATH,
                               gateway_plan.STAGING_DIR])
     # (The settings check the files themselves: a copy is enough to choose the rows.)
     tls = ON_SOCKET.model_copy(update={"gateway_tls_cert": "/c.pem", "gateway_tls_key": "/k.pem"})
-    assert gateway_plan.TLS_KEY_PATH in access.read(tls, "gateway")["paths"]
+    assert gateway_plan.TLS_KEY_PATH in access.read(tls, "gateway",
+                                                    engine_access.endpoint(tls))["paths"]
     assert access.STAGES == ("gateway", "vllm_service")
 
 
 def test_the_unit_makes_the_socket_directory_as_the_table_declares_it():
     row = access.ROWS[engine_access.SOCKET_DIR]
     unit = render_unit(engine_plan(ON_SOCKET, python="/opt/vllm/current/bin/python",
-                                   model_path="/srv/models/m", threads_bind="0|1"))
+                                   model_path="/srv/models/m", threads_bind="0|1",
+                                   place=engine_access.endpoint(ON_SOCKET)))
     assert (f"ExecStartPre=+/usr/bin/install -d -o {row.owner} -g {row.group} -m 0{row.mode} "
             f"{row.path}\n") in unit
 
@@ -180,7 +184,7 @@ def test_a_socket_s_mode_is_changed_as_its_directory_s_owner():
 
 
 def test_the_audit_names_each_path_and_what_it_should_be():
-    rows = access.rows(ON_SOCKET, "vllm_service")
+    rows = access.rows(ON_SOCKET, "vllm_service", engine_access.endpoint(ON_SOCKET))
     found = {
         engine_access.KEY_ENV_PATH: {"owner": "root", "group": "root", "mode": "644",
                                      "kind": "file"},
@@ -224,4 +228,5 @@ def test_the_catalogue_s_refusal_is_the_stage_s_own_sentence():
     reasons = json.loads(fixture.read_text())["kwargs"]["reasons"]
     link = {engine_access.KEY_ENV_PATH: {"owner": "root", "group": "root", "mode": "777",
                                          "kind": "link"}}
-    assert reasons == access.wrong_kinds(access.rows(ON_SOCKET, "vllm_service"), link)
+    rows = access.rows(ON_SOCKET, "vllm_service", engine_access.endpoint(ON_SOCKET))
+    assert reasons == access.wrong_kinds(rows, link)

@@ -16,6 +16,7 @@ from pyinfra.context import ctx_host, ctx_state
 from pyinfra_vllm.core.settings import validate
 from pyinfra_vllm.operations import gate
 from pyinfra_vllm.operations.util.refusals import log_reasons
+from pyinfra_vllm.plans.engine_access import endpoint
 from pyinfra_vllm.report.drift import host_plan, split_op_name
 from pyinfra_vllm.report.markdown import render_markdown
 from pyinfra_vllm.report.summary import summary_table
@@ -126,7 +127,8 @@ def test_drift_per_host_from_pyinfra_state():
     ("model", "Model: host refused"), ("gateway", "Gateway: host refused")])
 def test_a_refusal_through_the_context_is_refused_not_drift(stage, operation):
     state, hosts = fleet()
-    ctx = HostContext(settings=validate({"gateway_open": True}), state={})
+    settings = validate({"gateway_open": True})
+    ctx = HostContext(settings=settings, state={}, endpoint=endpoint(settings))
     reason = f"{stage}: the host cannot take this stage"
     with ctx_state.use(state), ctx_host.use(hosts["gpu-1"]):
         with hosts["gpu-1"].deploy(f"deploys/{stage}.py", None, None, in_deploy=False):

@@ -339,16 +339,18 @@ def test_the_thresholds_reach_the_metrics_textfile_only_when_set():
 
 
 def test_no_canary_where_the_engine_moves_to_another_address():
-    from pyinfra_vllm.plans.engine_access import listens_as_settings
+    from pyinfra_vllm.plans.engine_access import endpoint, listens_as_settings
 
     on_socket = ["/opt/vllm/envs/x/bin/python", "-m", "vllm.entrypoints.openai.api_server",
                  "--model", "/srv/models/m", "--uds", "/run/vllm-engine/engine.sock"]
     cpu = {"vllm_device": "cpu", "vllm_version": "0.17.0"}
-    assert listens_as_settings(on_socket, settings(**cpu))
+    socket = settings(**cpu)
+    assert listens_as_settings(on_socket, socket, endpoint(socket))
     on_tcp = settings(**cpu, vllm_listen_beyond_loopback=True, vllm_host="10.0.0.5",
                       vllm_engine_allow=["10.0.0.0/24"])
-    assert not listens_as_settings(on_socket, on_tcp)
-    assert listens_as_settings([*on_socket[:5], "--host", "10.0.0.5", "--port", "8000"], on_tcp)
+    assert not listens_as_settings(on_socket, on_tcp, endpoint(on_tcp))
+    assert listens_as_settings([*on_socket[:5], "--host", "10.0.0.5", "--port", "8000"], on_tcp,
+                               endpoint(on_tcp))
 
 
 def test_the_drain_reaches_the_engine_where_it_runs_now():

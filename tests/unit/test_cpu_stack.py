@@ -16,6 +16,7 @@ from pyinfra_vllm.core.settings import validate as validate_settings
 from pyinfra_vllm.core.stack_locks import distribution, read_lock, requirements_text
 from pyinfra_vllm.core.stacks import CPU_STACKS, STACKS, stack_for
 from pyinfra_vllm.plans.checks import blocking, check_host, cpu_reserve_bytes
+from pyinfra_vllm.plans.engine_access import endpoint
 from pyinfra_vllm.plans.engine_plan import engine_plan, render_unit
 from pyinfra_vllm.plans.gates import model_gates
 from pyinfra_vllm.plans.python_env import environment_base, proven, stack_label
@@ -276,7 +277,8 @@ def unit_lines(text: str) -> list[str]:
 def test_the_cpu_unit_has_no_gpu_part_and_the_cpu_variables():
     settings = cpu_settings(vllm_cpu_kvcache_space_gib=3)
     text = render_unit(engine_plan(settings, python="/opt/vllm/current/bin/python",
-                                   model_path="/srv/m", threads_bind="0-7|8-15"))
+                                   model_path="/srv/m", threads_bind="0-7|8-15",
+                                   place=endpoint(settings)))
     lines = unit_lines(text)
     for absent in ("CUDA_", "NCCL_", "gpu_guard", "nvidia", "gpu-memory-utilization"):
         assert not any(absent in line for line in lines), absent
@@ -300,10 +302,14 @@ def test_the_cpu_unit_needs_a_binding():
     from pyinfra.api import OperationValueError
 
     with pytest.raises(OperationValueError):
-        render_unit(engine_plan(cpu_settings(), python="/p", model_path="/m"))
+        settings = cpu_settings()
+        render_unit(engine_plan(settings, python="/p", model_path="/m",
+                                place=endpoint(settings)))
 
 
 def test_cpu_flags_have_no_gpu_memory_utilization():
-    flags = server_flags(cpu_settings(), "/srv/m")
+    cpu = cpu_settings()
+    flags = server_flags(cpu, "/srv/m", place=endpoint(cpu))
     assert "--gpu-memory-utilization" not in flags
-    assert "--gpu-memory-utilization" in server_flags(validate({}), "/srv/m")
+    gpu = validate({})
+    assert "--gpu-memory-utilization" in server_flags(gpu, "/srv/m", place=endpoint(gpu))

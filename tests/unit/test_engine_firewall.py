@@ -37,13 +37,18 @@ def beyond_loopback(**data):
                      "vllm_host": "10.0.0.5", **KEYS, **data})
 
 
+def firewall(settings, user: str) -> str | None:
+    """render_firewall for ``settings`` at the endpoint a run's context decides for them."""
+    return render_firewall(settings, user, engine_access.endpoint(settings))
+
+
 def test_an_engine_on_its_unix_socket_needs_no_firewall():
     settings = validate({"vllm_version": "0.17.0", "nvidia_driver_branch": "570-server", **KEYS})
-    assert render_firewall(settings, "vllm") is None
+    assert firewall(settings, "vllm") is None
 
 
 def test_on_loopback_tcp_only_the_engine_answers_and_only_its_clients_connect():
-    rules = render_firewall(tcp_loopback(vllm_port=8123), "vllm")
+    rules = firewall(tcp_loopback(vllm_port=8123), "vllm")
     assert rules is not None
     # From the port: the engine's user's packets (their connection marked), no other
     # SYN, the rest of a marked connection, resets; nothing else.
@@ -63,7 +68,7 @@ def test_on_loopback_tcp_only_the_engine_answers_and_only_its_clients_connect():
 
 
 def test_beyond_loopback_only_the_allowed_networks_reach_the_port():
-    rules = render_firewall(beyond_loopback(vllm_engine_allow=["10.0.0.7", "fd00::9/64"]),
+    rules = firewall(beyond_loopback(vllm_engine_allow=["10.0.0.7", "fd00::9/64"]),
                             "vllm")
     assert rules is not None
     assert '\t\tiif != "lo" tcp dport 8000 ip saddr { 10.0.0.7/32 } accept\n' in rules
@@ -72,9 +77,9 @@ def test_beyond_loopback_only_the_allowed_networks_reach_the_port():
 
 
 def test_the_digest_follows_the_rules():
-    one = render_firewall(beyond_loopback(vllm_engine_allow=["10.0.0.7"]), "vllm")
-    same = render_firewall(beyond_loopback(vllm_engine_allow=["10.0.0.7"]), "vllm")
-    other = render_firewall(beyond_loopback(vllm_engine_allow=["10.0.0.8"]), "vllm")
+    one = firewall(beyond_loopback(vllm_engine_allow=["10.0.0.7"]), "vllm")
+    same = firewall(beyond_loopback(vllm_engine_allow=["10.0.0.7"]), "vllm")
+    other = firewall(beyond_loopback(vllm_engine_allow=["10.0.0.8"]), "vllm")
     assert one and same and other
     assert loaded_digest(one) == loaded_digest(same) != loaded_digest(other)
     assert len(loaded_digest(one)) == 16
@@ -117,7 +122,7 @@ kill "$listener"
 def in_namespace(tmp_path: Path, script: str, *args: str) -> tuple[str, str]:
     """``script``'s output, run by sh in a network namespace of its own with the rendered
     table's file as ``$1`` and ``args`` after it; and the table."""
-    rules = render_firewall(tcp_loopback(vllm_port=PORT), "daemon")
+    rules = firewall(tcp_loopback(vllm_port=PORT), "daemon")
     assert rules is not None
     (tmp_path / "fw.nft").write_text(rules)
     out = subprocess.run(

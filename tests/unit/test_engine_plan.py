@@ -28,6 +28,7 @@ from pyinfra_vllm.plans import vllm_service as vllm_service_plan
 from pyinfra_vllm.plans.engine_access import SOCKET_PATH, Endpoint
 from pyinfra_vllm.plans.engine_plan import engine_expected, engine_plan, render_unit
 from pyinfra_vllm.report import runs as report_runs
+from pyinfra_vllm.run import host_reads
 from pyinfra_vllm.run.context import context
 from pyinfra_vllm.stages import audit as audit_stage
 from pyinfra_vllm.stages import gateway as gateway_stage
@@ -47,7 +48,8 @@ def proven_environment(settings) -> dict[str, Any]:
     path = python_env_plan.environment_base(
         settings.python_env_root, stack, settings.python_env_manager,
         python_env_plan.interpreter(settings.python_env_manager, stack))
-    flags = vllm_service_plan.server_flags(settings, MODEL) + ["--shutdown-timeout"]
+    flags = vllm_service_plan.server_flags(settings, MODEL, place=engine_access.endpoint(
+        settings)) + ["--shutdown-timeout"]
     marker = {"requirements_sha256": read_lock(stack).sha256, "runtime": {"flags": flags}}
     return {"envs": {path: {"marker": marker, "integrity": {"state": "intact"},
                             "installed": {python_env_plan.distribution(stack): stack.vllm}}},
@@ -95,7 +97,8 @@ def counted(monkeypatch, targets: list[tuple[Any, str]]
 def planned(monkeypatch, tmp_path):
     """``planned(data)``: the vllm_service, gateway and audit stages planned for one host
     with ``data``: the run's context, the calls counted once it was made and their
-    arguments, and the facts read."""
+    arguments, the facts read, and the endpoint's calls counted from before the context
+    was made (its stages' reads included)."""
     monkeypatch.setattr(pyinfra, "is_cli", True)
     monkeypatch.setattr(report_runs.atexit, "register", lambda *args, **kwargs: None)
 
@@ -115,6 +118,7 @@ def planned(monkeypatch, tmp_path):
         host = inventory.get_host("gpu-1")
         state.activate_host(host)
         with ctx_state.use(state), ctx_host.use(host):
+            whole, _ = counted(monkeypatch, [(engine_access, "endpoint")])
             ctx = context(host, lock_required=False, stages=PLANNED)
             calls, seen = counted(monkeypatch, [
                 (engine_access, "endpoint"), (vllm_service_plan, "server_flags"),
@@ -123,7 +127,7 @@ def planned(monkeypatch, tmp_path):
             vllm_service_stage.vllm_service()
             gateway_stage.gateway()
             audit_stage.audit()
-        return ctx, calls, seen, made
+        return ctx, calls, seen, made, whole
 
     return plan
 
@@ -133,7 +137,7 @@ def planned(monkeypatch, tmp_path):
     (ON_TCP, Endpoint(socket=None, address="127.0.0.1:8000")),
 ], ids=["socket", "tcp"])
 def test_one_plan_of_three_stages_computes_the_engine_once(planned, data, place):
-    ctx, calls, seen, made = planned(data)
+    ctx, calls, seen, made, _whole = planned(data)
     assert ctx.refused == []
     assert ctx.endpoint == place
     # The endpoint was decided with the context; flags, environment and unit once, by the
@@ -152,6 +156,32 @@ def test_one_plan_of_three_stages_computes_the_engine_once(planned, data, place)
              if name in ("EngineHealth", "EngineServing")}
     assert asked == {("EngineHealth", place.url(""), place.socket),
                      ("EngineServing", place.url(""), place.socket)}
+
+
+@pytest.mark.parametrize("data", [ON_SOCKET, ON_TCP], ids=["socket", "tcp"])
+def test_the_endpoint_is_computed_once_per_host_reads_included(monkeypatch, planned, data):
+    # The context decides the endpoint before it reads the host: the reads each stage
+    # declares (pyinfra_vllm/run/host_reads.py stage_reads) are handed that one, so making
+    # the context and planning three stages computes it once in all.
+    handed: list[tuple[str, Endpoint]] = []
+
+    def recorded(stage: str, reads: Callable) -> Callable:
+        def declared(settings, place):
+            handed.append((stage, place))
+            return reads(settings, place)
+        return declared
+
+    for stage, reads in list(host_reads.STAGE_READS.items()):
+        monkeypatch.setitem(host_reads.STAGE_READS, stage, recorded(stage, reads))
+    ctx, calls, _seen, _made, whole = planned(data)
+    assert ctx.refused == []
+    assert whole["endpoint"] == 1
+    assert calls["endpoint"] == 0
+    # Each stage's reads (the preflight's where its module is imported) made once.
+    assert [stage for stage, _ in handed] == [
+        stage for stage in ("preflight", *PLANNED) if stage in host_reads.STAGE_READS]
+    assert {stage for stage, _ in handed} >= set(PLANNED)
+    assert all(place is ctx.endpoint for _, place in handed)
 
 
 def test_the_plan_takes_the_endpoint_it_is_given():

@@ -30,6 +30,7 @@ from facts.host_state import (
 from facts.storage import Fstab
 from facts.sysctl import KernelParam
 from pyinfra_vllm.core.settings import validate
+from pyinfra_vllm.plans.engine_access import endpoint
 from pyinfra_vllm.run import host_reads
 from pyinfra_vllm.run.context import collect
 from pyinfra_vllm.run.host_reads import Read
@@ -151,7 +152,7 @@ def test_the_default_settings_read_every_stage_at_once_without_duplicates():
     import pyinfra_vllm.stages.full  # noqa: F401
 
     settings = validate({"gateway_open": True})
-    reads = host_reads.stage_reads(settings, host_reads.STAGE_READS)
+    reads = host_reads.stage_reads(settings, host_reads.STAGE_READS, endpoint(settings))
     keys = [read.key() for read in reads]
     assert len(keys) == len(set(keys))
     assert {read.fact.__name__ for read in reads} >= {
@@ -163,12 +164,13 @@ def test_the_default_settings_read_every_stage_at_once_without_duplicates():
     assert [read.fact for read in gpu] == list(GpuHostState.facts.values())
     assert "GpuHostState" not in {read.fact.__name__ for read in reads}
     skipped = settings.model_copy(update={"skip_stages": ["gateway", "metrics"]})
-    names = {read.fact.__name__ for read in host_reads.stage_reads(skipped, host_reads.STAGE_READS)}
+    names = {read.fact.__name__ for read in
+             host_reads.stage_reads(skipped, host_reads.STAGE_READS, endpoint(skipped))}
     assert "NginxServers" not in names
     # vLLM 0.6.3 listens on TCP: the vllm_service stage reads nftables' package, the
     # gateway's and the metrics' packages are not read.
     packages = [read.kwargs["package"] for read in
-                host_reads.stage_reads(skipped, host_reads.STAGE_READS)
+                host_reads.stage_reads(skipped, host_reads.STAGE_READS, endpoint(skipped))
                 if read.fact.__name__ == "DebPackage"]
     assert packages == ["nftables"]
 

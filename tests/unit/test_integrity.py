@@ -21,6 +21,7 @@ import pytest
 from facts.nginx import NginxServers
 from facts.vllm_service import STATUS_KEYS, EngineProcess, parse_process, process_snippet
 from pyinfra_vllm.core.settings import validate
+from pyinfra_vllm.plans.engine_access import endpoint
 from pyinfra_vllm.plans.engine_plan import engine_expected, engine_plan, render_unit
 from pyinfra_vllm.plans.gateway import (
     foreign_servers,
@@ -239,7 +240,7 @@ def test_expected_argv_and_environment_are_the_rendered_units(data):
     settings = validate(data)
     bind = "0|1" if settings.vllm_device == "cpu" else None
     engine = engine_plan(settings, python=PYTHON, model_path=MODEL, devices=[0, 1],
-                         threads_bind=bind)
+                         threads_bind=bind, place=endpoint(settings))
     unit = render_unit(engine)
     expected = engine_expected(engine)
     assert expected["argv"] == _exec_start_words(unit)
@@ -259,7 +260,7 @@ def test_every_variable_the_unit_can_render_is_watched():
 
 def _engine(settings):
     expected = engine_expected(engine_plan(settings, python=PYTHON, model_path=MODEL,
-                                           devices=[0, 1]))
+                                           devices=[0, 1], place=endpoint(settings)))
     running = {"pid": 4242, "argv": list(expected["argv"]), "env": dict(expected["env"]),
                "secret_sha256": dict(expected["secret_sha256"])}
     return expected, running
@@ -318,8 +319,9 @@ HARDENED = {"NoNewPrivs": "1", "Seccomp": "2", "CapEff": "0000000000000000",
 
 
 def test_the_unit_promises_no_new_privileges_a_seccomp_filter_and_no_capabilities():
-    unit = render_unit(engine_plan(validate({"gateway_open": True}), python=PYTHON,
-                                   model_path=MODEL, devices=[0, 1]))
+    settings = validate({"gateway_open": True})
+    unit = render_unit(engine_plan(settings, python=PYTHON, model_path=MODEL, devices=[0, 1],
+                                   place=endpoint(settings)))
     for line in ("NoNewPrivileges=yes", "CapabilityBoundingSet=", "AmbientCapabilities="):
         assert line in unit.splitlines()
     assert any(line.startswith("SystemCallFilter=") for line in unit.splitlines())

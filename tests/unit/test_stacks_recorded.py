@@ -18,6 +18,7 @@ from pyinfra_vllm.core.settings import validate
 from pyinfra_vllm.core.stack_locks import read_lock
 from pyinfra_vllm.core.stacks import CPU_STACKS, REMOVED_FROM, STACKS, StackRow
 from pyinfra_vllm.plans import vllm_service as vllm_service_plan
+from pyinfra_vllm.plans.engine_access import endpoint
 from pyinfra_vllm.plans.engine_plan import engine_plan, render_unit
 from sandbox.hosts import SERVING_DATA
 
@@ -92,9 +93,11 @@ def test_the_recorded_help_is_the_probe_s_flags_and_holds_the_row_s_spellings(ke
 def test_every_flag_of_the_row_s_unit_is_one_its_server_accepts(key):
     _, row, marker = recorded(key)
     flags = set(marker["runtime"]["flags"])
-    unit = render_unit(engine_plan(settings_for(row), python="/opt/vllm/current/bin/python",
+    settings = settings_for(row)
+    unit = render_unit(engine_plan(settings, python="/opt/vllm/current/bin/python",
                                    model_path="/srv/models/m", accepted=flags,
-                                   threads_bind="0|1" if row.device == "cpu" else None))
+                                   threads_bind="0|1" if row.device == "cpu" else None,
+                                   place=endpoint(settings)))
     start = unit.split("\nExecStart=", 1)[1].split("\nExecStartPost=", 1)[0]
     used = set(re.findall(r'"(--[a-z0-9][a-z0-9-]*)"', start))
     assert {"--tensor-parallel-size", "--max-model-len", "--uds"} <= used
@@ -108,9 +111,10 @@ def test_the_unit_of_a_first_run_is_the_one_the_next_run_writes(key):
     host would change the unit and restart the engine."""
     _, row, marker = recorded(key)
     settings = settings_for(row)
-    before = vllm_service_plan.server_flags(settings, "/srv/models/m")
+    place = endpoint(settings)
+    before = vllm_service_plan.server_flags(settings, "/srv/models/m", place=place)
     after = vllm_service_plan.server_flags(settings, "/srv/models/m",
-                                           set(marker["runtime"]["flags"]))
+                                           set(marker["runtime"]["flags"]), place=place)
     assert before == after
     assert "--disable-log-requests" not in after
 
@@ -122,5 +126,6 @@ def test_vllm_0_33_says_off_with_disable_where_0_17_said_no():
     # Request logging is off unless asked, as in 0.17.0.
     logging = help_all.split("--enable-log-requests, --disable-log-requests", 1)[1]
     assert "(default: False)" in logging.split("\n  --", 1)[0]
-    flags = vllm_service_plan.server_flags(settings_for(STACKS["0.33.0"]), "/srv/models/m")
+    settings = settings_for(STACKS["0.33.0"])
+    flags = vllm_service_plan.server_flags(settings, "/srv/models/m", place=endpoint(settings))
     assert "--disable-prefix-caching" in flags and "--no-enable-prefix-caching" not in flags

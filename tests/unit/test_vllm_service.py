@@ -17,6 +17,7 @@ from pyinfra_vllm.plans.engine_access import (
     KEY_ENV_PATH,
     SOCKET_DIR,
     SOCKET_PATH,
+    endpoint,
     listens_beyond_loopback,
 )
 from pyinfra_vllm.plans.engine_plan import engine_expected, engine_plan, render_unit
@@ -58,9 +59,10 @@ usage: api_server.py [-h] [--host HOST] [--port PORT] [--model MODEL]
 
 
 def unit(settings: Settings | None = None, systemd_version: int = 249, **kwargs) -> str:
-    engine = engine_plan(settings or Settings(gateway_open=True),
-                         python=kwargs.pop("python", PYTHON),
-                         model_path=kwargs.pop("model_path", MODEL), **kwargs)
+    settings = settings or Settings(gateway_open=True)
+    engine = engine_plan(settings, python=kwargs.pop("python", PYTHON),
+                         model_path=kwargs.pop("model_path", MODEL), place=endpoint(settings),
+                         **kwargs)
     return render_unit(engine, systemd_version=systemd_version)
 
 
@@ -188,16 +190,18 @@ def test_control_characters_and_unsafe_paths_are_refused():
 
 def test_server_flags_choose_spellings_from_the_installed_help():
     accepted_063 = set(help_server_flags(HELP_063))
-    assert unknown_flags(server_flags(Settings(gateway_open=True), MODEL), accepted_063) == []
+    default = Settings(gateway_open=True)
+    assert unknown_flags(server_flags(default, MODEL, place=endpoint(default)),
+                         accepted_063) == []
     off = validate({"enable_chunked_prefill": False, "max_num_batched_tokens": 131072, "gateway_open": True})
     # 0.6.3's StoreBoolean takes a value: off must be said, as the flag's value.
-    flags = server_flags(off, MODEL, accepted_063)
+    flags = server_flags(off, MODEL, accepted_063, place=endpoint(off))
     assert "--enable-chunked-prefill=false" in flags
     assert unknown_flags(flags, accepted_063) == []
     # A newer server with BooleanOptionalAction lists --no-...: that spelling is used.
     newer = accepted_063 | {"--no-enable-chunked-prefill", "--no-enable-prefix-caching"}
     newer -= {"--disable-log-requests"}
-    flags = server_flags(off, MODEL, newer)
+    flags = server_flags(off, MODEL, newer, place=endpoint(off))
     assert "--no-enable-chunked-prefill" in flags and "--no-enable-prefix-caching" in flags
     assert "--disable-log-requests" not in flags
     assert unknown_flags(flags, newer) == []
@@ -252,7 +256,7 @@ def test_the_engine_never_gets_a_client_key_only_its_own_file():
     keys = ["sk-first-" + "1" * 32, "sk-second-" + "2" * 32]
     for settings in (validate({"api_keys": keys}),
                      beyond_loopback(vllm_host="10.0.0.5", api_keys=keys)):
-        engine = engine_plan(settings, python=PYTHON, model_path=MODEL)
+        engine = engine_plan(settings, python=PYTHON, model_path=MODEL, place=endpoint(settings))
         text = render_unit(engine)
         assert not any(key in text for key in keys) and "--api-key" not in text
         assert f"EnvironmentFile={KEY_ENV_PATH}\n" in text
@@ -365,10 +369,12 @@ def test_request_logging_flag_follows_the_stack_before_the_server_is_known():
     old = validate({"gateway_open": True})
     new = validate({"gateway_open": True, "vllm_version": "0.17.0",
                     "nvidia_driver_branch": "570-server"})
-    assert "--disable-log-requests" in server_flags(old, MODEL)
-    assert not any("log-requests" in flag for flag in server_flags(new, MODEL))
+    assert "--disable-log-requests" in server_flags(old, MODEL, place=endpoint(old))
+    assert not any("log-requests" in flag
+                   for flag in server_flags(new, MODEL, place=endpoint(new)))
     # Known: the installed server decides.
-    assert "--disable-log-requests" not in server_flags(old, MODEL, {"--model"})
+    assert "--disable-log-requests" not in server_flags(old, MODEL, {"--model"},
+                                                        place=endpoint(old))
 
 
 def test_a_server_with_shutdown_timeout_serves_its_requests_out_on_a_stop():
@@ -376,16 +382,18 @@ def test_a_server_with_shutdown_timeout_serves_its_requests_out_on_a_stop():
     # systemd waits that much longer before its SIGKILL; 0.6.3 aborts on SIGTERM.
     new = validate({"gateway_open": True, "vllm_version": "0.33.0",
                     "nvidia_driver_branch": "580-server", "vllm_shutdown_timeout_s": 45})
-    flags = server_flags(new, MODEL)
+    flags = server_flags(new, MODEL, place=endpoint(new))
     assert flags[flags.index("--shutdown-timeout") + 1] == "45"
     assert values(unit(new), "TimeoutStopSec") == ["165"]
     # SIGTERM to the API server alone: a TP worker given SIGTERM exits at once.
     assert values(unit(new), "KillMode") == ["mixed"]
     old = Settings(gateway_open=True)
-    assert "--shutdown-timeout" not in server_flags(old, MODEL)
+    assert "--shutdown-timeout" not in server_flags(old, MODEL, place=endpoint(old))
     assert values(unit(old), "TimeoutStopSec") == ["120"]
     assert values(unit(old), "KillMode") == ["control-group"]
     # Known: the installed server decides, whatever the row says.
-    assert "--shutdown-timeout" not in server_flags(new, MODEL, {"--model"})
+    assert "--shutdown-timeout" not in server_flags(new, MODEL, {"--model"},
+                                                    place=endpoint(new))
     assert values(unit(new, accepted={"--model"}), "TimeoutStopSec") == ["120"]
-    assert "--shutdown-timeout" in server_flags(old, MODEL, {"--shutdown-timeout"})
+    assert "--shutdown-timeout" in server_flags(old, MODEL, {"--shutdown-timeout"},
+                                                place=endpoint(old))
