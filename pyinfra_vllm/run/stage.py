@@ -9,9 +9,9 @@ The stage's name is the function's: one of pyinfra_vllm/core/settings.py ``STAGE
 one list of the stages (skip_stages is checked against it, the whole run's order is its
 order). ``stage`` refuses, as the module defining it is imported, a function named after
 no stage of STAGES; ``runbook_order`` refuses a whole run (pyinfra_vllm/stages/full.py
-``RUNBOOK``) that does not run STAGES, each once, in their order. To add a stage: its name
-in STAGES, at its place in the runbook; ``@stage() def <name>(ctx)`` in
-pyinfra_vllm/stages/<name>.py; the function in RUNBOOK at the same place.
+``full``, its calls read by ``runbook_of``) that does not run STAGES, each once, in their
+order. To add a stage: its name in STAGES, at its place in the runbook; ``@stage() def
+<name>(ctx)`` in pyinfra_vllm/stages/<name>.py; its call in ``full`` at the same place.
 
 ``stage`` makes the run's context for the host (settings validated, the host's state
 read in one command, ``pyinfra_vllm/run/context.py``) and calls the stage's body with it
@@ -24,8 +24,10 @@ and recorded for the audit.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import ast
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial, wraps
+from pathlib import Path
 from typing import Any, Concatenate, ParamSpec
 
 from pyinfra import host
@@ -107,6 +109,28 @@ def _stage_name(body: Callable[..., Any], continues: Callable[..., Any] | None,
     return name
 
 
+def runbook_of(path: str, function: str,
+               names: Mapping[str, Any]) -> tuple[Callable[..., Any], ...]:
+    """The @stage calls in the body of ``function`` of the module at ``path``, in the order
+    written: each the stage function ``names`` (the module's globals) gives it, or a
+    ``partial`` of it with the call's keywords (literals). Calls of anything else (the
+    run's ``context``) are left out."""
+    tree = ast.parse(Path(path).read_text(encoding="utf-8"), filename=path)
+    body = next(node.body for node in tree.body
+                if isinstance(node, ast.FunctionDef) and node.name == function)
+    steps: list[Callable[..., Any]] = []
+    for node in body:
+        if not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)
+                and isinstance(node.value.func, ast.Name)):
+            continue
+        target = names.get(node.value.func.id)
+        if target in STAGE_OF:
+            keywords = {word.arg: ast.literal_eval(word.value) for word in node.value.keywords
+                        if word.arg is not None}
+            steps.append(partial(target, **keywords) if keywords else target)
+    return tuple(steps)
+
+
 def runbook_order(steps: Sequence[Callable[..., Any]]) -> None:
     """Refuse a whole run whose ``steps`` (@stage functions, or ``partial`` of them) do not
     start every stage of STAGES once, in STAGES' order, or end a stage (``continues``)
@@ -124,6 +148,6 @@ def runbook_order(steps: Sequence[Callable[..., Any]]) -> None:
                              "step before it starts")
     if started != list(STAGES):
         raise ValueError(
-            f"runbook: the stages run in the order {', '.join(started)}; "
+            f"runbook: the stages run in the order {', '.join(started) or '(none called)'}; "
             f"pyinfra_vllm/core/settings.py STAGES is {', '.join(STAGES)}: one order, STAGES'"
         )

@@ -118,3 +118,26 @@ def test_the_access_tables_stages_are_stages():
     from pyinfra_vllm.plans import access
 
     assert access.STAGES and set(access.STAGES) <= set(STAGES)
+
+
+def test_the_runbook_is_read_from_the_calls_of_full_each_on_its_own_line(tmp_path):
+    # pyinfra orders a run's operations by the lines they were called from: a loop over a
+    # list of stages calls them all from one line, and hosts that skip different stages
+    # then make pyinfra's order a cycle. runbook_of reads only calls written one by one.
+    from pyinfra_vllm.run.stage import runbook_of
+    from pyinfra_vllm.stages import full
+
+    names = vars(full)
+    explicit = tmp_path / "explicit.py"
+    explicit.write_text("def full():\n    context(host)\n    preflight()\n"
+                        "    python_env(wait=False)\n    python_env_built()\n")
+    (first, started, ended) = runbook_of(str(explicit), "full", names)
+    assert first is full.preflight and ended is python_env_built
+    assert started.func is python_env and started.keywords == {"wait": False}
+
+    looped = tmp_path / "looped.py"
+    looped.write_text("def full():\n    for step in RUNBOOK:\n        step()\n")
+    assert runbook_of(str(looped), "full", names) == ()
+    with pytest.raises(ValueError, match=r"runbook: the stages run in the order "
+                                         r"\(none called\); pyinfra_vllm/core/settings.py"):
+        runbook_order(runbook_of(str(looped), "full", names))
