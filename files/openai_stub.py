@@ -16,6 +16,10 @@ has a real upstream that streams. Standard library only (the host has bare pytho
 
 With ``--uds`` it listens on that Unix socket instead (as the engine does where its
 stack's server has one), made connectable (0666): its directory decides who gets in.
+The engine's other options (``--model``, ``--tensor-parallel-size``...) are taken and
+ignored, so it starts from the engine's own command line (tools/engine_trial.py's tests).
+Like vLLM, it demands ``VLLM_API_KEY`` from its environment, where set, as
+``Authorization: Bearer`` on the paths under ``/v1`` (401 otherwise).
 """
 
 from __future__ import annotations
@@ -68,9 +72,21 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
         self.wfile.flush()
 
+    def _authorized(self) -> bool:
+        """vLLM's check (its API server's authentication): the key, on /v1 only."""
+        key = os.environ.get("VLLM_API_KEY")
+        if not key or not self.path.startswith("/v1"):
+            return True
+        if self.headers.get("Authorization") == f"Bearer {key}":
+            return True
+        self._send(401, b'{"error": "Unauthorized"}')
+        return False
+
     def do_POST(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length) if length else b""
+        if not self._authorized():
+            return
         if self.path not in ("/v1/completions", "/v1/chat/completions"):
             self._send(404, b'{"detail": "Not Found"}')
             return
@@ -120,13 +136,13 @@ class Handler(BaseHTTPRequestHandler):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--chunks", type=int, default=10)
     parser.add_argument("--interval", type=float, default=0.2)
     parser.add_argument("--uds", help="listen on this Unix socket instead")
-    args = parser.parse_args()
+    args, _engine_options = parser.parse_known_args()
     Handler.chunks, Handler.interval = args.chunks, args.interval
     if args.uds is None:
         ThreadingHTTPServer((args.host, args.port), Handler).serve_forever()

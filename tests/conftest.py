@@ -121,6 +121,9 @@ SERVER_TESTS = {
         "test_idle_never_asks_a_listener_of_another_user",
     },
     "test_bench.py": {"test_the_key_goes_to_no_listener_but_root_s_on_the_gateway_s_port"},
+    # files/openai_stub.py on loopback, in the place of vLLM's server
+    "test_engine_trial.py": {"test_the_whole_trial_against_a_stand_in_engine",
+                             "test_a_plan_runs_from_a_copy_of_the_runner_s_files_alone"},
     "test_model_lock.py": {
         "test_cli_against_gated_mirror_keeps_token_secret",
         "test_config_that_does_not_match_its_lock_entry_is_refused",

@@ -126,10 +126,12 @@ def inventory_matches(inventory: Any, limit: str) -> list[str]:
         return sorted(found.name for found in inventory if fnmatch(found.name, limit))
 
 
-def resolve_host(inventory: str, limit: str) -> str:
+def resolve_host(inventory: str, limit: str,
+                 why: str = "a tuning restarts its engine once per combination") -> str:
     """The one host of ``inventory`` that ``--limit`` names, as pyinfra reads the
     inventory (group_data/ from the repository root) and the limit; UsageError, naming
-    what matched, unless that is exactly one host, which its own name names alone."""
+    what matched and ``why`` one host only, unless that is exactly one host, which its own
+    name names alone."""
     from pyinfra.api import State
     from pyinfra.context import ctx_state
     from pyinfra_cli.inventory import make_inventory
@@ -141,8 +143,8 @@ def resolve_host(inventory: str, limit: str) -> str:
     if len(found) != 1:
         matched = (f"the hosts {', '.join(found)}" if found else "no host")
         raise UsageError(f"--limit {limit}: matches {matched} of {inventory}, as pyinfra "
-                         "reads it (a group's name, else a glob on host names); a tuning "
-                         "restarts its engine once per combination: name exactly one host")
+                         f"reads it (a group's name, else a glob on host names); {why}: "
+                         "name exactly one host")
     if inventory_matches(made, found[0]) != found:
         raise UsageError(f"--limit {limit}: its host {found[0]!r} is not named by its own "
                          "name alone (a group of that name, or a glob in it): rename it")

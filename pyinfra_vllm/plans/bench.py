@@ -59,14 +59,17 @@ def gateway_url(settings: Settings) -> str:
     return f"{scheme}://127.0.0.1:{settings.gateway_port}"
 
 
-def client_args(settings: Settings, shape: dict[str, int] | None = None) -> list[str]:
+def client_args(settings: Settings, shape: dict[str, int] | None = None, *,
+                base_url: str | None = None, tokenizer: str | None = None) -> list[str]:
     """vLLM's benchmark client's arguments: the gateway, the served model and its
     tokenizer (the local weights: the random dataset draws tokens from it), then the
-    shape's (``shape_args``; None: left for the canary to add, from the host's record)."""
+    shape's (``shape_args``; None: left for the canary to add, from the host's record).
+    ``base_url`` and ``tokenizer``: another server and model directory than the gateway
+    and model_path (tools/engine_trial.py: the engine itself, the model tried)."""
     return [
-        "--backend", "openai", "--base-url", gateway_url(settings),
+        "--backend", "openai", "--base-url", base_url or gateway_url(settings),
         "--endpoint", "/v1/completions",
-        "--model", settings.model_name, "--tokenizer", settings.model_path,
+        "--model", settings.model_name, "--tokenizer", tokenizer or settings.model_path,
         "--dataset-name", "random", "--ignore-eos", "--seed", "0", "--disable-tqdm",
         *(shape_args(shape) if shape else []),
     ]

@@ -121,13 +121,21 @@ def _guard_argv(settings: Settings, python: str, guard_path: str,
     return guard
 
 
-def _ready_argv(settings: Settings, python: str, ready_path: str,
-                place: Endpoint) -> list[str]:
-    """files/wait_ready.py's command line after each start: /health, then completions."""
+def ready_argv(settings: Settings, python: str, ready_path: str,
+               place: Endpoint) -> list[str]:
+    """files/wait_ready.py's command line after each start (the unit's ExecStartPost, and
+    tools/engine_trial.py's wait): /health, then completions."""
     return [python, ready_path, "--url", place.url("/health"),
             *engine_access.client_args(place), "--model", settings.model_name,
             "--warmups", str(settings.vllm_warmup_requests),
             "--request-timeout", str(settings.vllm_warmup_timeout_s)]
+
+
+def stop_timeout_s(plan: EnginePlan) -> int:
+    """How long a stop waits before SIGKILL (the unit's TimeoutStopSec): STOP_TIMEOUT_S, plus
+    vllm_shutdown_timeout_s where the server serves its requests out on SIGTERM."""
+    return vllm_service_plan.STOP_TIMEOUT_S + (
+        plan.settings.vllm_shutdown_timeout_s if plan.drains else 0)
 
 
 def _reach_words(place: Endpoint) -> dict[str, Any]:
@@ -179,12 +187,11 @@ def render_unit(
         cpu=settings.vllm_device == "cpu",
         guard_command=exec_command(_guard_argv(settings, plan.python, guard_path, devices)),
         exec_start=exec_command(plan.argv, continued=True),
-        ready_command=exec_command(_ready_argv(settings, plan.python, ready_path,
-                                               plan.endpoint)),
+        ready_command=exec_command(ready_argv(settings, plan.python, ready_path,
+                                              plan.endpoint)),
         start_timeout_s=settings.vllm_start_timeout_s,
         drains_on_sigterm=plan.drains,
-        stop_timeout_s=service.STOP_TIMEOUT_S + (
-            settings.vllm_shutdown_timeout_s if plan.drains else 0),
+        stop_timeout_s=stop_timeout_s(plan),
         start_limit_burst=service.START_LIMIT_BURST,
         start_limit_interval_s=service.START_LIMIT_INTERVAL_S,
         restart_steps=systemd_version >= service.RESTART_STEPS_SINCE,

