@@ -4,8 +4,8 @@
 # the metrics stage; the Python environment, the model and the engine are skipped, since
 # 32 environments do not fit this machine's disk (the one-host run with every stage is
 # bench/latency.md). Each count: its sandbox booted, converged once, then bench/timing.py runs
-# the no-op run RUNS times; the last no-op run's own CPU (user + sys) is taken with
-# /usr/bin/time.
+# the no-op run RUNS times (medians of the wall and of pyinfra's own CPU, user + sys); one
+# more no-op run's CPU is taken with /usr/bin/time beside the whole machine's.
 #
 #   bash bench/fleet.sh [RUNS] [COUNTS...]       # default: 3 runs; 1 8 16 32 hosts
 #
