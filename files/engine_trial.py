@@ -492,7 +492,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plan", required=True, help="the plan (JSON), - for stdin")
     parser.add_argument("--record", help="also write the record (JSON) here")
     args = parser.parse_args(argv)
-    for signum in (signal.SIGTERM, signal.SIGHUP):
+    # SIGINT too: Python leaves it ignored where the process was started with it ignored
+    # (a shell's background job, a parent that ignores it), and Ctrl-C must still stop
+    # the engine.
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, _interrupted)
     become_subreaper()
     try:

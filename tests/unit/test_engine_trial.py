@@ -454,14 +454,17 @@ def test_a_plan_runs_from_a_copy_of_the_runner_s_files_alone(box, envs, capfd, t
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_an_interrupted_trial_stops_its_engine_first(box, envs, capfd, tmp_path, signum):
     """Ctrl-C (SIGINT) or SIGTERM while the engine loads: its process group stopped, the
-    record written, exit 1."""
+    record written, exit 1. The runner starts with SIGINT ignored, as a shell's background
+    job or a parent that ignores it starts it: Python then leaves SIGINT ignored unless the
+    runner handles it itself."""
     sleeper = ["-c", "import time; time.sleep(600)"]
     assert engine_trial.run([*argv(box, envs["vllm"]), "--plan-only"], server=sleeper) == 0
     (tmp_path / "plan.json").write_text(capfd.readouterr().out)
     runner = subprocess.Popen([sys.executable, str(ROOT / "files" / "engine_trial.py"),
                                "--plan", str(tmp_path / "plan.json")], text=True,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              env={**os.environ, "TMPDIR": str(box["tmp"])})
+                              env={**os.environ, "TMPDIR": str(box["tmp"])},
+                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     assert runner.stderr is not None
     for line in runner.stderr:
         started = re.match(r"engine-trial: engine started: PID (\d+) ", line)
