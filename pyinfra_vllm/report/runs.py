@@ -14,6 +14,7 @@ import atexit
 import json
 import os
 import sys
+import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -32,9 +33,16 @@ INDEX_ENV = "PYINFRA_VLLM_AUDIT_INDEX"
 
 
 def _paths(report_dir: str) -> tuple[Path, Path]:
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    """The new set's JSON and Markdown paths, stamped to the second. A set of that second
+    already there (a second audit within the same second) is never overwritten: the stamp
+    waits for the next second, at most one."""
     directory = Path(report_dir)
-    return directory / f"audit-{stamp}.json", directory / f"audit-{stamp}.md"
+    while True:
+        stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+        if not any((directory / f"audit-{stamp}{suffix}").exists()
+                   for suffix in (".json", ".md", ".html")):
+            return directory / f"audit-{stamp}.json", directory / f"audit-{stamp}.md"
+        time.sleep(0.05)
 
 
 @dataclass

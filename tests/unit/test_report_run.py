@@ -165,3 +165,14 @@ def test_the_reports_of_a_host_with_invalid_settings_go_where_its_data_says():
         assert audit_stage._report_place({"audit_report_dir"}) == ("reports", 5)
     with ctx_host.use(inventory.get_host("bare")):
         assert audit_stage._report_place({"api_keys"}) == ("reports", 30)
+
+
+def test_a_second_audit_in_the_same_second_never_overwrites_the_first(tmp_path):
+    # Reports are named to the second: the second audit of a second waits for the next.
+    from datetime import datetime, timezone
+
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    (tmp_path / f"audit-{stamp}.json").write_text("{}")
+    json_path, md_path = report_module._paths(str(tmp_path))
+    assert json_path.name > f"audit-{stamp}.json"
+    assert md_path == json_path.with_suffix(".md") and not json_path.exists()
