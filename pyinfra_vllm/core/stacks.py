@@ -217,6 +217,50 @@ STACKS: dict[str, StackRow] = {
         },
         architectures=QWEN_ARCHITECTURES_0_17,
     ),
+    "0.22.0": StackRow(
+        # The release whose torch the lent H100/H200 hosts carry (torch 2.11.0 with its
+        # CUDA 13 wheels, as vLLM 0.20.0 to 0.22.0 pin it): the row the suite's engine was
+        # started, asked and measured with on a real GPU (tests/fixtures/vllm-cuda-0.22.0/,
+        # bench/gpu_engine.md). Wheel: vllm-0.22.0-cp38-abi3-manylinux_2_28_x86_64.whl
+        # (sha256 c387a977...ae35d, uploaded 2026-05-29).
+        vllm="0.22.0",
+        # Its server's --help=all (tests/fixtures/vllm-cuda-0.22.0/help-all.txt): request
+        # logging off unless asked (--enable-log-requests / --no-enable-log-requests);
+        # "off" is --no-X, as in 0.17.0; --uds; --shutdown-timeout.
+        log_requests_off_flag=None,
+        negative_flags=NO_X_OFF,
+        unix_socket=True,
+        shutdown_timeout=True,
+        # wheel METADATA: Requires-Python <3.15,>=3.10.
+        python="3.12",
+        python_range=("3.10", "3.13"),
+        # wheel METADATA: Requires-Dist torch==2.11.0, torchaudio==2.11.0,
+        # torchvision==0.26.0, flashinfer-python==0.6.11.post2, numba==0.65.0.
+        torch="2.11.0",
+        # torch 2.11.0 (PyPI) resolves with nvidia-cuda-runtime 13.0.96 (this row's lock):
+        # CUDA 13.0 Update 2 (CUDA_RUNTIME_DRIVERS).
+        cuda="13.0",
+        min_driver="580.95.05",
+        # torch._C._cuda_getArchFlags() of this row's lock installed on the development
+        # machine (tests/fixtures/vllm-cuda-0.22.0/probe.json), as on the GPU host.
+        cuda_archs=("sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"),
+        # wheel METADATA: transformers>=4.56.0 but not 5.0 to 5.5.0, tokenizers>=0.21.1:
+        # 5.17.0 and 0.23.2 are what the engine served with on the GPU host (its
+        # preinstalled pair), inside both ranges.
+        pins={
+            "torch": "2.11.0",
+            "torchvision": "0.26.0",
+            "torchaudio": "2.11.0",
+            "flashinfer-python": "0.6.11.post2",
+            "transformers": "5.17.0",
+            "tokenizers": "0.23.2",
+            "numba": "0.65.0",
+        },
+        # vllm/model_executor/models/registry.py of this wheel, read by the probe (361
+        # architectures): every name of 0.17.0's table, the two REMOVED_FROM names
+        # among them (gone by 0.32.0).
+        architectures=QWEN_ARCHITECTURES_0_17,
+    ),
     "0.33.0": StackRow(
         # The newest release on PyPI when this row was written (2026-12; 0.34.0 came after
         # and has no row). Its wheel (vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl) asks
@@ -446,7 +490,7 @@ DEVICES = ("cuda", "cpu")
 
 
 def releases(*tables: Mapping[str, StackRow]) -> str:
-    """The releases the tables have rows for, oldest first: ``0.6.3, 0.17.0, 0.33.0``."""
+    """The releases the tables have rows for, oldest first: ``0.6.3, 0.17.0, 0.22.0, 0.33.0``."""
     return ", ".join(sorted({version for table in tables for version in table},
                             key=version_tuple))
 

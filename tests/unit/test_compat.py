@@ -22,7 +22,7 @@ def test_qwen36_on_063_is_refused_naming_the_first_release():
     assert arch["detail"] == (
         "vLLM 0.6.3 cannot load Qwen3_5ForConditionalGeneration (Qwen/Qwen3.6-27B); it is "
         "supported from vLLM 0.17.0")
-    assert arch["fix"] == "set vllm_version to 0.17.0 or later (rows: 0.6.3, 0.17.0, 0.33.0)"
+    assert arch["fix"] == "set vllm_version to 0.17.0 or later (rows: 0.6.3, 0.17.0, 0.22.0, 0.33.0)"
 
 
 def test_qwen36_on_017_passes():

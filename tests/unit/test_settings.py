@@ -43,7 +43,7 @@ def test_defaults_are_the_seed_recipe():
         ({"dtype": "fp8"}, "allowed: auto, bfloat16, float16, half, float, float32"),
         (
             {"vllm_version": "9.9"},
-            "vllm_version = '9.9': no stack is defined for it; allowed: 0.6.3, 0.17.0, 0.32.0, "
+            "vllm_version = '9.9': no stack is defined for it; allowed: 0.6.3, 0.17.0, 0.22.0, 0.32.0, "
             "0.33.0",
         ),
         ({"skip_stages": ["gatway"]}, "unknown stage ['gatway']"),

@@ -26,6 +26,7 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 # (fixture folder, row, its registry's size, its server's option count)
 RECORDED = {
     "cuda-0.17.0": ("vllm-cuda-0.17.0", STACKS["0.17.0"], 305, 285),
+    "cuda-0.22.0": ("vllm-cuda-0.22.0", STACKS["0.22.0"], 361, 330),
     "cuda-0.33.0": ("vllm-cuda-0.33.0", STACKS["0.33.0"], 415, 409),
     "cpu-0.32.0": ("vllm-cpu-0.32.0", CPU_STACKS["0.32.0"], 391, 404),
 }
