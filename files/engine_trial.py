@@ -26,15 +26,18 @@ plan there. The plan holds no secret: the engine's key is made here, for this tr
 3. files/wait_ready.py with the unit's ExecStartPost arguments (``$MAINPID`` the
    engine's), bounded by the plan's ``ready_timeout_s``; one chat completion; then
    files/bench_client.py in the plan's shape against the engine itself (``--owner``: the
-   invoking user's listener only is sent the key), its record and textfile in the
-   trial's directory (the machine's own benchmark record is not touched).
+   invoking user's listener only is sent the key), ``bench_runs`` times (default 1),
+   its records and textfiles in the trial's directory (the machine's own benchmark
+   record is not touched). With the plan's ``cache_dir`` the engine's VLLM_CACHE_ROOT is
+   there instead, kept after the trial (0700, this user's, no one else may write it).
 4. Always, also on Ctrl-C, SIGTERM or a failure: SIGTERM to the engine's process group,
    SIGKILL to what is left of it after the plan's ``stop_timeout_s``, until no process of
    the group is left (one left is named, and the exit is 1). The trial's directory is
    removed; after a failure its log stays, its path printed with its last lines.
 
 Prints progress on stderr and the record on stdout, as JSON (written to ``--record`` too):
-readiness, the completion's answer and latency, the benchmark's figures, the engine's
+readiness, the completion's answer and latency, each benchmark's figures, the lines of
+the engine's log that report its memory, KV cache, compilation and graphs, the engine's
 command line and environment (its key left out), the vLLM release, the device, the
 differences from the unit, how it stopped. Exit 0 served and measured; 1 it did not
 become ready, a request failed, or it could not be stopped; 2 bad input, nothing started.
@@ -75,6 +78,15 @@ PLAN_KEYS = ("python", "argv", "environment", "cwd", "relocate", "model", "model
              "url", "ready", "ready_timeout_s", "chat", "request_timeout_s", "bench",
              "bench_env", "bench_timeout_s", "shape", "stack", "vllm", "device",
              "stop_timeout_s", "differences")
+# The engine's own account of what it built, kept in the record from its log: the
+# weights' memory, the KV cache's size in GiB and tokens, the concurrency that allows,
+# torch.compile's and the CUDA graphs' time and memory (vLLM's log lines, v1 engine).
+REPORT_WORDS = ("Model loading took", "Available KV cache memory", "GPU KV cache size",
+                "CPU KV cache size", "Maximum concurrency", "torch.compile take",
+                "Compiling a graph", "Graph capturing finished", "Directly load the compiled",
+                "init engine (profile, create kv cache, warmup model) took",
+                "Loading weights took", "memory profiling takes")
+REPORT_LINES = 40
 # Values never printed: the trial's key, once made.
 _SECRETS: list[str] = []
 
@@ -191,10 +203,34 @@ def make_trial_dir(plan: dict) -> str:
 
 
 def engine_env(plan: dict, root: str) -> dict[str, str]:
-    """The unit's Environment= lines, relocated, and systemd's PATH (no key yet)."""
+    """The unit's Environment= lines, relocated, and systemd's PATH (no key yet); with
+    the plan's ``cache_dir``, VLLM_CACHE_ROOT there (kept from one trial to the next)."""
     pairs = [(name, relocated(value, plan["relocate"], root))
              for name, value in plan["environment"]]
-    return {"PATH": SERVICE_PATH, **dict(pairs)}
+    env = {"PATH": SERVICE_PATH, **dict(pairs)}
+    if plan.get("cache_dir"):
+        env["VLLM_CACHE_ROOT"] = cache_dir(plan["cache_dir"])
+    return env
+
+
+def cache_dir(path: str) -> str:
+    """``path`` as the engine's cache: made 0700 where absent; an existing one must be a
+    directory of this user's that no one else may write (vLLM loads compiled code from
+    it), else BadInput."""
+    path = os.path.abspath(path)
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise BadInput(f"--cache-dir {path} cannot be made: {exc.strerror}") from None
+    found = os.lstat(path)
+    if (not os.path.isdir(path) or os.path.islink(path) or found.st_uid != os.getuid()
+            or found.st_mode & 0o022):
+        raise BadInput(f"--cache-dir {path} is not a directory of this user's that only "
+                       "it may write: vLLM runs the compiled code it finds there; give "
+                       "another, or chmod go-w it")
+    return path
 
 
 def _prctl(option: int, value: int) -> None:
@@ -290,15 +326,15 @@ def chat(plan: dict, key: str) -> dict:
     return found
 
 
-def bench(plan: dict, key: str, root: str) -> dict:
+def bench(plan: dict, key: str, root: str, run: int = 1) -> dict:
     """files/bench_client.py in the plan's shape against the engine; its record."""
-    record_dir = os.path.join(root, "bench")
+    record_dir = os.path.join(root, f"bench-{run}")
     user = pwd.getpwuid(os.getuid()).pw_name
     command = [plan["python"], os.path.join(HERE, "bench_client.py"), "--record", record_dir,
                "--textfile", os.path.join(record_dir, "bench.prom"), "--stack", plan["stack"],
                "--shape", json.dumps(plan["shape"]), "--owner", user, "--", *plan["bench"]]
     env = {"PATH": SERVICE_PATH, "HOME": root, **plan["bench_env"], "OPENAI_API_KEY": key}
-    say(f"benchmark: {json.dumps(plan['shape'])}")
+    say(f"benchmark {run} of {plan.get('bench_runs', 1)}: {json.dumps(plan['shape'])}")
     try:
         proc = subprocess.run(command, env=env, cwd=root, stdin=subprocess.DEVNULL,
                               capture_output=True, text=True, timeout=plan["bench_timeout_s"])
@@ -389,6 +425,17 @@ def tail(path: str) -> None:
         say(f"  | {line}")
 
 
+def engine_report(path: str) -> list[str]:
+    """The lines of the engine's log in which it reports its memory, KV cache, compile and
+    graph capture (REPORT_WORDS), the first REPORT_LINES of them; [] without a log."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as text:
+            found = [line.rstrip() for line in text if any(word in line for word in REPORT_WORDS)]
+    except OSError:
+        return []
+    return found[:REPORT_LINES]
+
+
 def _interrupted(signum: int, frame: object) -> None:
     raise KeyboardInterrupt(signal.Signals(signum).name)
 
@@ -406,9 +453,12 @@ def serve(plan: dict, record: dict, env: dict[str, str], root: str) -> int:
             f"{os.path.join(root, LOG_NAME)}")
         record["ready"] = wait_ready(plan, engine, key, root)
         record["completion"] = chat(plan, key)
-        record["bench"] = bench(plan, key, root)
-        if record["bench"].get("failed"):
-            raise Failed(f"{record['bench']['failed']} of the benchmark's requests failed")
+        for run in range(1, plan.get("bench_runs", 1) + 1):
+            record["bench"] = bench(plan, key, root, run)
+            record["bench_runs"].append(record["bench"])
+            if record["bench"].get("failed"):
+                raise Failed(f"{record['bench']['failed']} of benchmark {run}'s requests "
+                             "failed")
     except Failed as exc:
         record["error"] = str(exc)
     except OSError as exc:
@@ -420,6 +470,7 @@ def serve(plan: dict, record: dict, env: dict[str, str], root: str) -> int:
             signal.signal(signum, signal.SIG_IGN)  # the stop is not cut short
         if engine is not None:
             record["stop"] = stop(engine, plan["stop_timeout_s"])
+            record["engine_report"] = engine_report(os.path.join(root, LOG_NAME))
     if record["stop"] and record["stop"]["left"] and not record["error"]:
         record["error"] = (f"the engine's processes {record['stop']['left']} outlived "
                            "SIGKILL: stop them by hand")
@@ -433,7 +484,8 @@ def new_record(plan: dict) -> dict:
         "device": plan["device"], "model": plan["model"], "model_path": plan["model_path"],
         "url": plan["url"], "argv": plan["argv"], "differences": plan["differences"],
         "vllm": None, "environment": None, "ready": None, "completion": None,
-        "bench": None, "stop": None, "error": None, "log": None,
+        "cache_dir": plan.get("cache_dir"), "bench": None, "bench_runs": [],
+        "engine_report": [], "stop": None, "error": None, "log": None,
     }
 
 

@@ -4,7 +4,9 @@ and was measured.
     python -m tools.engine_trial INVENTORY --limit HOST --python ENV/bin/python
         [--model-dir DIR] [--devices 0,1] [--data KEY=VALUE ...] [--concurrency N]
         [--input-len N] [--output-len N] [--requests N] [--ready-timeout S]
-        [--stop-timeout S] [--port N] [--marker FILE] [--record PATH] [--plan-only]
+        [--stop-timeout S] [--port N] [--marker FILE] [--load-format dummy]
+        [--engine-arg=--OPTION[=VALUE] ...] [--engine-env NAME=VALUE ...]
+        [--bench-runs N] [--cache-dir DIR] [--record PATH] [--plan-only]
 
 Run from the repository root, on the machine to try (a new server, or a new stack's
 environment on one), as a user who can read the model; no systemd, nginx or SSH. The
@@ -45,6 +47,20 @@ systemd, so without the unit's hardening, GPU guard, firewall or restarts; its s
   without one, the stack row's spellings (as a unit rendered before its environment).
 - ``--ready-timeout`` (default vllm_start_timeout_s), ``--stop-timeout`` (default the
   unit's TimeoutStopSec: SIGKILL to the engine's process group after it).
+- ``--load-format dummy``: random weights of the model's shapes (vLLM's own option):
+  the engine, its memory and its speed tried before the weights are on the machine;
+  the answers mean nothing.
+- ``--engine-arg=--OPTION[=VALUE]`` and ``--engine-env NAME=VALUE``: an option or a
+  variable the trial adds to the unit's (each said as it starts and in the record), for
+  what a trial needs and a unit does not (a model directory without its processor files:
+  ``--engine-arg=--limit-mm-per-prompt={"image":0,"video":0}``). One the unit sets from
+  the settings is refused: change the setting (``--data``).
+- ``--bench-runs N``: the benchmark N times against the one engine (default 1): the
+  first warms it (Triton's kernels and the graphs' shapes are compiled on first use),
+  the record keeps each run (``bench_runs``) and the last (``bench``).
+- ``--cache-dir DIR``: the engine's VLLM_CACHE_ROOT (torch.compile's artifacts), kept
+  after the trial, so a second trial with it starts as a restarted unit does, from what
+  the first compiled; made 0700, or one of this user's no one else may write.
 - ``--plan-only``: print the plan for files/engine_trial.py and start nothing: for a
   machine without this repository's Python packages (copy files/ and the plan there,
   then ``python3 engine_trial.py --plan PLAN.json``; ``--data vllm_cpu_threads_bind``
@@ -59,6 +75,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import signal
 import socket
 import subprocess
@@ -91,6 +108,8 @@ CHAT = {"prompt": "Hello! Who are you?", "max_tokens": 16}
 # The benchmark client's environment from the settings, less the gateway's key and
 # certificate: the trial's client talks to the engine itself, with the trial's key.
 GATEWAY_ONLY_ENV = ("OPENAI_API_KEY", "SSL_CERT_FILE")
+# A variable --engine-env may add.
+ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]*")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -118,6 +137,11 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--stop-timeout", type=_at_least_one, metavar="S")
     parser.add_argument("--port", type=_at_least_one, metavar="N")
     parser.add_argument("--marker", metavar="FILE")
+    parser.add_argument("--load-format", choices=["dummy"])
+    parser.add_argument("--engine-arg", action="append", default=[], metavar="--OPTION[=VALUE]")
+    parser.add_argument("--engine-env", action="append", default=[], metavar="NAME=VALUE")
+    parser.add_argument("--bench-runs", type=_at_least_one, default=1, metavar="N")
+    parser.add_argument("--cache-dir", metavar="DIR")
     parser.add_argument("--record", metavar="PATH")
     parser.add_argument("--plan-only", action="store_true")
     return parser.parse_args(list(argv))
@@ -218,9 +242,10 @@ def server_options(python: str, marker: str | None, settings: Settings
     return flags, f"its flags are spelled as {path} records its server's options, as the unit's"
 
 
-def trial_engine(settings: Settings, args: argparse.Namespace, port: int) -> tuple[EnginePlan, str]:
+def trial_engine(settings: Settings, args: argparse.Namespace, port: int
+                 ) -> tuple[EnginePlan, str, tuple[list[str], list[tuple[str, str]]]]:
     """The trial's engine, rendered by engine_plan as the unit's is, on loopback at
-    ``port``; and where its flags' spelling came from."""
+    ``port``; where its flags' spelling came from; what the trial adds to it."""
     devices, threads_bind = placement(settings, args.devices)
     accepted, source = server_options(args.python, args.marker, settings)
     place = Endpoint(socket=None, address=engine_access.engine_address(TRIAL_HOST, port))
@@ -231,7 +256,42 @@ def trial_engine(settings: Settings, args: argparse.Namespace, port: int) -> tup
     if unknown:
         raise UsageError(f"the server of {args.python} does not accept {', '.join(unknown)}: "
                          "change the setting that adds it, or vllm_version")
-    return plan, source
+    return plan, source, trial_additions(plan, args, accepted)
+
+
+def trial_additions(plan: EnginePlan, args: argparse.Namespace,
+                    accepted: set[str] | None) -> tuple[list[str], list[tuple[str, str]]]:
+    """The options and variables the trial adds to the unit's engine (``--load-format``,
+    ``--engine-arg``, ``--engine-env``), or UsageError: one the unit sets itself is
+    refused (the trial would no longer be the unit's), as is an option the installed
+    server does not list."""
+    words = (["--load-format", args.load_format] if args.load_format else []) + args.engine_arg
+    for word in words:
+        if word.startswith("-") and not word.startswith("--"):
+            raise UsageError(f"--engine-arg {word}: a long option (--name or --name=value)")
+    names = [word.split("=", 1)[0] for word in words if word.startswith("--")]
+    if words and not words[0].startswith("--"):
+        raise UsageError(f"--engine-arg {words[0]}: an option first (--name or --name=value)")
+    unit_names = {flag.split("=", 1)[0] for flag in plan.flags if flag.startswith("--")}
+    taken = sorted(set(names) & unit_names)
+    if taken:
+        raise UsageError(f"--engine-arg {', '.join(taken)}: the unit sets it from the "
+                         "settings: change the setting (--data) instead")
+    unknown = vllm_service_plan.unknown_flags(names, accepted) if accepted else []
+    if unknown:
+        raise UsageError(f"--engine-arg: the server of {args.python} does not accept "
+                         f"{', '.join(unknown)}")
+    env: list[tuple[str, str]] = []
+    unit_env = {name for name, _ in plan.environment} | {"VLLM_API_KEY", "PATH"}
+    for item in args.engine_env:
+        name, sep, value = item.partition("=")
+        if not sep or not ENV_NAME.fullmatch(name) or "\n" in value:
+            raise UsageError(f"--engine-env {item!r}: NAME=VALUE, NAME in capitals, digits "
+                             "and _, the value on one line")
+        if name in unit_env:
+            raise UsageError(f"--engine-env {name}: the unit sets it itself")
+        env.append((name, value))
+    return words, env
 
 
 def relocations(settings: Settings) -> list[dict[str, Any]]:
@@ -246,7 +306,8 @@ def relocations(settings: Settings) -> list[dict[str, Any]]:
 
 
 def differences(plan: EnginePlan, unit: Settings, source: str, ready_s: int,
-                stop_s: int) -> list[str]:
+                stop_s: int, added: tuple[list[str], list[tuple[str, str]]] = ([], []),
+                cache: str | None = None) -> list[str]:
     """How the trial's engine differs from its unit's, in words."""
     listen = " ".join(engine_access.server_listen_flags(unit, engine_access.endpoint(unit)))
     words = [
@@ -264,6 +325,16 @@ def differences(plan: EnginePlan, unit: Settings, source: str, ready_s: int,
     if unit.vllm_device == "cpu":
         words.append("PYTHONPATH is the trial's copy of files/amx_permission.py, not "
                      f"{vllm_service_plan.ENGINE_SITE_DIR}")
+    if added[0]:
+        words.append(f"the trial adds the options {' '.join(added[0])}"
+                     + (" (random weights of the model's shapes: its figures are not "
+                        "the model's answers)" if "--load-format" in added[0] else ""))
+    if added[1]:
+        words.append("the trial adds to its environment "
+                     + " ".join(f"{name}={value}" for name, value in added[1]))
+    if cache:
+        words.append(f"VLLM_CACHE_ROOT is {cache}, kept after the trial (--cache-dir): a "
+                     "later trial with it reuses what this one compiled")
     return [*words,
             f"it must be ready within {ready_s} s (the unit's TimeoutStartSec "
             f"{unit.vllm_start_timeout_s} s)",
@@ -272,16 +343,19 @@ def differences(plan: EnginePlan, unit: Settings, source: str, ready_s: int,
 
 
 def rendered(plan: EnginePlan, unit: Settings, args: argparse.Namespace, host: str,
-             source: str, server: Sequence[str] | None = None) -> dict[str, Any]:
+             source: str, added: tuple[list[str], list[tuple[str, str]]],
+             server: Sequence[str] | None = None) -> dict[str, Any]:
     """The plan files/engine_trial.py runs (its module docstring says what it does)."""
     settings = plan.settings
     ready_s = args.ready_timeout or settings.vllm_start_timeout_s
     stop_s = args.stop_timeout or stop_timeout_s(plan)
     url = plan.endpoint.url("")
+    cache = str(Path(args.cache_dir).absolute()) if args.cache_dir else None
+    argv = plan.argv if server is None else [plan.python, *server, *plan.flags]
     return {
-        "host": host, "python": plan.python,
-        "argv": plan.argv if server is None else [plan.python, *server, *plan.flags],
-        "environment": [list(pair) for pair in plan.environment],
+        "host": host, "python": plan.python, "argv": [*argv, *added[0]],
+        "environment": [list(pair) for pair in [*plan.environment, *added[1]]],
+        "cache_dir": cache, "bench_runs": args.bench_runs,
         "cwd": vllm_service_plan.STATE_DIR, "relocate": relocations(settings),
         "model": settings.model_name, "model_path": plan.model_path, "url": url,
         # wait_ready.py's arguments, after the interpreter and the script's path.
@@ -298,7 +372,7 @@ def rendered(plan: EnginePlan, unit: Settings, args: argparse.Namespace, host: s
         "device": {"kind": settings.vllm_device, "threads_bind": plan.threads_bind,
                    "gpus": None if settings.vllm_device == "cpu" else list(plan.devices)},
         "stop_timeout_s": stop_s,
-        "differences": differences(plan, unit, source, ready_s, stop_s),
+        "differences": differences(plan, unit, source, ready_s, stop_s, added, cache),
     }
 
 
@@ -308,8 +382,8 @@ def build(args: argparse.Namespace, server: Sequence[str] | None = None) -> dict
     if port > 65535:
         raise UsageError(f"--port {port}: at most 65535")
     host, unit, trial = host_settings(args, port)
-    plan, source = trial_engine(trial, args, port)
-    return rendered(plan, unit, args, host, source, server)
+    plan, source, added = trial_engine(trial, args, port)
+    return rendered(plan, unit, args, host, source, added, server)
 
 
 def run_plan(plan: dict[str, Any], record: str | None) -> int:

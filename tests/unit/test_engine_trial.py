@@ -479,3 +479,84 @@ def test_an_interrupted_trial_stops_its_engine_first(box, envs, capfd, tmp_path,
     assert record["stop"]["signal"] == "SIGTERM" and record["stop"]["left"] == []
     assert gone(int(started[1]))
     assert os.listdir(box["tmp"]) == [Path(record["log"]).parent.name]
+
+
+# --- what a trial adds to its unit ----------------------------------------------------------
+ADDED = ["--load-format", "dummy", "--engine-arg=--limit-mm-per-prompt={\"image\":0}",
+         "--engine-env", "VLLM_USE_FLASHINFER_SAMPLER=0", "--bench-runs", "2"]
+
+
+def test_what_the_trial_adds_is_in_its_command_line_environment_and_differences(
+        box, envs, capsys, tmp_path):
+    cache = tmp_path / "cache"
+    assert engine_trial.run([*argv(box, envs["marked"], "--port", "18125"), "--plan-only",
+                             *ADDED, "--cache-dir", str(cache)]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["argv"][-3:] == ["--load-format", "dummy", '--limit-mm-per-prompt={"image":0}']
+    assert plan["environment"][-1] == ["VLLM_USE_FLASHINFER_SAMPLER", "0"]
+    assert (plan["bench_runs"], plan["cache_dir"]) == (2, str(cache))
+    assert plan["differences"][-6:-3] == [
+        "the trial adds the options --load-format dummy --limit-mm-per-prompt={\"image\":0} "
+        "(random weights of the model's shapes: its figures are not the model's answers)",
+        "the trial adds to its environment VLLM_USE_FLASHINFER_SAMPLER=0",
+        f"VLLM_CACHE_ROOT is {cache}, kept after the trial (--cache-dir): a later trial "
+        "with it reuses what this one compiled"]
+    assert not cache.exists()  # made by the runner, as the engine starts
+
+
+@pytest.mark.parametrize(("args", "said"), [
+    (["--engine-arg=--max-model-len=8"], "--engine-arg --max-model-len: the unit sets it from "
+     "the settings: change the setting (--data) instead"),
+    (["--engine-arg=--no-such-option"], "does not accept --no-such-option"),
+    (["--engine-arg=-x"], "--engine-arg -x: a long option (--name or --name=value)"),
+    (["--engine-env", "HF_HOME=/tmp"], "--engine-env HF_HOME: the unit sets it itself"),
+    (["--engine-env", "VLLM_API_KEY=x"], "--engine-env VLLM_API_KEY: the unit sets it itself"),
+    (["--engine-env", "lower=1"], "--engine-env 'lower=1': NAME=VALUE, NAME in capitals"),
+    (["--load-format", "auto"], "argument --load-format: invalid choice: 'auto'"),
+])
+def test_an_addition_the_unit_makes_itself_or_its_server_lacks_is_refused(
+        box, envs, capfd, args, said):
+    assert said in refused(box, envs, capfd, *args, python="marked")
+
+
+def test_bench_runs_and_a_kept_cache_directory(box, envs, capfd, tmp_path):
+    cache = tmp_path / "cache"
+    code, record, err, watcher = trial(box, envs, capfd, [STUB], "--bench-runs", "2",
+                                       "--cache-dir", str(cache))
+    assert code == 0, err
+    [engine] = watcher["found"].values()
+    assert engine["env"]["VLLM_CACHE_ROOT"] == str(cache) == record["cache_dir"]
+    assert [run["completed"] for run in record["bench_runs"]] == [3, 3]
+    assert record["bench"] == record["bench_runs"][-1]
+    assert "engine-trial: benchmark 2 of 2: " in err
+    # The cache is kept, 0700; the trial's own directory is gone.
+    assert (cache.stat().st_mode & 0o777, os.listdir(box["tmp"])) == (0o700, [])
+
+
+def test_a_cache_directory_others_may_write_is_refused(box, envs, capfd, tmp_path):
+    cache = tmp_path / "shared-cache"
+    cache.mkdir()
+    cache.chmod(0o777)
+    err = refused(box, envs, capfd, "--cache-dir", str(cache), server=[STUB])
+    assert f"--cache-dir {cache} is not a directory of this user's that only it may write" in err
+
+
+def test_the_engine_s_own_report_of_memory_kv_cache_and_graphs_is_kept(tmp_path):
+    """files/engine_trial.py's engine_report on vLLM's v1 log lines (their wording in
+    vllm/v1/worker/gpu_worker.py and vllm/v1/core/kv_cache_utils.py)."""
+    sys.path.insert(0, str(ROOT / "files"))
+    try:
+        import engine_trial as runner
+    finally:
+        sys.path.remove(str(ROOT / "files"))
+    log = tmp_path / "engine.log"
+    log.write_text(
+        "INFO 12-07 13:00:00 [gpu_model_runner.py:1] Model loading took 50.21 GiB memory\n"
+        "INFO 12-07 13:00:01 [api_server.py:2] Starting vLLM API server\n"
+        "INFO 12-07 13:00:02 [gpu_worker.py:3] Available KV cache memory: 19.70 GiB\n"
+        "INFO 12-07 13:00:02 [kv_cache_utils.py:4] GPU KV cache size: 300,000 tokens\n"
+        "INFO 12-07 13:00:02 [kv_cache_utils.py:5] Maximum concurrency for 131,072 tokens "
+        "per request: 2.29x\n")
+    assert runner.engine_report(str(log)) == [
+        line for line in log.read_text().splitlines() if "API server" not in line]
+    assert runner.engine_report(str(tmp_path / "absent.log")) == []
