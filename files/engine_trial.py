@@ -28,8 +28,9 @@ plan there. The plan holds no secret: the engine's key is made here, for this tr
    files/bench_client.py in the plan's shape against the engine itself (``--owner``: the
    invoking user's listener only is sent the key), ``bench_runs`` times (default 1),
    its records and textfiles in the trial's directory (the machine's own benchmark
-   record is not touched). With the plan's ``cache_dir`` the engine's VLLM_CACHE_ROOT is
-   there instead, kept after the trial (0700, this user's, no one else may write it).
+   record is not touched). With the plan's ``state_dir`` the unit's state directory
+   (HOME, VLLM_CACHE_ROOT, HF_HOME) is there instead, kept after the trial (0700, this
+   user's, no one else may write it): a second trial with it starts as a restarted unit.
 4. Always, also on Ctrl-C, SIGTERM or a failure: SIGTERM to the engine's process group,
    SIGKILL to what is left of it after the plan's ``stop_timeout_s``, until no process of
    the group is left (one left is named, and the exit is 1). The trial's directory is
@@ -180,22 +181,34 @@ def check_vllm(plan: dict, env: dict[str, str]) -> dict[str, str]:
 
 
 # --- the trial's directory and the engine's environment ------------------------------------
-def relocated(value: str, relocate: list[dict], root: str) -> str:
+def relocated(value: str, plan: dict, root: str) -> str:
     """``value`` with a path of the unit's (its state directory, its site directory) moved
-    to the trial's directory ``root``."""
-    for entry in relocate:
+    to the trial's directory ``root``, or the state directory to the plan's ``state_dir``."""
+    for entry in plan["relocate"]:
         unit = entry["unit"]
         if value == unit or value.startswith(unit + "/"):
-            return os.path.join(root, entry["trial"]) + value[len(unit):]
+            return trial_path(entry, plan, root) + value[len(unit):]
     return value
 
 
+def trial_path(entry: dict, plan: dict, root: str) -> str:
+    """Where the trial has the unit's directory ``entry["unit"]``."""
+    if entry["trial"] == "state" and plan.get("state_dir"):
+        return plan["state_dir"]
+    return os.path.join(root, entry["trial"])
+
+
 def make_trial_dir(plan: dict) -> str:
-    """A fresh 0700 directory with the unit's relocated directories and their files."""
+    """A fresh 0700 directory with the unit's relocated directories and their files (the
+    state directory where the plan keeps it: ``state_dir``); BadInput leaves nothing."""
+    if plan.get("state_dir"):
+        state_dir(plan["state_dir"])
     root = tempfile.mkdtemp(prefix="engine-trial-")
     os.chmod(root, 0o700)
     for entry in plan["relocate"]:
-        target = os.path.join(root, entry["trial"])
+        target = trial_path(entry, plan, root)
+        if target == plan.get("state_dir"):
+            continue
         os.makedirs(target, mode=0o700, exist_ok=True)
         for name, source in (entry.get("files") or {}).items():
             shutil.copyfile(os.path.join(HERE, source), os.path.join(target, name))
@@ -203,34 +216,27 @@ def make_trial_dir(plan: dict) -> str:
 
 
 def engine_env(plan: dict, root: str) -> dict[str, str]:
-    """The unit's Environment= lines, relocated, and systemd's PATH (no key yet); with
-    the plan's ``cache_dir``, VLLM_CACHE_ROOT there (kept from one trial to the next)."""
-    pairs = [(name, relocated(value, plan["relocate"], root))
-             for name, value in plan["environment"]]
-    env = {"PATH": SERVICE_PATH, **dict(pairs)}
-    if plan.get("cache_dir"):
-        env["VLLM_CACHE_ROOT"] = cache_dir(plan["cache_dir"])
-    return env
+    """The unit's Environment= lines, relocated, and systemd's PATH (no key yet)."""
+    pairs = [(name, relocated(value, plan, root)) for name, value in plan["environment"]]
+    return {"PATH": SERVICE_PATH, **dict(pairs)}
 
 
-def cache_dir(path: str) -> str:
-    """``path`` as the engine's cache: made 0700 where absent; an existing one must be a
-    directory of this user's that no one else may write (vLLM loads compiled code from
-    it), else BadInput."""
-    path = os.path.abspath(path)
+def state_dir(path: str) -> None:
+    """``path`` as the engine's state directory, kept after the trial: made 0700 where
+    absent; an existing one must be a directory of this user's that no one else may write
+    (vLLM loads the code it compiled from its cache there), else BadInput."""
     try:
         os.mkdir(path, 0o700)
     except FileExistsError:
         pass
     except OSError as exc:
-        raise BadInput(f"--cache-dir {path} cannot be made: {exc.strerror}") from None
+        raise BadInput(f"--state-dir {path} cannot be made: {exc.strerror}") from None
     found = os.lstat(path)
     if (not os.path.isdir(path) or os.path.islink(path) or found.st_uid != os.getuid()
             or found.st_mode & 0o022):
-        raise BadInput(f"--cache-dir {path} is not a directory of this user's that only "
-                       "it may write: vLLM runs the compiled code it finds there; give "
-                       "another, or chmod go-w it")
-    return path
+        raise BadInput(f"--state-dir {path} is not a directory of this user's that only "
+                       "it may write: vLLM runs the compiled code it finds in its cache; "
+                       "give another, or chmod go-w it")
 
 
 def _prctl(option: int, value: int) -> None:
@@ -256,7 +262,7 @@ def start(plan: dict, env: dict[str, str], root: str) -> subprocess.Popen:
                   os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:
         return subprocess.Popen(plan["argv"], env=env,
-                                cwd=relocated(plan["cwd"], plan["relocate"], root),
+                                cwd=relocated(plan["cwd"], plan, root),
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True, preexec_fn=_die_with_parent)
     finally:
@@ -484,7 +490,7 @@ def new_record(plan: dict) -> dict:
         "device": plan["device"], "model": plan["model"], "model_path": plan["model_path"],
         "url": plan["url"], "argv": plan["argv"], "differences": plan["differences"],
         "vllm": None, "environment": None, "ready": None, "completion": None,
-        "cache_dir": plan.get("cache_dir"), "bench": None, "bench_runs": [],
+        "state_dir": plan.get("state_dir"), "bench": None, "bench_runs": [],
         "engine_report": [], "stop": None, "error": None, "log": None,
     }
 

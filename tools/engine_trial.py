@@ -6,7 +6,7 @@ and was measured.
         [--input-len N] [--output-len N] [--requests N] [--ready-timeout S]
         [--stop-timeout S] [--port N] [--marker FILE] [--load-format dummy]
         [--engine-arg=--OPTION[=VALUE] ...] [--engine-env NAME=VALUE ...]
-        [--bench-runs N] [--cache-dir DIR] [--record PATH] [--plan-only]
+        [--bench-runs N] [--state-dir DIR] [--record PATH] [--plan-only]
 
 Run from the repository root, on the machine to try (a new server, or a new stack's
 environment on one), as a user who can read the model; no systemd, nginx or SSH. The
@@ -58,9 +58,12 @@ systemd, so without the unit's hardening, GPU guard, firewall or restarts; its s
 - ``--bench-runs N``: the benchmark N times against the one engine (default 1): the
   first warms it (Triton's kernels and the graphs' shapes are compiled on first use),
   the record keeps each run (``bench_runs``) and the last (``bench``).
-- ``--cache-dir DIR``: the engine's VLLM_CACHE_ROOT (torch.compile's artifacts), kept
-  after the trial, so a second trial with it starts as a restarted unit does, from what
-  the first compiled; made 0700, or one of this user's no one else may write.
+- ``--state-dir DIR``: the engine's state directory (the unit's /var/lib/vllm: HOME,
+  VLLM_CACHE_ROOT with torch.compile's artifacts, HF_HOME), kept after the trial, so a
+  second trial with it starts as a restarted unit does, from what the first compiled
+  (vLLM keys its compile cache on, among others, VLLM_CONFIG_ROOT, which follows HOME:
+  a fresh HOME each time compiles each time); made 0700, or one of this user's no one
+  else may write.
 - ``--plan-only``: print the plan for files/engine_trial.py and start nothing: for a
   machine without this repository's Python packages (copy files/ and the plan there,
   then ``python3 engine_trial.py --plan PLAN.json``; ``--data vllm_cpu_threads_bind``
@@ -141,7 +144,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--engine-arg", action="append", default=[], metavar="--OPTION[=VALUE]")
     parser.add_argument("--engine-env", action="append", default=[], metavar="NAME=VALUE")
     parser.add_argument("--bench-runs", type=_at_least_one, default=1, metavar="N")
-    parser.add_argument("--cache-dir", metavar="DIR")
+    parser.add_argument("--state-dir", metavar="DIR")
     parser.add_argument("--record", metavar="PATH")
     parser.add_argument("--plan-only", action="store_true")
     return parser.parse_args(list(argv))
@@ -305,9 +308,18 @@ def relocations(settings: Settings) -> list[dict[str, Any]]:
     return moved
 
 
+def home_words(state: str | None) -> str:
+    """Where the trial's engine keeps its state, in words."""
+    unit = f"not in {vllm_service_plan.STATE_DIR} (the engine's user's)"
+    if state is None:
+        return f"HOME, VLLM_CACHE_ROOT and HF_HOME are in the trial's directory, {unit}"
+    return (f"HOME, VLLM_CACHE_ROOT and HF_HOME are in {state}, {unit}, kept after the "
+            "trial (--state-dir): a later trial with it starts from what this one compiled")
+
+
 def differences(plan: EnginePlan, unit: Settings, source: str, ready_s: int,
                 stop_s: int, added: tuple[list[str], list[tuple[str, str]]] = ([], []),
-                cache: str | None = None) -> list[str]:
+                state: str | None = None) -> list[str]:
     """How the trial's engine differs from its unit's, in words."""
     listen = " ".join(engine_access.server_listen_flags(unit, engine_access.endpoint(unit)))
     words = [
@@ -319,8 +331,7 @@ def differences(plan: EnginePlan, unit: Settings, source: str, ready_s: int,
         "without systemd: none of the unit's hardening (its user, NoNewPrivileges, "
         "ProtectSystem, the system-call filter, the device policy), no GPU guard, no "
         "firewall, no restart; its output goes to the trial's log, not the journal",
-        "HOME, VLLM_CACHE_ROOT and HF_HOME are in the trial's directory, not in "
-        f"{vllm_service_plan.STATE_DIR} (the engine's user's)",
+        home_words(state),
     ]
     if unit.vllm_device == "cpu":
         words.append("PYTHONPATH is the trial's copy of files/amx_permission.py, not "
@@ -332,9 +343,6 @@ def differences(plan: EnginePlan, unit: Settings, source: str, ready_s: int,
     if added[1]:
         words.append("the trial adds to its environment "
                      + " ".join(f"{name}={value}" for name, value in added[1]))
-    if cache:
-        words.append(f"VLLM_CACHE_ROOT is {cache}, kept after the trial (--cache-dir): a "
-                     "later trial with it reuses what this one compiled")
     return [*words,
             f"it must be ready within {ready_s} s (the unit's TimeoutStartSec "
             f"{unit.vllm_start_timeout_s} s)",
@@ -350,12 +358,12 @@ def rendered(plan: EnginePlan, unit: Settings, args: argparse.Namespace, host: s
     ready_s = args.ready_timeout or settings.vllm_start_timeout_s
     stop_s = args.stop_timeout or stop_timeout_s(plan)
     url = plan.endpoint.url("")
-    cache = str(Path(args.cache_dir).absolute()) if args.cache_dir else None
+    state = str(Path(args.state_dir).absolute()) if args.state_dir else None
     argv = plan.argv if server is None else [plan.python, *server, *plan.flags]
     return {
         "host": host, "python": plan.python, "argv": [*argv, *added[0]],
         "environment": [list(pair) for pair in [*plan.environment, *added[1]]],
-        "cache_dir": cache, "bench_runs": args.bench_runs,
+        "state_dir": state, "bench_runs": args.bench_runs,
         "cwd": vllm_service_plan.STATE_DIR, "relocate": relocations(settings),
         "model": settings.model_name, "model_path": plan.model_path, "url": url,
         # wait_ready.py's arguments, after the interpreter and the script's path.
@@ -372,7 +380,7 @@ def rendered(plan: EnginePlan, unit: Settings, args: argparse.Namespace, host: s
         "device": {"kind": settings.vllm_device, "threads_bind": plan.threads_bind,
                    "gpus": None if settings.vllm_device == "cpu" else list(plan.devices)},
         "stop_timeout_s": stop_s,
-        "differences": differences(plan, unit, source, ready_s, stop_s, added, cache),
+        "differences": differences(plan, unit, source, ready_s, stop_s, added, state),
     }
 
 

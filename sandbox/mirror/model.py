@@ -198,7 +198,9 @@ def _write_weights(out_dir: Path, seed: int) -> tuple[list[str], int, int]:
     return names + ["model.safetensors.index.json"], total_bytes, params
 
 
-def _write_tokenizer(out_dir: Path) -> tuple[list[str], dict[str, int]]:
+def write_tokenizer(out_dir: Path) -> tuple[list[str], dict[str, int]]:
+    """The tokenizer's four files in Qwen2's layout into ``out_dir``: (their names, the
+    special tokens' ids)."""
     vocab, merges = tokenizer.train_bpe()
     _write_json(out_dir / "tokenizer.json", tokenizer.tokenizer_json(vocab, merges))
     _write_json(out_dir / "tokenizer_config.json",
@@ -308,7 +310,7 @@ def generate(out_dir: Path, *, repo_id: str = DEFAULT_REPO_ID,
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     config = model_config()
-    tok_names, specials = _write_tokenizer(out_dir)
+    tok_names, specials = write_tokenizer(out_dir)
     _write_json(out_dir / "config.json", config)
     _write_json(out_dir / "generation_config.json", generation_config(specials))
     (out_dir / ".gitattributes").write_text(GITATTRIBUTES, encoding="utf-8")

@@ -488,20 +488,22 @@ ADDED = ["--load-format", "dummy", "--engine-arg=--limit-mm-per-prompt={\"image\
 
 def test_what_the_trial_adds_is_in_its_command_line_environment_and_differences(
         box, envs, capsys, tmp_path):
-    cache = tmp_path / "cache"
+    state = tmp_path / "state"
     assert engine_trial.run([*argv(box, envs["marked"], "--port", "18125"), "--plan-only",
-                             *ADDED, "--cache-dir", str(cache)]) == 0
+                             *ADDED, "--state-dir", str(state)]) == 0
     plan = json.loads(capsys.readouterr().out)
     assert plan["argv"][-3:] == ["--load-format", "dummy", '--limit-mm-per-prompt={"image":0}']
     assert plan["environment"][-1] == ["VLLM_USE_FLASHINFER_SAMPLER", "0"]
-    assert (plan["bench_runs"], plan["cache_dir"]) == (2, str(cache))
-    assert plan["differences"][-6:-3] == [
+    assert (plan["bench_runs"], plan["state_dir"]) == (2, str(state))
+    assert plan["differences"][3] == (
+        f"HOME, VLLM_CACHE_ROOT and HF_HOME are in {state}, not in /var/lib/vllm (the "
+        "engine's user's), kept after the trial (--state-dir): a later trial with it starts "
+        "from what this one compiled")
+    assert plan["differences"][-5:-3] == [
         "the trial adds the options --load-format dummy --limit-mm-per-prompt={\"image\":0} "
         "(random weights of the model's shapes: its figures are not the model's answers)",
-        "the trial adds to its environment VLLM_USE_FLASHINFER_SAMPLER=0",
-        f"VLLM_CACHE_ROOT is {cache}, kept after the trial (--cache-dir): a later trial "
-        "with it reuses what this one compiled"]
-    assert not cache.exists()  # made by the runner, as the engine starts
+        "the trial adds to its environment VLLM_USE_FLASHINFER_SAMPLER=0"]
+    assert not state.exists()  # made by the runner, as the engine starts
 
 
 @pytest.mark.parametrize(("args", "said"), [
@@ -519,26 +521,30 @@ def test_an_addition_the_unit_makes_itself_or_its_server_lacks_is_refused(
     assert said in refused(box, envs, capfd, *args, python="marked")
 
 
-def test_bench_runs_and_a_kept_cache_directory(box, envs, capfd, tmp_path):
-    cache = tmp_path / "cache"
+def test_bench_runs_and_a_kept_state_directory(box, envs, capfd, tmp_path):
+    """With --state-dir the engine's HOME and caches are the same from one trial to the
+    next, as a restarted unit's are: vLLM's compile cache key includes VLLM_CONFIG_ROOT,
+    which follows HOME."""
+    state = tmp_path / "state"
     code, record, err, watcher = trial(box, envs, capfd, [STUB], "--bench-runs", "2",
-                                       "--cache-dir", str(cache))
+                                       "--state-dir", str(state))
     assert code == 0, err
     [engine] = watcher["found"].values()
-    assert engine["env"]["VLLM_CACHE_ROOT"] == str(cache) == record["cache_dir"]
+    assert (engine["env"]["HOME"], engine["env"]["VLLM_CACHE_ROOT"], record["state_dir"]) == (
+        str(state), f"{state}/cache/vllm", str(state))
     assert [run["completed"] for run in record["bench_runs"]] == [3, 3]
     assert record["bench"] == record["bench_runs"][-1]
     assert "engine-trial: benchmark 2 of 2: " in err
-    # The cache is kept, 0700; the trial's own directory is gone.
-    assert (cache.stat().st_mode & 0o777, os.listdir(box["tmp"])) == (0o700, [])
+    # The state directory is kept, 0700; the trial's own directory is gone.
+    assert (state.stat().st_mode & 0o777, os.listdir(box["tmp"])) == (0o700, [])
 
 
-def test_a_cache_directory_others_may_write_is_refused(box, envs, capfd, tmp_path):
-    cache = tmp_path / "shared-cache"
-    cache.mkdir()
-    cache.chmod(0o777)
-    err = refused(box, envs, capfd, "--cache-dir", str(cache), server=[STUB])
-    assert f"--cache-dir {cache} is not a directory of this user's that only it may write" in err
+def test_a_state_directory_others_may_write_is_refused(box, envs, capfd, tmp_path):
+    state = tmp_path / "shared-state"
+    state.mkdir()
+    state.chmod(0o777)
+    err = refused(box, envs, capfd, "--state-dir", str(state), server=[STUB])
+    assert f"--state-dir {state} is not a directory of this user's that only it may write" in err
 
 
 def test_the_engine_s_own_report_of_memory_kv_cache_and_graphs_is_kept(tmp_path):
