@@ -26,8 +26,10 @@ class HostSettings(SettingsSection):
     # --- host ------------------------------------------------------------------------
     skip_stages: list[str] = Field(default_factory=list)
     """Stages deploys/full.py skips, by name (see STAGES)."""
-    min_gpu_memory_mib: int = Field(default=81920, ge=1)
-    """Smallest memory per GPU, in MiB, preflight accepts (A100 80GB reports 81920)."""
+    min_gpu_memory_mib: int = Field(default=80000, ge=1)
+    """Smallest memory per GPU, in MiB, preflight accepts: any 80 GB card. They report less
+    than 80 x 1024: A100 80GB 81920 MiB, H100 80GB HBM3 81559 MiB (nvidia-smi on a real
+    one); whether the model fits is the capacity planner's to say."""
     allow_pcie_tensor_parallel: bool = False
     """Accept tensor-parallel GPUs joined only by PCIe (a warning instead of a stop)."""
     allow_failing_gpus: bool = False

@@ -99,7 +99,19 @@ def test_small_gpus_are_refused():
     small = [a100(0, name="NVIDIA A100-PCIE-40GB", memory_total_mib=40960), a100(1, memory_total_mib=40960)]
     check = names(check_host(seed_state(gpus=small), validate({"gateway_open": True})))["gpu_memory"]
     assert check["ok"] is False
-    assert "smallest 40960 MiB, min_gpu_memory_mib is 81920" in check["detail"]
+    assert "smallest 40960 MiB, min_gpu_memory_mib is 80000" in check["detail"]
+
+
+def test_an_h100_80gb_is_an_80_gb_card():
+    """An H100 80GB HBM3 reports 81559 MiB (tests/fixtures/nvidia/q-1xH100-driver535-
+    persistence-disabled-passthrough-01.txt, and a lent H100's nvidia-smi), less than an
+    A100 80GB's 81920: accepted by default."""
+    h100 = [a100(index, name="NVIDIA H100 80GB HBM3", memory_total_mib=81559)
+            for index in (0, 1)]
+    check = names(check_host(seed_state(gpus=h100), validate({"gateway_open": True})))["gpu_memory"]
+    assert check["ok"] is True
+    assert check["detail"] == ("NVIDIA H100 80GB HBM3; smallest 81559 MiB, "
+                               "min_gpu_memory_mib is 80000")
 
 
 def test_old_driver_is_refused_with_the_stack_minimum():
