@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import difflib
 import ipaddress
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError, field_validator, model_validator
 from pyinfra.api.exceptions import DeployError
@@ -89,6 +89,10 @@ class Settings(UpkeepSettings, GatewaySettings, HostSettings, EngineSettings):
     # engine's come first, then the host's, the gateway's and upkeep's, in the order
     # docs/settings.md lists them and validation reads them (a rule may read a setting
     # declared before its own).
+    if TYPE_CHECKING:
+        # What a validated Settings holds: enforce_eager's rule resolves None by
+        # vllm_device (settings_checks_engine.eager_by_device), so every reader gets a bool.
+        enforce_eager: bool
 
     # --- rules of one setting that read the stages ------------------------------------
     @field_validator("skip_stages")

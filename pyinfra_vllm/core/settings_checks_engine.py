@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import re
 
+from pydantic import ValidationInfo
+
 from pyinfra_vllm.core.model_files import INCOMING, VERIFIED_NAME
 from pyinfra_vllm.core.stacks import CPU_STACKS, STACKS, StackRow, releases, stack_for
 
@@ -91,6 +93,17 @@ def bench_fits(shape: dict[str, int], max_model_len: int) -> None:
             f"output tokens, bench_input_len and bench_output_len times bench_scale) must fit "
             f"in max_model_len ({max_model_len}): lower them or bench_scale"
         )
+
+
+def eager_by_device(value: bool | None, info: ValidationInfo) -> bool | None:
+    """enforce_eager's rule: the operator's true or false as given; None, by vllm_device
+    (declared before it, so validated first): False on "cuda" (CUDA graphs and
+    torch.compile, vLLM's own default), True on "cpu" (its build needs it:
+    device_has_stack). Still None only where vllm_device was refused (reported there)."""
+    device = info.data.get("vllm_device")
+    if value is not None or device is None:
+        return value
+    return device == "cpu"
 
 
 def device_has_stack(vllm_version: str, vllm_device: str, enforce_eager: bool) -> None:

@@ -76,8 +76,19 @@ class EngineSettings(SettingsSection):
     """Tokens per scheduler iteration (--max-num-batched-tokens)."""
     enable_chunked_prefill: bool = True
     """Chunked prefill (--enable-chunked-prefill); 0.6.3 turns it on itself above 32K."""
-    enforce_eager: bool = True
-    """Disable CUDA graphs (--enforce-eager), as the seed runs."""
+    # After vllm_device: its rule reads it, and runs on the default too (validate_default).
+    enforce_eager: bool | None = Field(default=None, validate_default=True)
+    """Run the model eagerly, without CUDA graphs or torch.compile (--enforce-eager). None:
+    by vllm_device, resolved as the settings are validated (every reader sees true or
+    false): false on "cuda", vLLM's own default, and true on "cpu", whose build needs it
+    (false there is refused). True or false is kept as given. Graphs serve twice as fast:
+    244.8 output tokens/s against 122.7 eager, mean TPOT 39.9 against 97.6 ms (medians; one
+    H200, vLLM 0.22.0, Qwen3.6-27B's shape, 8,192-token prompts, 16 at once:
+    bench/gpu_engine.md). Their cost: the engine is ready 70-80 s later (torch.compile
+    55-59 s, graph capture 11 s) and vLLM holds back about 2 GiB more of each GPU (the
+    graphs' pools 0.93 GiB of it; pyinfra_vllm/plans/capacity.py holds back 3 GiB for
+    either): a KV cache 3% smaller (74.86 GiB against 77.14).
+    """
     enable_prefix_caching: bool = False
     """Automatic prefix caching (--enable-prefix-caching)."""
     seed: int = 42
@@ -181,5 +192,6 @@ class EngineSettings(SettingsSection):
     _known_stack = field_validator("vllm_version")(settings_checks_engine.known_stack)
     _model_id = field_validator("model_id")(settings_checks_engine.model_id)
     _served_name = field_validator("served_model_name")(settings_checks_engine.served_name)
+    _eager_by_device = field_validator("enforce_eager")(settings_checks_engine.eager_by_device)
     _engine_address = field_validator("vllm_host")(settings_checks_networks.engine_address)
     _engine_networks = field_validator("vllm_engine_allow")(settings_checks_networks.networks)

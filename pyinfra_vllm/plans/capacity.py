@@ -45,10 +45,14 @@ MIB = 1024**2
 # ~0.5-1 GiB CUDA context + cuBLAS/cuBLASLt workspaces (outside the PyTorch allocator,
 # counted by vLLM as non-torch memory), ~0.5 GiB NCCL/custom all-reduce buffers for TP,
 # ~1 GiB activation peak of a 4096-8192-token profiling pass at hidden size 5120
-# (sampled-token logits over a 248K vocabulary in fp32 included), ~0.5 GiB CUDA graph
-# pools when enforce_eager is off. Generous for a 27B model; a wrong guess shows up as
-# fewer sequences than vLLM later reports (its log: "# GPU blocks"), never as a refusal
-# of a setting that fits by a wide margin.
+# (sampled-token logits over a 248K vocabulary in fp32 included), ~1 GiB CUDA graph
+# pools when enforce_eager is off, as it is by default on cuda. The same reserve either
+# way: the planner never reads enforce_eager. Measured (vLLM 0.22.0, one H200, tensor
+# parallel 1: bench/gpu_engine.md), vLLM held back 1.8 GiB beside the weights eager and
+# 4.1 GiB with CUDA graphs and torch.compile (0.93 GiB of graph pools); the planner's KV
+# tokens were 0.4% and 3.4% above theirs, the whole sequences the same. A wrong guess
+# shows up as a few percent more or fewer sequences than vLLM later reports
+# (its log: "# GPU blocks"), never as a refusal of a setting that fits by a wide margin.
 RESERVE_BYTES = 3 * GIB
 
 DTYPE_BYTES = {

@@ -31,6 +31,40 @@ def test_defaults_are_the_seed_recipe():
     assert Settings.model_fields["nvidia_apt_repo_trusted"].default is False
 
 
+def test_enforce_eager_defaults_by_device():
+    # None in the model ("by device"); a bool once validated: graphs on cuda (vLLM's own
+    # default, twice the output tokens/s: bench/gpu_engine.md), eager on cpu.
+    assert Settings.model_fields["enforce_eager"].default is None
+    assert validate({"gateway_open": True}).enforce_eager is False
+    assert Settings(gateway_open=True).enforce_eager is False
+    cpu = {"gateway_open": True, "vllm_device": "cpu", "vllm_version": "0.17.0"}
+    assert validate(cpu).enforce_eager is True
+    # null given (--data enforce_eager=null): by device again.
+    assert validate({**cpu, "enforce_eager": None}).enforce_eager is True
+
+
+@pytest.mark.parametrize(("data", "given"), [
+    ({}, True), ({}, False),
+    ({"vllm_device": "cpu", "vllm_version": "0.17.0"}, True),
+    ({"vllm_version": "0.33.0", "nvidia_driver_branch": "580-server"}, True),
+])
+def test_enforce_eager_given_is_kept(data, given):
+    assert validate({"gateway_open": True, **data, "enforce_eager": given}).enforce_eager \
+        is given
+
+
+def test_enforce_eager_false_on_cpu_is_refused():
+    with pytest.raises(SettingsError) as refused:
+        validate({"gateway_open": True, "vllm_device": "cpu", "vllm_version": "0.17.0",
+                  "enforce_eager": False}, where="host cpu-1")
+    assert str(refused.value).splitlines()[:2] == [
+        "invalid settings for host cpu-1:",
+        "  (settings): vllm_device cpu needs enforce_eager true: without it vLLM's CPU build "
+        "compiles the model with torch inductor, which needs a C++ compiler on the host "
+        "(this suite installs none)",
+    ]
+
+
 @pytest.mark.parametrize(
     ("data", "expected"),
     [

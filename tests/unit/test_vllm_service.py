@@ -40,7 +40,9 @@ DEFAULT_EXEC_START = (
     '"--host" "127.0.0.1" "--port" "8000" "--tensor-parallel-size" "2" "--dtype" "bfloat16" '
     '"--max-model-len" "131072" "--gpu-memory-utilization" "0.92" "--block-size" "32" '
     '"--max-num-seqs" "256" "--max-num-batched-tokens" "4096" "--enable-chunked-prefill" '
-    '"--enforce-eager" "--seed" "42" "--disable-log-requests"'
+    # enforce_eager resolves to false on cuda, and 0.6.3's --enforce-eager has no "off"
+    # spelling (a plain switch): nothing.
+    '"--seed" "42" "--disable-log-requests"'
 )
 
 # Options of vLLM 0.6.3's OpenAI server that the defaults use (its --help names them).
@@ -375,6 +377,26 @@ def test_request_logging_flag_follows_the_stack_before_the_server_is_known():
     # Known: the installed server decides.
     assert "--disable-log-requests" not in server_flags(old, MODEL, {"--model"},
                                                         place=endpoint(old))
+
+
+@pytest.mark.parametrize(("data", "eager_flags"), [
+    # cuda: enforce_eager resolves to false (CUDA graphs and torch.compile). 0.6.3's
+    # --enforce-eager is a plain switch: "off" is saying nothing.
+    ({}, []),
+    # Newer servers (the stack row's spelling, before the server is known): --no-X.
+    ({"vllm_version": "0.17.0", "nvidia_driver_branch": "570-server"},
+     ["--no-enforce-eager"]),
+    ({"vllm_version": "0.33.0", "nvidia_driver_branch": "580-server"},
+     ["--no-enforce-eager"]),
+    # Given: kept, on cuda too.
+    ({"enforce_eager": True}, ["--enforce-eager"]),
+    # cpu: true, what its build needs.
+    ({"vllm_device": "cpu", "vllm_version": "0.17.0"}, ["--enforce-eager"]),
+])
+def test_enforce_eager_flag_follows_the_device(data, eager_flags):
+    settings = validate({"gateway_open": True, **data})
+    flags = server_flags(settings, MODEL, place=endpoint(settings))
+    assert [flag for flag in flags if "enforce-eager" in flag] == eager_flags
 
 
 def test_a_server_with_shutdown_timeout_serves_its_requests_out_on_a_stop():
