@@ -455,18 +455,23 @@ def test_the_benchmark_then_a_slower_change_is_stopped_by_the_canary(fleet, tmp_
     _canary_stops_a_slower_change(sandbox, {"hosts": alone})
 
 
+def failed_canary(sandbox, proc):
+    """The run failed, one host by its canary: (that host, its line)."""
+    assert proc.returncode != 0
+    stopped = [host for host in sandbox.hosts if f"[{host.name}] failed the canary:" in proc.stderr]
+    assert len(stopped) == 1, proc.stderr[-4000:]
+    line = next(line for line in proc.stderr.splitlines()
+                if f"[{stopped[0].name}] failed the canary:" in line)
+    return stopped[0], line
+
+
 def _canary_stops_a_slower_change(sandbox, report: dict) -> None:
     before = {host.name: (sandbox.ssh(host, f"sha256sum {UNIT}").stdout,
                           sandbox.ssh(host, "systemctl show vllm -p MainPID --value").stdout)
               for host in sandbox.hosts}
     # One sequence at a time for a benchmark of four at once: slower by far.
     proc, _ = run(sandbox, "max_num_seqs=1", BENCH_SHAPE, timeout=2400)
-    assert proc.returncode != 0
-    stopped = [host for host in sandbox.hosts if f"[{host.name}] failed the canary:" in proc.stderr]
-    assert len(stopped) == 1, proc.stderr[-4000:]
-    first = stopped[0]
-    line = next(line for line in proc.stderr.splitlines()
-                if f"[{first.name}] failed the canary:" in line)
+    first, line = failed_canary(sandbox, proc)
     print("\ncanary:", line)
     record = report["hosts"][first.name]
     baseline = record["output_tokens_per_s"]
@@ -567,12 +572,7 @@ def test_a_rollback_the_canary_rejects_puts_the_host_back_as_it_was(fleet):
     # 0.17.0 alone measures (once -28% against 0.32.0, docs/bench.md; once within the 10%
     # of rollout_max_regression, on a loaded machine).
     proc, _ = run(sandbox, "max_num_seqs=1", f"vllm_version={OLD.vllm}", NO_INDEX, timeout=2400)
-    assert proc.returncode != 0
-    stopped = [host for host in sandbox.hosts if f"[{host.name}] failed the canary:" in proc.stderr]
-    assert len(stopped) == 1, proc.stderr[-4000:]
-    first = stopped[0]
-    line = next(line for line in proc.stderr.splitlines()
-                if f"[{first.name}] failed the canary:" in line)
+    first, line = failed_canary(sandbox, proc)
     print("\ncanary across a stack change:", line)
     assert "rollout_max_regression 10%" in line
     assert ("; everything put back as it was before the run: its unit, environment file, "
