@@ -284,9 +284,15 @@ def trial_additions(plan: EnginePlan, args: argparse.Namespace,
     if unknown:
         raise UsageError(f"--engine-arg: the server of {args.python} does not accept "
                          f"{', '.join(unknown)}")
+    return words, trial_env(plan, args.engine_env)
+
+
+def trial_env(plan: EnginePlan, items: list[str]) -> list[tuple[str, str]]:
+    """``--engine-env`` as (name, value), or UsageError: a variable the unit sets is
+    refused."""
     env: list[tuple[str, str]] = []
     unit_env = {name for name, _ in plan.environment} | {"VLLM_API_KEY", "PATH"}
-    for item in args.engine_env:
+    for item in items:
         name, sep, value = item.partition("=")
         if not sep or not ENV_NAME.fullmatch(name) or "\n" in value:
             raise UsageError(f"--engine-env {item!r}: NAME=VALUE, NAME in capitals, digits "
@@ -294,7 +300,7 @@ def trial_additions(plan: EnginePlan, args: argparse.Namespace,
         if name in unit_env:
             raise UsageError(f"--engine-env {name}: the unit sets it itself")
         env.append((name, value))
-    return words, env
+    return env
 
 
 def relocations(settings: Settings) -> list[dict[str, Any]]:
