@@ -29,8 +29,9 @@ plan there. The plan holds no secret: the engine's key is made here, for this tr
    invoking user's listener only is sent the key), ``bench_runs`` times (default 1),
    its records and textfiles in the trial's directory (the machine's own benchmark
    record is not touched). With the plan's ``state_dir`` the unit's state directory
-   (HOME, VLLM_CACHE_ROOT, HF_HOME) is there instead, kept after the trial (0700, this
-   user's, no one else may write it): a second trial with it starts as a restarted unit.
+   (HOME, HF_HOME) is there instead, and the environment's compile cache (VLLM_CACHE_ROOT,
+   TRITON_CACHE_DIR) in its ``compile-cache``, kept after the trial (0700, this user's, no
+   one else may write it): a second trial with it starts as a restarted unit.
 4. Always, also on Ctrl-C, SIGTERM or a failure: SIGTERM to the engine's process group,
    SIGKILL to what is left of it after the plan's ``stop_timeout_s``, until no process of
    the group is left (one left is named, and the exit is 1). The trial's directory is
@@ -192,9 +193,14 @@ def relocated(value: str, plan: dict, root: str) -> str:
 
 
 def trial_path(entry: dict, plan: dict, root: str) -> str:
-    """Where the trial has the unit's directory ``entry["unit"]``."""
-    if entry["trial"] == "state" and plan.get("state_dir"):
-        return plan["state_dir"]
+    """Where the trial has the unit's directory ``entry["unit"]``: in the plan's kept
+    ``state_dir`` for the state directory and what the plan keeps with it (``kept``: the
+    compile cache), else in the trial's own directory ``root``."""
+    kept = plan.get("state_dir")
+    if kept and entry["trial"] == "state":
+        return kept
+    if kept and entry.get("kept"):
+        return os.path.join(kept, entry["trial"])
     return os.path.join(root, entry["trial"])
 
 

@@ -30,8 +30,8 @@ free loopback TCP port (``--port`` for another), never beyond loopback (vLLM's c
 reaches a server by URL only); its key is made for the trial and given to it in its
 environment alone, never in argv or the output; it runs as the invoking user, without
 systemd, so without the unit's hardening, GPU guard, firewall or restarts; its state
-(HOME, VLLM_CACHE_ROOT, HF_HOME) and, on CPU, its AMX permission are in the trial's own
-0700 directory.
+(HOME, HF_HOME), its compile cache (VLLM_CACHE_ROOT, TRITON_CACHE_DIR) and, on CPU, its
+AMX permission are in the trial's own 0700 directory.
 
 - ``--python``: the interpreter of the environment to try (``/opt/vllm/current/bin/python``
   on a provisioned host).
@@ -59,7 +59,9 @@ systemd, so without the unit's hardening, GPU guard, firewall or restarts; its s
   first warms it (Triton's kernels and the graphs' shapes are compiled on first use),
   the record keeps each run (``bench_runs``) and the last (``bench``).
 - ``--state-dir DIR``: the engine's state directory (the unit's /var/lib/vllm: HOME,
-  VLLM_CACHE_ROOT with torch.compile's artifacts, HF_HOME), kept after the trial, so a
+  HF_HOME) and, in its ``compile-cache``, the environment's compile cache (the unit's
+  ``<env>/pyinfra-vllm-cache``: VLLM_CACHE_ROOT with torch.compile's artifacts,
+  TRITON_CACHE_DIR), kept after the trial, so a
   second trial with it starts as a restarted unit does, from what the first compiled
   (vLLM keys its compile cache on, among others, VLLM_CONFIG_ROOT, which follows HOME:
   a fresh HOME each time compiles each time); made 0700, or one of this user's no one
@@ -95,6 +97,7 @@ from pyinfra_vllm.plans import engine_access
 from pyinfra_vllm.plans import vllm_service as vllm_service_plan
 from pyinfra_vllm.plans.engine_access import Endpoint
 from pyinfra_vllm.plans.engine_plan import EnginePlan, engine_plan, ready_argv, stop_timeout_s
+from pyinfra_vllm.plans.python_env import COMPILE_CACHE_NAME, compile_cache
 from tools import bench as bench_tool
 from tools import scrape_config
 from tools.tune import UsageError, resolve_host
@@ -303,10 +306,15 @@ def trial_env(plan: EnginePlan, items: list[str]) -> list[tuple[str, str]]:
     return env
 
 
-def relocations(settings: Settings) -> list[dict[str, Any]]:
+def relocations(settings: Settings, python: str) -> list[dict[str, Any]]:
     """The unit's directories the trial has its own copy of: its state (the engine's
-    user's, never written by a trial) and, on CPU, the AMX permission's site directory."""
-    moved: list[dict[str, Any]] = [{"unit": vllm_service_plan.STATE_DIR, "trial": "state"}]
+    user's, never written by a trial), the compile cache of ``python``'s environment (the
+    engine user's too; kept in the state directory, where there is one) and, on CPU, the
+    AMX permission's site directory."""
+    moved: list[dict[str, Any]] = [
+        {"unit": vllm_service_plan.STATE_DIR, "trial": "state"},
+        {"unit": compile_cache(python), "trial": "compile-cache", "kept": True},
+    ]
     if settings.vllm_device == "cpu":
         site = Path(vllm_service_plan.AMX_PERMISSION_PATH).name
         moved.append({"unit": vllm_service_plan.ENGINE_SITE_DIR, "trial": "engine-site",
@@ -316,11 +324,13 @@ def relocations(settings: Settings) -> list[dict[str, Any]]:
 
 def home_words(state: str | None) -> str:
     """Where the trial's engine keeps its state, in words."""
-    unit = f"not in {vllm_service_plan.STATE_DIR} (the engine's user's)"
+    unit = (f"not in {vllm_service_plan.STATE_DIR} and the environment's "
+            f"{COMPILE_CACHE_NAME} (the engine's user's)")
     if state is None:
-        return f"HOME, VLLM_CACHE_ROOT and HF_HOME are in the trial's directory, {unit}"
-    return (f"HOME, VLLM_CACHE_ROOT and HF_HOME are in {state}, {unit}, kept after the "
-            "trial (--state-dir): a later trial with it starts from what this one compiled")
+        return f"HOME, HF_HOME and the compile cache are in the trial's directory, {unit}"
+    return (f"HOME and HF_HOME are in {state} and the compile cache in {state}/compile-cache,"
+            f" {unit}, kept after the trial (--state-dir): a later trial with it starts "
+            "from what this one compiled")
 
 
 def differences(plan: EnginePlan, unit: Settings, source: str, ready_s: int,
@@ -370,7 +380,7 @@ def rendered(plan: EnginePlan, unit: Settings, args: argparse.Namespace, host: s
         "host": host, "python": plan.python, "argv": [*argv, *added[0]],
         "environment": [list(pair) for pair in [*plan.environment, *added[1]]],
         "state_dir": state, "bench_runs": args.bench_runs,
-        "cwd": vllm_service_plan.STATE_DIR, "relocate": relocations(settings),
+        "cwd": vllm_service_plan.STATE_DIR, "relocate": relocations(settings, plan.python),
         "model": settings.model_name, "model_path": plan.model_path, "url": url,
         # wait_ready.py's arguments, after the interpreter and the script's path.
         "ready": ready_argv(settings, plan.python, "wait_ready.py", plan.endpoint)[2:],

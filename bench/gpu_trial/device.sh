@@ -3,8 +3,8 @@
 # repository root, as root, read-only towards the GPU (no setting changed, no reset).
 # That machine has Python 3.12 with torch 2.11.0 and its CUDA 13 libraries, and no
 # network: the rest of the vLLM 0.22.0 stack's lock is carried to it as one tar of wheels
-# in parts (.device-parts/pN, 60 MiB each: what one call carries), kept under /tmp between
-# calls.
+# in parts (.device-parts/pN, 54 MiB each: with the repository, what one call carries),
+# kept under /tmp between calls.
 #
 #   bash bench/gpu_trial/device.sh stage .device-parts/pN   # one part into /tmp/gpu-trial
 #   bash bench/gpu_trial/device.sh setup    # wheels checked, environment, probe, models
@@ -69,5 +69,9 @@ trial)
     timeout 570 python3 files/engine_trial.py --plan "bench/gpu_trial/plans/$2.json" \
         --record "$OUT/$2.json" 2> "$OUT/$2.log" >/dev/null || { tail -40 "$OUT/$2.log"; exit 1; }
     tail -5 "$OUT/$2.log"
+    # What the engine compiled, kept for the next trial with the same --state-dir.
+    if [ -d "$W/state/compile-cache" ]; then
+        du -s --block-size=1M "$W/state/compile-cache"/*/ | tee "$OUT/$2.du"
+    fi
     ;;
 esac

@@ -21,6 +21,7 @@ from pyinfra_vllm.core.templating import render
 from pyinfra_vllm.plans import engine_access
 from pyinfra_vllm.plans import vllm_service as vllm_service_plan
 from pyinfra_vllm.plans.engine_access import Endpoint
+from pyinfra_vllm.plans.python_env import compile_cache
 from pyinfra_vllm.plans.vllm_service import exec_command, systemd_plain, systemd_quote
 
 
@@ -87,7 +88,8 @@ def engine_plan(
         threads_bind=threads_bind,
         flags=tuple(vllm_service_plan.server_flags(settings, model_path, accepted,
                                                    place=place)),
-        environment=tuple(vllm_service_plan.environment_pairs(settings, chosen, threads_bind)),
+        environment=tuple(vllm_service_plan.environment_pairs(settings, python, chosen,
+                                                              threads_bind)),
         drains=vllm_service_plan.drains_on_sigterm(settings, accepted),
     )
 
@@ -179,6 +181,7 @@ def render_unit(
         model_path=systemd_plain(plan.model_path),
         user=service.SERVICE_USER,
         state_dir=service.STATE_DIR,
+        compile_cache=systemd_plain(compile_cache(plan.python)),
         state_dir_name=service.STATE_DIR.removeprefix("/var/lib/"),
         env_path=env_path,
         **_reach_words(plan.endpoint),

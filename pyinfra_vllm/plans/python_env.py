@@ -5,6 +5,7 @@ it)."""
 from __future__ import annotations
 
 import hashlib
+import posixpath
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -22,6 +23,13 @@ LOCK_NAME = "requirements.lock"
 ENVS_DIR = "envs"
 TOOL_PREFIXES = ("uv", "miniforge3")
 CURRENT_LINK = "current"
+# What the engine compiles for an environment (vLLM's torch.compile artifacts, with their
+# Inductor and Triton caches, and Triton's own kernels), in a directory inside it that the
+# engine's unit makes the engine user's: it outlives restarts, so a restart loads what the
+# last start compiled, and it goes with its environment, so a stack change starts from an
+# empty one and a pruned environment takes its cache along. Its name keeps it out of the
+# environment's listing (facts.python_env.listing_command skips ``pyinfra-vllm-*``).
+COMPILE_CACHE_NAME = "pyinfra-vllm-cache"
 MINIFORGE_INSTALLER = re.compile(r"Miniforge3-[0-9][A-Za-z0-9._-]*\.sh")
 # The names environment_base gives, of every stack row's distribution, and its
 # rebuilds' (``-g2``).
@@ -93,6 +101,12 @@ def returns_to_kept(environments: dict, path: str, stack: StackRow) -> bool:
     """Does a run move the host back to an environment it kept (a rollback, or a release
     tried before), not to a new one or the one ``current`` names?"""
     return path != environments["current"] and proven(environments, path, stack)
+
+
+def compile_cache(python: str) -> str:
+    """The compile cache of the environment whose interpreter is ``python``
+    (``/opt/vllm/envs/<env>/bin/python``): ``/opt/vllm/envs/<env>/pyinfra-vllm-cache``."""
+    return f"{posixpath.dirname(posixpath.dirname(python))}/{COMPILE_CACHE_NAME}"
 
 
 def environment_path(root: str, stack: StackRow, manager: str, python: str,

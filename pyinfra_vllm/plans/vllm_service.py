@@ -17,6 +17,7 @@ from facts.cpu_host import cpu_ranges
 from pyinfra_vllm.core.settings import Settings
 from pyinfra_vllm.core.templating import render
 from pyinfra_vllm.plans import engine_access
+from pyinfra_vllm.plans.python_env import compile_cache
 
 UNIT_TEMPLATE = "vllm.service.j2"
 ENV_TEMPLATE = "vllm.env.j2"
@@ -25,8 +26,9 @@ SERVICE = "vllm"
 UNIT_PATH = "/etc/systemd/system/vllm.service"
 ENV_PATH = "/etc/vllm/vllm.env"
 SERVICE_USER = "vllm"
-# The service user's home, and the only path the unit may write (ProtectSystem=strict):
-# vLLM's cache (VLLM_CACHE_ROOT, its P2P probe cache among it), HF_HOME, Triton's cache.
+# The service user's home, one of the two paths the unit may write (ProtectSystem=strict):
+# HF_HOME, vLLM's configuration. The other is its environment's compile cache
+# (pyinfra_vllm/plans/python_env.py compile_cache): VLLM_CACHE_ROOT, TRITON_CACHE_DIR.
 STATE_DIR = "/var/lib/vllm"
 # Where the deploy uploads files/gpu_guard.py and files/wait_ready.py (readable by vllm).
 HELPER_DIR = "/usr/local/lib/pyinfra-vllm"
@@ -234,13 +236,15 @@ def cpu_threads_bind(cpus: Sequence[int], numa_nodes: int | None, tp: int) -> st
     return "|".join(cpu_ranges(ordered[rank * size:(rank + 1) * size]) for rank in range(tp))
 
 
-def environment_pairs(settings: Settings, devices: Sequence[int],
+def environment_pairs(settings: Settings, python: str, devices: Sequence[int],
                       threads_bind: str | None = None) -> list[tuple[str, str]]:
-    """The unit's environment (not secrets) as (name, value), in order. On vllm_device
-    "cpu": no CUDA or NCCL variable, the CPU build's thread binding and KV cache size."""
+    """The unit's environment (not secrets) as (name, value), in order, for the engine run
+    by ``python``. On vllm_device "cpu": no CUDA or NCCL variable, the CPU build's thread
+    binding and KV cache size."""
+    cache = compile_cache(python)
     pairs = [
         ("HOME", STATE_DIR),
-        ("VLLM_CACHE_ROOT", f"{STATE_DIR}/cache/vllm"),
+        ("VLLM_CACHE_ROOT", f"{cache}/vllm"),
         ("HF_HOME", f"{STATE_DIR}/cache/huggingface"),
         # The weights are local (downloaded and verified by the deploy): never the Hub.
         ("HF_HUB_OFFLINE", "1"),
@@ -275,6 +279,9 @@ def environment_pairs(settings: Settings, devices: Sequence[int],
         # CUDA numbers GPUs fastest-first by default; NVML and nvidia-smi by PCI bus id.
         ("CUDA_DEVICE_ORDER", "PCI_BUS_ID"),
         ("CUDA_VISIBLE_DEVICES", ",".join(str(d) for d in devices)),
+        # Triton's kernels compiled outside torch.compile (vLLM's own, on first use) are
+        # the environment's too, not HOME's (~/.triton/cache), which no stack change clears.
+        ("TRITON_CACHE_DIR", f"{cache}/triton"),
     ]
     if settings.nccl_p2p_level is not None:
         pairs.append(("NCCL_P2P_LEVEL", settings.nccl_p2p_level))
@@ -290,7 +297,7 @@ ENGINE_ENV_KEYS = (
     "VLLM_NO_USAGE_STATS", "DO_NOT_TRACK", "PYTHONUNBUFFERED",
     "VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_KVCACHE_SPACE", "TORCH_COMPILE_DISABLE",
     "VLLM_SLEEP_WHEN_IDLE", "PYTHONPATH", "CUDA_DEVICE_ORDER", "CUDA_VISIBLE_DEVICES",
-    "NCCL_P2P_LEVEL",
+    "TRITON_CACHE_DIR", "NCCL_P2P_LEVEL",
 )
 SECRET_ENV_KEYS = ("HF_TOKEN", "VLLM_API_KEY")
 MASK = "(secret)"

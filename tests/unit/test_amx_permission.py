@@ -59,8 +59,8 @@ def test_the_module_never_fails_an_interpreter(tmp_path):
 
 def test_the_cpu_unit_puts_the_module_on_the_engine_s_path_and_a_gpu_unit_does_not():
     cpu = validate({**SERVING_DATA, "model_id": "sandbox/tiny-qwen2", "gateway_open": True})
-    cpu_pairs = dict(vllm_service_plan.environment_pairs(cpu, [], "0|1"))
+    cpu_pairs = dict(vllm_service_plan.environment_pairs(cpu, "/opt/vllm/envs/e/bin/python", [], "0|1"))
     assert cpu_pairs["PYTHONPATH"] == "/usr/local/lib/pyinfra-vllm/engine-site"
     assert vllm_service_plan.AMX_PERMISSION_PATH == cpu_pairs["PYTHONPATH"] + "/sitecustomize.py"
     gpu = validate({"gateway_open": True})
-    assert "PYTHONPATH" not in dict(vllm_service_plan.environment_pairs(gpu, [0, 1]))
+    assert "PYTHONPATH" not in dict(vllm_service_plan.environment_pairs(gpu, "/opt/vllm/envs/e/bin/python", [0, 1]))

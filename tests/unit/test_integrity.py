@@ -254,7 +254,7 @@ def test_every_variable_the_unit_can_render_is_watched():
     for data in ({"gateway_open": True, "nccl_p2p_level": "NVL"},
                  {"gateway_open": True, "vllm_device": "cpu", "vllm_version": "0.17.0"}):
         settings = validate(data)
-        names = {name for name, _ in environment_pairs(settings, [0, 1], "auto")}
+        names = {name for name, _ in environment_pairs(settings, "/opt/vllm/envs/e/bin/python", [0, 1], "auto")}
         assert names <= set(ENGINE_ENV_KEYS)
 
 
