@@ -40,8 +40,8 @@ def test_the_recorded_unit_is_the_one_the_code_renders():
                                    model_path="/var/tmp/tiny", accepted=accepted,
                                    threads_bind=bind, place=endpoint(settings)))
     # Added after the recording: the engine's AMX permission, the idle workers' polling,
-    # and the engine's Unix socket and own key (pyinfra_vllm/plans/engine_access.py) in
-    # place of TCP on loopback.
+    # the engine's Unix socket and own key (pyinfra_vllm/plans/engine_access.py) in
+    # place of TCP on loopback, and its environment's compile cache.
     recorded = (HERE / "unit.service").read_text()
     for before, after in AFTER_THE_RECORDING:
         assert before in recorded and after in unit, (before, after)
@@ -49,6 +49,13 @@ def test_the_recorded_unit_is_the_one_the_code_renders():
     assert unit == recorded
 
 
+CACHE_LINES = """\
+# What the engine compiles is kept in its environment (VLLM_CACHE_ROOT, TRITON_CACHE_DIR
+# below), in a directory of the engine's user made here as root inside the root-owned
+# environment: a restart loads what the last start compiled, a new stack's environment
+# starts from an empty one, and a pruned environment takes its cache along.
+ExecStartPre=+/usr/bin/install -d -o vllm -g vllm -m 0700 /var/tmp/vllm-cpu-env/pyinfra-vllm-cache
+"""
 SOCKET_LINES = """\
 # The engine listens on a Unix socket in /run/vllm-engine: the engine's user's, group
 # www-data (nginx's workers), 0750, so no other local user can connect to the
@@ -63,6 +70,10 @@ ExecStopPost=+/usr/bin/rm -f /run/vllm-engine/engine.sock
 """
 # (what the recorded unit has, what the code renders now) for each change since.
 AFTER_THE_RECORDING = [
+    ("# Managed by pyinfra-vllm (operations/vllm_service.py)",
+     "# Managed by pyinfra-vllm (pyinfra_vllm/operations/vllm_service.py)"),
+    ('Environment="VLLM_CACHE_ROOT=/var/lib/vllm/cache/vllm"\n',
+     'Environment="VLLM_CACHE_ROOT=/var/tmp/vllm-cpu-env/pyinfra-vllm-cache/vllm"\n'),
     ('Environment="TORCH_COMPILE_DISABLE=1"\n',
      'Environment="TORCH_COMPILE_DISABLE=1"\n'
      'Environment="PYTHONPATH=/usr/local/lib/pyinfra-vllm/engine-site"\n'
@@ -72,10 +83,11 @@ AFTER_THE_RECORDING = [
      "# Secrets only in root-only 0600 files, never in this unit: the engine's own key\n"
      "# (VLLM_API_KEY), made on this host, no client's key. The engine needs no HF_TOKEN.\n"
      "EnvironmentFile=/etc/vllm/vllm.env\nEnvironmentFile=/etc/vllm/engine-key.env\n"),
-    ("\n# vllm_device=cpu:", "\n" + SOCKET_LINES + "# vllm_device=cpu:"),
+    ("\n# vllm_device=cpu:", "\n" + CACHE_LINES + SOCKET_LINES + "# vllm_device=cpu:"),
     ('"--host" "127.0.0.1" \\\n    "--port" "18080"',
      '"--uds" "/run/vllm-engine/engine.sock"'),
-    ("ReadWritePaths=/var/lib/vllm\n", "ReadWritePaths=/var/lib/vllm -/run/vllm-engine\n"),
+    ("ReadWritePaths=/var/lib/vllm\n",
+     "ReadWritePaths=/var/lib/vllm /var/tmp/vllm-cpu-env/pyinfra-vllm-cache -/run/vllm-engine\n"),
     ('"--url" "http://127.0.0.1:18080/health"',
      '"--url" "http://localhost/health" "--unix-socket" "/run/vllm-engine/engine.sock"'),
 ]
