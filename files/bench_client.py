@@ -52,13 +52,15 @@ PERCENTILES = "50,95,99"
 METRICS = "ttft,tpot,itl,e2el"
 
 
-def record(result: dict, shape: dict, stack: str, at: str) -> dict:
-    """The suite's record of one run, from the dict vLLM's ``main`` returns."""
+def record(result: dict, shape: dict, stack: str, at: str,
+           targets: dict[str, float] | None = None) -> dict:
+    """The suite's record of one run, from the dict vLLM's ``main`` returns; with the
+    latency ``targets`` it was given (``--goodput``), its goodput too (``goodput``)."""
     def ms(key: str) -> float | None:
         value = result.get(key)
         return None if value is None else round(float(value), 3)
 
-    return {
+    entry = {
         "output_tokens_per_s": round(float(result.get("output_throughput") or 0.0), 3),
         "total_tokens_per_s": round(float(result.get("total_token_throughput") or 0.0), 3),
         "requests_per_s": round(float(result.get("request_throughput") or 0.0), 4),
@@ -74,6 +76,31 @@ def record(result: dict, shape: dict, stack: str, at: str) -> dict:
         "stack": stack,
         "at": at,
     }
+    if targets:
+        entry["goodput"] = goodput(result, targets)
+    return entry
+
+
+def goodput(result: dict, targets: dict[str, float]) -> dict:
+    """Goodput under ``targets`` (ms by vLLM's keys): vLLM's ``request_goodput`` (completed
+    requests per second that met every target; vllm/benchmarks/serve.py), the requests
+    that met them (goodput times the run's duration, which vLLM divided by) and their
+    share of the requests sent (completed and failed). vLLM reporting no goodput: each
+    figure None, unknown, never taken as met."""
+    rate, duration = result.get("request_goodput"), result.get("duration")
+    sent = int(result.get("completed") or 0) + int(result.get("failed") or 0)
+    if rate is None or duration is None or not sent:
+        return {"requests_per_s": None, "met": None, "share": None, "slo_ms": targets}
+    met = round(float(rate) * float(duration))
+    return {"requests_per_s": round(float(rate), 4), "met": met,
+            "share": round(met / sent, 4), "slo_ms": targets}
+
+
+def slo_targets(args: argparse.Namespace) -> dict[str, float]:
+    """The latency targets vLLM's client was given (``--goodput KEY:MS ...``, parsed as
+    vLLM parses them), by key; empty without."""
+    pairs = (pair.split(":", 1) for pair in getattr(args, "goodput", None) or [])
+    return {name: float(value) for name, value in pairs}
 
 
 def number(value: float) -> str:
@@ -118,6 +145,15 @@ def textfile(entry: dict) -> str:
            for p in ("p50", "p95")])
     gauge("tpot_seconds_mean", "Mean time per output token of the last benchmark.",
           [("", seconds(entry["tpot_ms"]["mean"]))])
+    good = entry.get("goodput") or {}
+    gauge("goodput_requests_per_second", "Completed requests per second of the last "
+          "benchmark that met every latency target (bench_slo_*).",
+          [("", good.get("requests_per_s"))])
+    gauge("goodput_ratio", "Share of the last benchmark's requests that met every latency "
+          "target (bench_slo_*).", [("", good.get("share"))])
+    gauge("slo_seconds", "The latency targets of the last benchmark's goodput.",
+          [(f'{{metric="{name}"}}', seconds(value))
+           for name, value in sorted((good.get("slo_ms") or {}).items())])
     gauge("timestamp_seconds", "When the last benchmark ended (Unix time).", [("", at)])
     return "\n".join(lines) + "\n"
 
@@ -341,13 +377,14 @@ def main(argv: list[str]) -> int:
     try:
         from vllm.benchmarks.serve import main as bench_main
 
-        result = bench_main(client_args(bench))
+        parsed = client_args(bench)
+        result = bench_main(parsed)
     except Exception as exc:  # noqa: BLE001 - the client's own failure, named
         print(f"bench: vLLM's benchmark client failed: {type(exc).__name__}: {exc}",
               file=sys.stderr)
         return 1
     at = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-    entry = record(result, json.loads(args.shape), args.stack, at)
+    entry = record(result, json.loads(args.shape), args.stack, at, slo_targets(parsed))
     recorded(args.record, args.textfile, entry, result)
     print("bench: " + json.dumps(entry, sort_keys=True))
     return 0

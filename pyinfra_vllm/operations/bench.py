@@ -42,7 +42,9 @@ def measured(python: str, args: list[str], env: dict[str, str], shape: dict[str,
     A job of the same shape still running (a run stopped or disconnected mid-way) is
     followed, not started again. Fails when the job fails or leaves no record.
     """
-    unit = jobs.unit_name("bench", json.dumps(shape, sort_keys=True), stack)
+    # A run with other latency targets (--goodput) is another job, not this one followed.
+    unit = jobs.unit_name("bench", json.dumps(shape, sort_keys=True), stack,
+                          *bench_plan.goodput_in(args))
     meter = {"kind": "steps", "path": bench_plan.RECORD_DIR}
     if jobs.running(host.get_fact(UnitState, unit=unit)):
         yield jobs.watch(unit, "bench", meter, attached=True)

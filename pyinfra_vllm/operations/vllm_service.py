@@ -164,13 +164,9 @@ def _canary(host, run, canary: dict, paths: list[str], env_link: dict | None) ->
         return _rejected(host, run, str(worse), paths, env_link, textfile=textfile)
     run(rolling_util.previous_dropped_command(paths))
     run(record_command("drop", textfile))
-    previous = canary["previous"]
-    # The records are the host's: printable, for the terminal.
-    host.log_styled(printable(
-        f"canary: {entry['output_tokens_per_s']:g} output tokens/s (before "
-        f"{previous['output_tokens_per_s']:g}), TTFT p95 {entry['ttft_ms']['p95']} ms "
-        f"(before {previous['ttft_ms']['p95']}): within rollout_max_regression"),
-        fg="green", log_func=logger.info)
+    # Goodput, or output tokens/s and TTFT p95 (printable: the records are the host's).
+    host.log_styled(bench_plan.canary_words(canary["previous"], entry), fg="green",
+                    log_func=logger.info)
     return None
 
 
@@ -268,7 +264,8 @@ def restarted(start: bool = True, staged: dict[str, str] | None = None, batch: i
 
     With ``canary``, a serving host that has a benchmark record (facts.bench.BenchRecord)
     is benchmarked in that record's shape once it serves again; a result worse than
-    ``bound`` allows (output tokens/s down, TTFT p95 up, or a failed request) drains it,
+    ``bound`` allows (goodput down where both records have it under the same latency
+    targets, else output tokens/s down or TTFT p95 up; or a failed request) drains it,
     puts back its unit, environment file, environment link and record as they were,
     restarts it until ready and stops the rollout, naming both figures. No record: ungated.
     """

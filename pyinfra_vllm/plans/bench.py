@@ -18,6 +18,10 @@ The record (``latest.json`` on the host, under ``RECORD_DIR``)::
      "e2el_ms": {"p50": 10450.2, "p95": 12001.9},
      "shape": {"input_len": 8192, "output_len": 512, "concurrency": 16, "requests": 64},
      "stack": "vLLM 0.17.0 (torch 2.10.0, CPU)", "at": "2026-12-03T14:02:11Z"}
+
+and, with latency targets set (bench_slo_*, vLLM's ``--goodput``), ``"goodput":
+{"requests_per_s": 1.2, "met": 49, "share": 0.7656, "slo_ms": {"ttft": 2000.0, "tpot":
+50.0}}``: what the canary and python -m tools.tune then compare (``compared``).
 """
 
 from __future__ import annotations
@@ -71,8 +75,32 @@ def client_args(settings: Settings, shape: dict[str, int] | None = None, *,
         "--endpoint", "/v1/completions",
         "--model", settings.model_name, "--tokenizer", tokenizer or settings.model_path,
         "--dataset-name", "random", "--ignore-eos", "--seed", "0", "--disable-tqdm",
+        *goodput_args(settings.bench_slos),
         *(shape_args(shape) if shape else []),
     ]
+
+
+def goodput_args(slos: dict[str, float]) -> list[str]:
+    """vLLM's ``--goodput KEY:MS ...`` for the latency targets set (``Settings.bench_slos``);
+    nothing without: vLLM then reports no goodput."""
+    if not slos:
+        return []
+    return ["--goodput", *(f"{name}:{_number(value)}" for name, value in slos.items())]
+
+
+def goodput_in(args: list[str]) -> list[str]:
+    """The ``KEY:MS`` words of ``--goodput`` in the client's ``args`` (``client_args``),
+    in order; none without it."""
+    if "--goodput" not in args:
+        return []
+    rest = args[args.index("--goodput") + 1:]
+    ends = [at for at, word in enumerate(rest) if word.startswith("--")]
+    return rest[:ends[0]] if ends else rest
+
+
+def _number(value: float) -> str:
+    """A number in full (``%g`` would round 1234567.5 to 1.23457e+06)."""
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
 
 
 def shape_args(shape: dict[str, int]) -> list[str]:
@@ -84,10 +112,23 @@ def shape_args(shape: dict[str, int]) -> list[str]:
 
 def regression(previous: dict[str, Any], new: dict[str, Any], bound: float) -> str | None:
     """Why ``new`` is worse than ``previous`` beyond ``bound`` (a fraction), in words with
-    both figures; None when it is within it."""
+    both figures; None when it is within it. Goodput where both were measured under the
+    same latency targets, else output tokens/s and TTFT p95 (``compared``), and any
+    failed request."""
     found = []
     if new.get("failed"):
         found.append(f"{new['failed']} request(s) failed")
+    basis, note = compared(previous, new)
+    found += (_goodput_worse(previous, new, bound) if basis == "goodput"
+              else _throughput_worse(previous, new, bound))
+    if not found:
+        return None
+    return printable("; ".join(found) + (f"; {note}" if note else "")
+                     + f" (rollout_max_regression {bound:.0%})")
+
+
+def _throughput_worse(previous: dict[str, Any], new: dict[str, Any], bound: float) -> list[str]:
+    found = []
     before, after = previous["output_tokens_per_s"], new["output_tokens_per_s"]
     if after < before * (1 - bound):
         found.append(f"output {after:g} tokens/s against {before:g} before "
@@ -97,9 +138,92 @@ def regression(previous: dict[str, Any], new: dict[str, Any], bound: float) -> s
     if before_ttft and after_ttft and after_ttft > before_ttft * (1 + bound):
         found.append(f"time to first token p95 {after_ttft:g} ms against {before_ttft:g} ms "
                      f"before ({_change(before_ttft, after_ttft)})")
-    if not found:
-        return None
-    return printable("; ".join(found) + f" (rollout_max_regression {bound:.0%})")
+    return found
+
+
+def _goodput_worse(previous: dict[str, Any], new: dict[str, Any], bound: float) -> list[str]:
+    before = previous["goodput"]["requests_per_s"]
+    after = new["goodput"]["requests_per_s"]
+    targets = slo_words(new["goodput"]["slo_ms"])
+    if not _is_number(after):
+        # Not measured is not within the bound.
+        return [f"goodput unknown: vLLM's client reported none under {targets}"]
+    if after < before * (1 - bound):
+        return [f"goodput {after:g} requests/s within {targets} against {before:g} before "
+                f"({_change(before, after)})"]
+    return []
+
+
+def compared(previous: dict[str, Any], new: dict[str, Any]) -> tuple[str, str | None]:
+    """What two records are compared by (the canary, python -m tools.tune): "goodput"
+    where both were measured under the same latency targets (bench_slo_*) and the first
+    has a goodput, else "throughput" (output tokens/s and TTFT p95: the shape is the
+    same); with why goodput is not compared where either has one, else None."""
+    before, after = record_goodput(previous), record_goodput(new)
+    if not before and not after:
+        return "throughput", None
+    if before and after and before.get("slo_ms") == after.get("slo_ms"):
+        if _is_number(before.get("requests_per_s")):
+            return "goodput", None
+        why = "the previous record's goodput is unknown"
+    elif not before:
+        why = "the previous record was measured without latency targets"
+    elif not after:
+        why = (f"bench_slo_* are unset now (the previous record's targets: "
+               f"{slo_words(before.get('slo_ms'))})")
+    else:
+        why = (f"the previous record was measured under {slo_words(before.get('slo_ms'))}, "
+               f"this one under {slo_words(after.get('slo_ms'))}")
+    return "throughput", (f"goodput not compared: {why}; output tokens/s and TTFT p95 "
+                          "compared instead")
+
+
+def record_goodput(entry: dict[str, Any]) -> dict[str, Any] | None:
+    """A record's goodput (files/bench_client.py), None where it has none (measured
+    without latency targets) or where what it has is not one."""
+    found = entry.get("goodput")
+    return found if isinstance(found, dict) and isinstance(found.get("slo_ms"), dict) else None
+
+
+def goodput_rate(entry: dict[str, Any]) -> float | None:
+    """A record's goodput in requests/s; None where it has none or it is unknown."""
+    good = record_goodput(entry)
+    rate = None if good is None else good.get("requests_per_s")
+    return float(rate) if isinstance(rate, (int, float)) and _is_number(rate) else None
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def slo_words(slo_ms: dict[str, Any] | None) -> str:
+    """Latency targets in words, to follow "within": ``TTFT 2000 ms, TPOT 50 ms``."""
+    return ", ".join(f"{str(name).upper()} {value:g} ms" if _is_number(value)
+                     else f"{str(name).upper()} {value} ms"
+                     for name, value in sorted((slo_ms or {}).items(), key=_slo_order)
+                     ) or "no targets"
+
+
+def _slo_order(item: tuple[Any, Any]) -> tuple[int, str]:
+    # vLLM's order of its goodput keys (check_goodput_args' VALID_NAMES), then any other.
+    order = ("ttft", "tpot", "e2el")
+    return (order.index(item[0]) if item[0] in order else len(order), str(item[0]))
+
+
+def canary_words(previous: dict[str, Any], new: dict[str, Any]) -> str:
+    """The passed canary's line: the figures compared, before and after, and why goodput
+    was not, where it was not (``printable``: the records are the host's)."""
+    basis, note = compared(previous, new)
+    if basis == "goodput":
+        return printable(
+            f"canary: goodput {new['goodput']['requests_per_s']:g} requests/s within "
+            f"{slo_words(new['goodput']['slo_ms'])} (before "
+            f"{previous['goodput']['requests_per_s']:g}): within rollout_max_regression")
+    return printable(
+        f"canary: {new['output_tokens_per_s']:g} output tokens/s (before "
+        f"{previous['output_tokens_per_s']:g}), TTFT p95 {new['ttft_ms']['p95']} ms "
+        f"(before {previous['ttft_ms']['p95']}): within rollout_max_regression"
+        + (f"; {note}" if note else ""))
 
 
 def _change(before: float, after: float) -> str:
@@ -130,7 +254,20 @@ def record_words(entry: dict[str, Any]) -> str:
     return printable(
         f"{entry['output_tokens_per_s']:g} output tokens/s, {entry.get('requests_per_s')} "
         f"requests/s, TTFT p50 {ttft.get('p50')} ms p95 {ttft.get('p95')} ms, ITL p50 "
-        f"{(entry.get('itl_ms') or {}).get('p50')} ms, {entry.get('failed')} failed")
+        f"{(entry.get('itl_ms') or {}).get('p50')} ms{goodput_words(entry)}, "
+        f"{entry.get('failed')} failed")
+
+
+def goodput_words(entry: dict[str, Any]) -> str:
+    """``, goodput 3.2 requests/s (75% of requests within TTFT 2000 ms)``, or nothing
+    for a record measured without latency targets (not ``printable``: its callers are)."""
+    good = record_goodput(entry)
+    if good is None:
+        return ""
+    share = good.get("share")
+    part = f"{share:.1%}" if _is_number(share) else "unknown share"
+    return (f", goodput {good.get('requests_per_s')} requests/s ({part} of requests within "
+            f"{slo_words(good['slo_ms'])})")
 
 
 def age_s(entry: dict[str, Any], now: datetime.datetime) -> float | None:
@@ -194,8 +331,9 @@ def bench_words(entry: dict[str, Any]) -> str:
     age = entry["bench"].get("age_s")
     ago = "" if age is None else f", {age / 3600:.1f} h ago"
     return printable(f"{last['output_tokens_per_s']:g} output tokens/s, TTFT p95 "
-                     f"{(last.get('ttft_ms') or {}).get('p95')} ms, {last.get('failed')} "
-                     f"failed, on {last.get('stack')} at {last.get('at')}{ago}")
+                     f"{(last.get('ttft_ms') or {}).get('p95')} ms{goodput_words(last)}, "
+                     f"{last.get('failed')} failed, on {last.get('stack')} at "
+                     f"{last.get('at')}{ago}")
 
 
 # --- reports ----------------------------------------------------------------------------
@@ -210,7 +348,23 @@ COLUMNS = (
     ("ITL p50 ms", lambda e: e["itl_ms"]["p50"]),
     ("ITL p95 ms", lambda e: e["itl_ms"]["p95"]),
     ("TPOT mean ms", lambda e: e["tpot_ms"]["mean"]),
+    # Measured without latency targets: "-".
+    ("goodput req/s", lambda e: _goodput_cell(e, "requests_per_s")),
+    ("within SLOs", lambda e: _goodput_cell(e, "share")),
+    ("SLOs", lambda e: _goodput_cell(e, "slo_ms")),
 )
+
+
+def _goodput_cell(entry: dict[str, Any], key: str) -> Any:
+    """A goodput figure of the record for a table's cell: the share as a percentage,
+    the targets in words; "-" for a record measured without latency targets."""
+    good = record_goodput(entry)
+    if good is None:
+        return "-"
+    value = good.get(key)
+    if key == "slo_ms":
+        return slo_words(value)
+    return f"{value:.1%}" if key == "share" and _is_number(value) else value
 
 
 def _shape_words(shape: dict[str, Any]) -> str:

@@ -12,6 +12,8 @@ unit's (``python -m tools.engine_trial``'s plan, run on the host by files/engine
 with the host's own environment and model): ready, a chat completion and vLLM's
 benchmark client, with the unit's engine's command line but for where it listens, and
 nothing of it left. A second run changes nothing and leaves the engine running as it was.
+Last, ``python -m tools.bench`` with latency targets reports goodput (vLLM's own), the
+host's benchmark files put back as they were after.
 
 Needs: about 6.3 GB for the environment on the host (its overlay, on this machine's
 disk) and, the first time on a machine, about 5.9 GB of wheels into the shared uv cache
@@ -34,7 +36,7 @@ import pytest
 from facts.cpu_host import parse_cpu_list
 from facts.python_env import MARKER
 from pyinfra_vllm.operations.util.uploads import UPLOAD_ROOT
-from pyinfra_vllm.plans.bench import LATEST_PATH
+from pyinfra_vllm.plans.bench import LATEST_PATH, RECORD_DIR
 from pyinfra_vllm.plans.engine_access import SOCKET_PATH
 from pyinfra_vllm.plans.vllm_service import (
     ENGINE_ENV_KEYS,
@@ -356,3 +358,55 @@ def test_second_run_changes_nothing(served):
     assert data["results"]["totals"]["error"] == 0
     assert main_pid(sandbox, host) == before  # not restarted
     assert KEY not in proc.stdout + proc.stderr
+
+
+BENCH_TEXTFILE = "/var/lib/pyinfra-vllm-metrics/pyinfra_vllm_bench.prom"
+
+
+def bench_with_targets(sandbox, host, report_dir: Path, ttft_ms: str, tpot_ms: str) -> dict:
+    """tools.bench on ``host`` with bench_slo_ttft_ms and bench_slo_tpot_ms: its record."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "tools.bench", str(sandbox.inventory), "--limit", host.name,
+         *DATA, "--data", f"bench_slo_ttft_ms={ttft_ms}", "--data",
+         f"bench_slo_tpot_ms={tpot_ms}", "--report-dir", str(report_dir)],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert f"bench: {host.name}: " in proc.stderr and ", goodput " in proc.stderr
+    return json.loads((report_dir / "latest-bench.json").read_text())["hosts"][host.name]
+
+
+def test_the_benchmark_with_latency_targets_reports_goodput(served, tmp_path):
+    """tools.bench with latency targets (the sandbox's shape: 4 requests of 512 + 32
+    tokens, one at once, seconds on the real engine): vLLM's own client judges every
+    request, through the gateway. Targets no request meets (a microsecond to the first
+    token), then targets every request meets (a minute): goodput 0, then the request
+    rate; the record on the host and node_exporter's textfile carry it. The host's
+    benchmark files are put back as they were after (none: test_integrity.py's restarts,
+    on this host next, stay without a canary)."""
+    sandbox, host, _, _ = served
+    sandbox.ssh(host, "rm -rf /root/bench-before && mkdir /root/bench-before && "
+                f"{{ ! test -e {RECORD_DIR} || mv {RECORD_DIR} /root/bench-before/; }} && "
+                f"{{ ! test -e {BENCH_TEXTFILE} || mv {BENCH_TEXTFILE} /root/bench-before/; }}")
+    try:
+        none_met = bench_with_targets(sandbox, host, tmp_path / "tight", "0.001", "0.001")
+        assert none_met["failed"] == 0 and none_met["completed"] == 4
+        assert none_met["goodput"] == {"requests_per_s": 0.0, "met": 0, "share": 0.0,
+                                       "slo_ms": {"ttft": 0.001, "tpot": 0.001}}
+        every = bench_with_targets(sandbox, host, tmp_path / "loose", "60000", "60000")
+        assert every["goodput"] == {"requests_per_s": every["requests_per_s"], "met": 4,
+                                    "share": 1.0, "slo_ms": {"ttft": 60000.0, "tpot": 60000.0}}
+        assert every["requests_per_s"] > 0
+        on_host = json.loads(sandbox.ssh(host, f"cat {LATEST_PATH}").stdout)
+        assert on_host == every
+        textfile = sandbox.ssh(host, f"cat {BENCH_TEXTFILE}").stdout
+        assert "pyinfra_vllm_bench_goodput_ratio 1\n" in textfile
+        assert f"pyinfra_vllm_bench_goodput_requests_per_second {every['requests_per_s']}\n" \
+            in textfile
+        assert 'pyinfra_vllm_bench_slo_seconds{metric="ttft"} 60\n' in textfile
+    finally:
+        sandbox.ssh(host, f"rm -rf {RECORD_DIR} {BENCH_TEXTFILE} && "
+                    f"{{ ! test -e /root/bench-before/bench || "
+                    f"mv /root/bench-before/bench {RECORD_DIR}; }} && "
+                    f"{{ ! test -e /root/bench-before/pyinfra_vllm_bench.prom || "
+                    f"mv /root/bench-before/pyinfra_vllm_bench.prom {BENCH_TEXTFILE}; }} && "
+                    "rm -rf /root/bench-before")

@@ -5,6 +5,7 @@ the command line and the reports (tools/bench.py), and the settings' shape."""
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import http.server
 import json
@@ -491,3 +492,171 @@ def test_the_key_goes_to_no_listener_but_root_s_on_the_gateway_s_port(tmp_path):
         server.server_close()
     assert served.returncode == 0, served.stderr
     assert received == [f"Bearer {KEY}"]
+
+
+# --- goodput under latency targets (bench_slo_*) -----------------------------------------
+# vLLM 0.22.0's own client with --goodput ttft:40 tpot:15, run by files/bench_client.py
+# against files/openai_stub.py (tests/fixtures/bench/README.md).
+GOOD_RESULT = json.loads((FIXTURES / "vllm-0.22.0-goodput-result.json").read_text())
+GOOD_RECORD = json.loads((FIXTURES / "vllm-0.22.0-goodput-record.json").read_text())
+TARGETS = {"ttft": 40.0, "tpot": 15.0}
+CPU = {"vllm_device": "cpu", "vllm_version": "0.32.0", "tensor_parallel_size": 1}
+
+
+def with_goodput(entry: dict, rate: float | None, targets: dict | None = None) -> dict:
+    return {**entry, "goodput": {"requests_per_s": rate, "met": None, "share": None,
+                                 "slo_ms": targets or TARGETS}}
+
+
+def test_the_targets_reach_vllm_s_client_as_its_goodput_option_only_when_set():
+    plain = bench_plan.client_args(settings(**CPU), {"input_len": 1, "output_len": 1,
+                                                     "concurrency": 1, "requests": 1})
+    assert "--goodput" not in plain
+    targeted = settings(**CPU, bench_slo_ttft_ms=2000, bench_slo_tpot_ms=50.5)
+    assert targeted.bench_slos == {"ttft": 2000.0, "tpot": 50.5}
+    args = bench_plan.client_args(targeted)  # the canary's: its shape comes from the record
+    at = args.index("--goodput")
+    assert args[at:at + 3] == ["--goodput", "ttft:2000", "tpot:50.5"]
+    assert bench_plan.goodput_args({"ttft": 1234567.5}) == ["--goodput", "ttft:1234567.5"]
+    # What files/bench_client.py reads back from the parsed options, as vLLM parses them.
+    parsed = argparse.Namespace(goodput=args[at + 1:at + 3])
+    assert bench_client.slo_targets(parsed) == {"ttft": 2000.0, "tpot": 50.5}
+    assert bench_client.slo_targets(argparse.Namespace(goodput=None)) == {}
+
+
+def test_the_record_with_targets_holds_vllm_s_goodput_and_the_share_that_met_them():
+    entry = bench_client.record(GOOD_RESULT, GOOD_RECORD["shape"], GOOD_RECORD["stack"],
+                                GOOD_RECORD["at"], TARGETS)
+    assert entry == GOOD_RECORD
+    assert GOOD_RESULT["request_goodput"] == pytest.approx(2.9109, abs=1e-4)
+    assert entry["goodput"] == {"requests_per_s": 2.9109, "met": 1, "share": 0.125,
+                                "slo_ms": TARGETS}
+    # Without targets vLLM reports none, and the record is what it always was.
+    assert "goodput" not in bench_client.record(GOOD_RESULT, {}, "s", "2026-12-07T16:58:12Z")
+    # Targets given but no goodput returned: unknown, never taken as met.
+    unknown = bench_client.record({**GOOD_RESULT, "request_goodput": None}, {}, "s",
+                                  "2026-12-07T16:58:12Z", TARGETS)
+    assert unknown["goodput"] == {"requests_per_s": None, "met": None, "share": None,
+                                  "slo_ms": TARGETS}
+
+
+def test_the_textfile_holds_goodput_its_share_and_the_targets_in_seconds():
+    text = bench_client.textfile(GOOD_RECORD)
+    assert "pyinfra_vllm_bench_goodput_requests_per_second 2.9109\n" in text
+    assert "pyinfra_vllm_bench_goodput_ratio 0.125\n" in text
+    assert 'pyinfra_vllm_bench_slo_seconds{metric="tpot"} 0.015\n' in text
+    assert 'pyinfra_vllm_bench_slo_seconds{metric="ttft"} 0.04\n' in text
+    assert "goodput" not in bench_client.textfile(RECORD)
+
+
+@pytest.mark.skipif(PROMTOOL is None, reason="promtool is absent (make system-deps)")
+def test_promtool_accepts_the_textfile_with_goodput():
+    result = subprocess.run([PROMTOOL, "check", "metrics"],
+                            input=bench_client.textfile(GOOD_RECORD),
+                            capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_canary_compares_goodput_under_the_same_targets():
+    before = with_goodput(RECORD, 4.0)
+    # Output tokens/s and TTFT p95 far worse, goodput within 10%: goodput decides.
+    slower = with_goodput({**RECORD, "output_tokens_per_s": 20.0,
+                           "ttft_ms": {**RECORD["ttft_ms"], "p95": 900.0}}, 3.7)
+    assert bench_plan.regression(before, slower, 0.10) is None
+    assert bench_plan.canary_words(before, slower) == (
+        "canary: goodput 3.7 requests/s within TTFT 40 ms, TPOT 15 ms (before 4): within "
+        "rollout_max_regression")
+    assert bench_plan.regression(before, with_goodput(RECORD, 2.0), 0.10) == (
+        "goodput 2 requests/s within TTFT 40 ms, TPOT 15 ms against 4 before (-50%) "
+        "(rollout_max_regression 10%)")
+    assert bench_plan.regression(before, with_goodput(RECORD, None), 0.10) == (
+        "goodput unknown: vLLM's client reported none under TTFT 40 ms, TPOT 15 ms "
+        "(rollout_max_regression 10%)")
+
+
+def test_records_with_and_without_targets_are_not_compared_by_goodput_silently():
+    slow = {**RECORD, "output_tokens_per_s": 60.0}
+    note = "output tokens/s and TTFT p95 compared instead"
+    # The record before was made without targets: throughput compared, and said so.
+    assert bench_plan.regression(RECORD, with_goodput(slow, 9.0), 0.10) == (
+        "output 60 tokens/s against 154.878 before (-61%); goodput not compared: the "
+        f"previous record was measured without latency targets; {note} "
+        "(rollout_max_regression 10%)")
+    assert bench_plan.canary_words(RECORD, with_goodput(RECORD, 9.0)).endswith(
+        f"within rollout_max_regression; goodput not compared: the previous record was "
+        f"measured without latency targets; {note}")
+    # Targets unset since, or other targets: the same.
+    assert bench_plan.compared(with_goodput(RECORD, 9.0), RECORD) == ("throughput", (
+        "goodput not compared: bench_slo_* are unset now (the previous record's targets: "
+        f"TTFT 40 ms, TPOT 15 ms); {note}"))
+    assert bench_plan.compared(with_goodput(RECORD, 9.0),
+                               with_goodput(RECORD, 1.0, {"ttft": 80.0}))[1] == (
+        "goodput not compared: the previous record was measured under TTFT 40 ms, TPOT "
+        f"15 ms, this one under TTFT 80 ms; {note}")
+    assert bench_plan.compared(RECORD, RECORD) == ("throughput", None)
+    # A host's record whose goodput is not a number is not compared by it.
+    assert bench_plan.compared(with_goodput(RECORD, "x"), with_goodput(RECORD, 1.0))[0] == (  # type: ignore[arg-type]
+        "throughput")
+
+
+def test_goodput_reaches_the_reports_the_terminal_and_the_audit(tmp_path):
+    report = {"at": "2026-12-07T16:58:00Z", "hosts": {"gpu-1": GOOD_RECORD, "gpu-2": RECORD},
+              "failed_hosts": {}}
+    paths = bench_tool.write_reports(report, tmp_path)
+    markdown = paths["md"].read_text()
+    assert "| goodput req/s | within SLOs | SLOs |" in markdown
+    assert "| 2.172 | 2.9109 | 12.5% | TTFT 40 ms, TPOT 15 ms |" in markdown
+    assert "| 5.056 | - | - | - |" in markdown  # measured without targets
+    assert "<td>2.9109</td><td>12.5%</td><td>TTFT 40 ms, TPOT 15 ms</td>" in paths[
+        "html"].read_text()
+    assert bench_tool.terminal_lines(report)[0] == (
+        "bench: gpu-1: 395.878 output tokens/s, TTFT p95 48.246 ms, goodput 2.9109 "
+        "requests/s (12.5% of requests within TTFT 40 ms, TPOT 15 ms), 0 failed")
+    assert bench_plan.bench_words({"bench": {"record": GOOD_RECORD, "age_s": 3600.0}}) == (
+        "395.878 output tokens/s, TTFT p95 48.246 ms, goodput 2.9109 requests/s (12.5% of "
+        "requests within TTFT 40 ms, TPOT 15 ms), 0 failed, on vllm 0.22.0 (torch 2.11.0, "
+        "CUDA 12.9) at 2026-12-07T16:58:12Z, 1.0 h ago")
+
+
+def test_every_stack_but_0_6_3_measures_goodput():
+    from pyinfra_vllm.core.stacks import CPU_STACKS, STACKS
+
+    assert [version for version, row in STACKS.items() if not row.bench_goodput] == ["0.6.3"]
+    assert all(row.bench_goodput for row in CPU_STACKS.values())
+
+
+def test_a_benchmark_under_other_targets_is_another_job():
+    from pyinfra_vllm.operations.util import jobs
+
+    shape = {"input_len": 512, "output_len": 32, "concurrency": 1, "requests": 4}
+    plain = bench_plan.client_args(settings(**CPU), shape)
+    targeted = bench_plan.client_args(settings(**CPU, bench_slo_ttft_ms=100), shape)
+    assert bench_plan.goodput_in(plain) == []
+    assert bench_plan.goodput_in(targeted) == ["ttft:100"]
+    assert bench_plan.goodput_in(["--goodput", "ttft:1", "tpot:2"]) == ["ttft:1", "tpot:2"]
+    # No targets: the job's name is what it was before targets existed.
+    assert jobs.unit_name("bench", json.dumps(shape, sort_keys=True), "s",
+                          *bench_plan.goodput_in(plain)) == jobs.unit_name(
+        "bench", json.dumps(shape, sort_keys=True), "s")
+    assert jobs.unit_name("bench", "{}", "s", *bench_plan.goodput_in(targeted)) != \
+        jobs.unit_name("bench", "{}", "s")
+
+
+def test_a_host_s_words_in_its_goodput_are_shown_escaped():
+    hostile = {**GOOD_RECORD, "goodput": {"requests_per_s": HOSTILE, "met": HOSTILE,
+                                          "share": HOSTILE, "slo_ms": {HOSTILE: HOSTILE}}}
+    report = {"at": "2026-12-07T16:58:00Z", "hosts": {"gpu-1": hostile}, "failed_hosts": {}}
+    shown = [*bench_tool.terminal_lines(report), bench_plan.record_words(hostile),
+             bench_plan.bench_words({"bench": {"record": hostile, "age_s": None}}),
+             bench_plan.canary_words(hostile, GOOD_RECORD),
+             str(bench_plan.regression(hostile, {**GOOD_RECORD, "failed": 1}, 0.1))]
+    for line in shown:
+        assert not CONTROL.search(line), line
+    assert "link[x](http://evil)|<script>" in shown[0]
+    markdown = bench_plan.markdown(report)
+    assert "\x1b" not in markdown and "<script>" not in markdown
+    page = bench_plan.html(report)
+    assert "\x1b" not in page and "<script>" not in page
+    same = {**hostile, "goodput": {**hostile["goodput"], "requests_per_s": 1.0}}
+    tuned = tune.table([{"settings": {"block_size": "16"}, "record": same}], None)
+    assert "\x1b" not in tuned and "<script>" not in tuned

@@ -121,3 +121,41 @@ def test_the_limit_is_one_host_of_the_inventory_or_nothing_runs(tmp_path, monkey
         with pytest.raises(tune.UsageError, match="the tuning's one host is given as --limit"):
             tune.parse_args([str(inventory), "--limit", "gpu-1", "--grid", "block_size=16",
                              *extra])
+
+
+def good_row(settings: dict[str, str], output: float, rate: float | None,
+             targets: dict | None = None) -> dict:
+    found = row(settings, output, 100.0)
+    if targets is not None:
+        found["record"]["goodput"] = {"requests_per_s": rate, "met": None, "share": None,
+                                      "slo_ms": targets}
+    return found
+
+
+TARGETS = {"ttft": 2000.0, "tpot": 50.0}
+
+
+def test_with_latency_targets_the_best_is_the_highest_goodput():
+    rows = [good_row({"max_num_seqs": "64"}, 600.0, 1.5, TARGETS),
+            good_row({"max_num_seqs": "16"}, 300.0, 2.5, TARGETS),
+            good_row({"max_num_seqs": "4"}, 150.0, 0.5, TARGETS)]
+    assert tune.basis(rows) == ("goodput", None)
+    assert tune.best(rows, None)["settings"] == {"max_num_seqs": "16"}
+    text = tune.table(rows, None)
+    assert "| max_num_seqs | output tok/s | TTFT p50 ms | TTFT p95 ms | ITL p50 ms | goodput " \
+           "req/s | failed |  |" in text
+    assert "| 16 | 300 | 29.451 | 100.0 | 4.077 | 2.5 | 0 | best |" in text
+    assert text.endswith("Best by goodput within TTFT 2000 ms, TPOT 50 ms: "
+                         "--data max_num_seqs=16\n")
+
+
+def test_combinations_not_all_measured_under_the_same_targets_compare_throughput_and_say_so():
+    note = ("goodput not compared: the combinations were not all measured under the same "
+            "latency targets with a known goodput; output tokens/s compared instead")
+    for odd in (good_row({"max_num_seqs": "64"}, 600.0, None),  # no targets
+                good_row({"max_num_seqs": "64"}, 600.0, 0.1, {"ttft": 10.0}),  # other ones
+                good_row({"max_num_seqs": "64"}, 600.0, None, TARGETS)):  # unknown goodput
+        rows = [odd, good_row({"max_num_seqs": "16"}, 300.0, 2.5, TARGETS)]
+        assert tune.basis(rows) == ("throughput", note)
+        assert tune.best(rows, None)["settings"] == {"max_num_seqs": "64"}
+        assert f"\n{note}.\n\nBest: --data max_num_seqs=64\n" in tune.table(rows, None)
