@@ -14,6 +14,9 @@ has a real upstream that streams. Standard library only (the host has bare pytho
     python3 openai_stub.py --port 8000 [--chunks 10] [--interval 0.2]
     python3 openai_stub.py --uds /run/vllm-engine/engine.sock ...
 
+With ``--stall-completions`` no completion is ever answered while ``/health`` answers
+200: an engine whose core is frozen (files/sentinel.py's tests).
+
 With ``--uds`` it listens on that Unix socket instead (as the engine does where its
 stack's server has one), made connectable (0666): its directory decides who gets in.
 The engine's other options (``--model``, ``--tensor-parallel-size``...) are taken and
@@ -49,6 +52,7 @@ class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     chunks = 10
     interval = 0.2
+    stall = False
 
     def log_message(self, format, *args):  # noqa: A002 - the base class's signature
         pass  # quiet: the journal would only fill with test traffic
@@ -94,6 +98,10 @@ class Handler(BaseHTTPRequestHandler):
             request = json.loads(raw or b"{}")
         except ValueError:
             self._send(400, b'{"error": {"message": "body is not JSON"}}')
+            return
+        if self.stall:
+            # An engine whose core is frozen: /health still answers, completions never.
+            time.sleep(3600)
             return
         chat = self.path.endswith("chat/completions")
         model = request.get("model", "stub")
@@ -142,8 +150,11 @@ def main() -> None:
     parser.add_argument("--chunks", type=int, default=10)
     parser.add_argument("--interval", type=float, default=0.2)
     parser.add_argument("--uds", help="listen on this Unix socket instead")
+    parser.add_argument("--stall-completions", action="store_true",
+                        help="never answer a completion (/health still answers 200)")
     args, _engine_options = parser.parse_known_args()
     Handler.chunks, Handler.interval = args.chunks, args.interval
+    Handler.stall = args.stall_completions
     if args.uds is None:
         ThreadingHTTPServer((args.host, args.port), Handler).serve_forever()
         return

@@ -121,6 +121,13 @@ SERVER_TESTS = {
         "test_idle_never_asks_a_listener_of_another_user",
     },
     "test_bench.py": {"test_the_key_goes_to_no_listener_but_root_s_on_the_gateway_s_port"},
+    # files/sentinel.py against files/openai_stub.py on a Unix socket
+    "test_sentinel.py": {
+        "test_a_serving_engine_keeps_the_host_in",
+        "test_completions_that_hang_behind_a_healthy_health_take_the_host_out_and_back",
+        "test_another_owner_s_flag_and_a_drain_pause_it",
+        "test_an_engine_unit_starting_pauses_it",
+    },
     # files/openai_stub.py on loopback, in the place of vLLM's server
     "test_engine_trial.py": {"test_the_whole_trial_against_a_stand_in_engine",
                              "test_a_plan_runs_from_a_copy_of_the_runner_s_files_alone"},

@@ -75,6 +75,7 @@ STAGES = (
     "vllm_service",
     "gateway",
     "metrics",
+    "sentinel",
 )
 
 # Settings whose values are never printed, not even in an error.
@@ -121,9 +122,25 @@ class Settings(UpkeepSettings, GatewaySettings, HostSettings, EngineSettings):
         return self
 
     @model_validator(mode="after")
+    def _sentinel_timing(self) -> Settings:
+        problems = settings_checks.sentinel_timing(self.sentinel_timeout_s,
+                                                   self.sentinel_interval_s)
+        if problems:
+            raise settings_checks.rule_errors(problems)
+        return self
+
+    @model_validator(mode="after")
     def _device_has_stack(self) -> Settings:
         settings_checks_engine.device_has_stack(self.vllm_version, self.vllm_device,
                                                 self.enforce_eager)
+        return self
+
+    @model_validator(mode="after")
+    def _bench_goodput_on_stack(self) -> Settings:
+        problems = settings_checks_engine.bench_goodput_on_stack(self.bench_slos, self.stack,
+                                                                 self.vllm_version)
+        if problems:
+            raise settings_checks.rule_errors(problems)
         return self
 
     @model_validator(mode="after")
@@ -213,6 +230,13 @@ class Settings(UpkeepSettings, GatewaySettings, HostSettings, EngineSettings):
                 "output_len": scaled(self.bench_output_len),
                 "concurrency": scaled(self.bench_concurrency),
                 "requests": scaled(self.bench_requests)}
+
+    @property
+    def bench_slos(self) -> dict[str, float]:
+        """The benchmark's latency targets that are set, in ms, by vLLM's goodput keys:
+        ``{"ttft": 2000.0, "tpot": 50.0}``; empty: goodput not measured."""
+        targets = {"ttft": self.bench_slo_ttft_ms, "tpot": self.bench_slo_tpot_ms}
+        return {name: value for name, value in targets.items() if value is not None}
 
     @property
     def model_name(self) -> str:

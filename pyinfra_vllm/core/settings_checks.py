@@ -14,7 +14,7 @@ and the engine), settings_checks_gateway.py (the gateway's added directives, its
 files), settings_checks_keys.py (API keys, the Hugging Face token) and
 settings_checks_sources.py (where packages and the model come from). This module: the
 stages (skip_stages, and what a skipped stage leaves unchecked), the kernel parameters,
-and the error of a rule across settings.
+the sentinel's timing, and the error of a rule across settings.
 """
 
 from __future__ import annotations
@@ -86,6 +86,17 @@ def deep_check_has_an_environment(deep_env_check: bool, python_env_repair: bool,
             "skips: remove python_env from skip_stages, or leave python_env_verify stat "
             "and python_env_repair false"
         )
+
+
+def sentinel_timing(timeout_s: int, interval_s: int) -> list[tuple[str, str]]:
+    # A completion still waited for when the next is due would overlap it: the sentinel
+    # probes once per interval, and a timeout as long would count one slow answer late.
+    if timeout_s >= interval_s:
+        return [("sentinel_timeout_s",
+                 f"sentinel_timeout_s ({timeout_s}) must be less than sentinel_interval_s "
+                 f"({interval_s}): the sentinel sends one completion per interval; lower "
+                 "sentinel_timeout_s or raise sentinel_interval_s")]
+    return []
 
 
 def rule_errors(problems: list[tuple[str, str]]) -> ValidationError:

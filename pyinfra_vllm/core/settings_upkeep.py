@@ -7,7 +7,11 @@ from __future__ import annotations
 
 from pydantic import Field, field_validator
 
-from pyinfra_vllm.core import settings_checks_networks, settings_checks_paths
+from pyinfra_vllm.core import (
+    settings_checks_engine,
+    settings_checks_networks,
+    settings_checks_paths,
+)
 from pyinfra_vllm.core.settings_docs import SettingsSection
 
 
@@ -54,6 +58,38 @@ class UpkeepSettings(SettingsSection):
     host's inventory name. No port, scheme or path (the port is gateway_port).
     """
 
+    # --- the sentinel (files/sentinel.py, pyinfra_vllm/stages/sentinel.py) --------------
+    sentinel: bool = True
+    """A sentinel on the host (vllm-sentinel.service, the sentinel stage): every
+    sentinel_interval_s it sends the engine a one-token completion (/health answers 200
+    while the engine core is frozen); after sentinel_failures failures in a row the host
+    leaves the load balancers' rotation (the gateway's /health answers 503, /v1 keeps
+    serving) and, with sentinel_restart, the engine is restarted; once completions answer
+    the host returns. On by default: an engine alive but broken answers /health and fails
+    every request, and nothing else takes it out. False removes the sentinel's units,
+    state and textfile (docs/runtime.md, "The sentinel").
+    """
+    sentinel_interval_s: int = Field(default=30, ge=5, le=3600)
+    """Seconds between two of the sentinel's completions, and the first wait between two
+    of its restarts (doubled after each, at most 600 s). A host leaves the rotation about
+    sentinel_interval_s x sentinel_failures after its engine stopped answering.
+    """
+    sentinel_timeout_s: int = Field(default=20, ge=1, le=3599)
+    """Seconds the sentinel waits for its one-token completion; longer is a failure. Less
+    than sentinel_interval_s. A busy engine queues the completion behind its batch: a wait
+    this long means every new request waits as long.
+    """
+    sentinel_failures: int = Field(default=3, ge=1, le=100)
+    """Failed completions in a row that take the host out of the rotation (and restart the
+    engine, with sentinel_restart). 1 acts on a single slow answer.
+    """
+    sentinel_restart: bool = True
+    """The sentinel restarts an engine it took out of rotation (systemctl restart, never a
+    GPU reset), again after a doubling wait while it fails, never more than 3 times within
+    the engine unit's start-limit interval (30 min), so systemd's own retry and the deploy
+    still have a start. False: out of rotation only; the audit names the host (exit 1).
+    """
+
     # --- acceptance benchmark (python -m tools.bench) ---------------------------------
     bench_input_len: int = Field(default=8192, ge=1, le=1048576)
     """Prompt tokens of each benchmark request (vLLM's random dataset), before bench_scale.
@@ -85,6 +121,25 @@ class UpkeepSettings(SettingsSection):
     audit names a host above it (exit 1) and the alert PyinfraVllmBenchSlow fires. None:
     not judged.
     """
+    bench_slo_ttft_ms: float | None = Field(default=None, gt=0)
+    """Latency target for goodput: a request's time to first token (ms) at most this.
+    With a bench_slo_* set, the benchmark reports goodput (completed requests per second
+    that met every target set, vLLM's ``--goodput ttft:MS``) and the share of requests
+    that met them, and the canary and python -m tools.tune compare goodput instead of
+    output tokens/s (docs/bench.md). Needs a stack whose benchmark client has goodput
+    (every row but vLLM 0.6.3's). None: not set.
+    """
+    bench_slo_itl_ms: float | None = None
+    """Refused when set: vLLM's goodput (``--goodput``) takes ttft, tpot and e2el targets,
+    not itl. Inter-token latency is a list of gaps per request, and vLLM judges none of
+    them against a target; the per-request figure it judges is TPOT (the mean gap after
+    the first token): use bench_slo_tpot_ms. Kept as a key so that setting it says this.
+    """
+    bench_slo_tpot_ms: float | None = Field(default=None, gt=0)
+    """Latency target for goodput: a request's time per output token after the first (ms)
+    at most this (vLLM's ``--goodput tpot:MS``; a request of one output token counts as
+    0). As bench_slo_ttft_ms. None: not set.
+    """
 
     # --- removal (deploys/remove.py) ---------------------------------------------------
     remove_model_files: bool = False
@@ -106,3 +161,4 @@ class UpkeepSettings(SettingsSection):
     _reachable_address = field_validator("metrics_address")(
         settings_checks_networks.reachable_address
     )
+    _itl_target = field_validator("bench_slo_itl_ms")(settings_checks_engine.itl_target_refused)

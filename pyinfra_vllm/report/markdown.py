@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from pyinfra_vllm.plans.bench import bench_words
+from pyinfra_vllm.plans.sentinel import sentinel_words
 from pyinfra_vllm.report.changes import markdown_changes
 from pyinfra_vllm.report.drift import host_problems
 from pyinfra_vllm.report.html_page import HEALTH_COLUMNS
@@ -76,6 +77,8 @@ def render_markdown(report: dict[str, Any]) -> str:
                 lines.append("")
         if "bench" in entry:
             lines += [f"Benchmark: {_md(bench_words(entry))}", ""]
+        if "sentinel" in entry:
+            lines += [f"Sentinel: {_md(sentinel_words(entry))}", ""]
         lines += (_markdown_drift(entry) + _markdown_integrity(entry) + _markdown_model(entry)
                   + _markdown_model_integrity(entry))
     return "\n".join(lines)

@@ -28,6 +28,7 @@ INVENTORY --deep``), every model file re-hashed on the host against it
 from __future__ import annotations
 
 import datetime
+from typing import Any
 
 from pyinfra import host, state
 from pyinfra.api import deploy
@@ -35,12 +36,14 @@ from pyinfra.api import deploy
 from facts.bench import BenchRecord
 from facts.files import PathModes
 from facts.nginx import NginxServers
+from facts.sentinel import SentinelState
 from facts.units import UnitDropIns
 from facts.vllm_service import EngineProcess, EngineServing
 from pyinfra_vllm.core.settings import Settings, SettingsError
 from pyinfra_vllm.plans import access, engine_access
 from pyinfra_vllm.plans import bench as bench_plan
 from pyinfra_vllm.plans import persistence as persistence_plan
+from pyinfra_vllm.plans import sentinel as sentinel_plan
 from pyinfra_vllm.plans import vllm_service as vllm_service_plan
 from pyinfra_vllm.plans.gates import installed_registry
 from pyinfra_vllm.report.drift import host_plan
@@ -57,7 +60,7 @@ from pyinfra_vllm.report.verdicts import (
     summarize,
 )
 from pyinfra_vllm.run import host_reads
-from pyinfra_vllm.run.context import collect, context, refuse
+from pyinfra_vllm.run.context import HostContext, collect, context, refuse
 from pyinfra_vllm.run.host_reads import Read
 from pyinfra_vllm.stages.persistence import persistence_reads
 from pyinfra_vllm.stages.vllm_service import vllm_service_reads
@@ -75,6 +78,8 @@ def audit_reads(settings: Settings, place: engine_access.Endpoint) -> list[Read]
     if settings.vllm_start and "vllm_service" not in settings.skip_stages:
         reads.append(Read(EngineServing, engine_serving_read(place)))
     reads.append(Read(BenchRecord, bench_plan.RECORD_READ))
+    if settings.sentinel:
+        reads.append(Read(SentinelState, sentinel_plan.STATE_READ))
     return reads
 
 
@@ -97,6 +102,7 @@ def audit() -> None:
     previous = previous_entry(host.state, host.name, settings.audit_report_dir,
                               settings.audit_report_keep)
     entry = summarize(host.name, ctx.state, settings, previous)
+    entry["sentinel"] = _sentinel(ctx)
     entry.update(host_plan(state, host, ctx.refused, ctx.refusals, planned=bool(ctx.stages_asked)))
     # What was changed by hand, named: the operations above say only what would be redone.
     entry["findings"] = environment_findings(ctx.environments(host), ctx.environment_path(host))
@@ -130,6 +136,18 @@ def audit() -> None:
     entry["findings"] += bench_plan.problems(settings, last)
     record(host.state, host.name, entry, report_dir=ctx.settings.audit_report_dir,
            keep=ctx.settings.audit_report_keep)
+
+
+def _sentinel(ctx: HostContext) -> dict[str, Any]:
+    """The sentinel's state and last events (pyinfra_vllm/plans/sentinel.py ``verdict``);
+    a host it took out of rotation is refused, named (the audit exits 1)."""
+    found = (host.get_fact(SentinelState, **sentinel_plan.STATE_READ)
+             if ctx.settings.sentinel else None)
+    judged = sentinel_plan.verdict(found, ctx.settings.sentinel)
+    if judged["ok"] is False:
+        ctx.refuse("Audit: host out of rotation by its sentinel",
+                   [sentinel_plan.refusal(host.name, judged)])
+    return judged
 
 
 def _access_findings(settings: Settings, place: engine_access.Endpoint) -> list[str]:

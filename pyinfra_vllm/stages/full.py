@@ -27,6 +27,7 @@ from pyinfra_vllm.stages.model_volume import model_volume
 from pyinfra_vllm.stages.persistence import persistence
 from pyinfra_vllm.stages.preflight import preflight
 from pyinfra_vllm.stages.python_env import python_env, python_env_built
+from pyinfra_vllm.stages.sentinel import sentinel
 from pyinfra_vllm.stages.sysctl import sysctl
 from pyinfra_vllm.stages.vllm_service import vllm_service
 
@@ -61,6 +62,8 @@ def full() -> None:
     gateway()
     # The verdicts and the capacity plan, for node_exporter's textfile collector.
     metrics()
+    # A one-token completion every interval: out of rotation and restarted when they fail.
+    sentinel()
 
 
 # Each stage is called on a line of its own, never from a loop over a list: pyinfra orders

@@ -49,6 +49,7 @@ from pyinfra_vllm.plans import model as model_plan
 from pyinfra_vllm.plans import persistence as persistence_plan
 from pyinfra_vllm.plans import sysctl as sysctl_plan
 from pyinfra_vllm.plans import vllm_service as vllm_plan
+from pyinfra_vllm.stages.sentinel import sentinel_removed
 
 # Under /var/lib/pyinfra-vllm (pyinfra_vllm/plans/model.py TOOL_DIR): the downloader and the
 # model locks go; gateway_plan.DISABLED_DIR and units.DISABLED_DROP_IN_DIR, what the suite
@@ -71,6 +72,9 @@ def _services(settings: Settings) -> None:
     remove_ops.jobs_stopped(
         name="Remove: the suite's running jobs stopped (a model download, an environment's build)",
     )
+    # The sentinel first: it would restart the engine stopped below, and its program
+    # goes with the helpers' directory.
+    sentinel_removed(settings, "Remove")
     remove_ops.unit_removed(
         name="Remove: vllm.service stopped, disabled and removed",
         unit=f"{vllm_plan.SERVICE}.service",

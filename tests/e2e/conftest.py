@@ -54,12 +54,13 @@ CUDA_063 = ("--data", "vllm_device=cuda", "--data", "vllm_version=0.6.3",
 
 # One seed host serving with the sandbox's default data and SERVING_KEY, converged once:
 # test_serving.py leaves it up for test_integrity.py, which leaves it up for
-# test_engine_faults.py, which leaves it up for test_remove.py (booted's leave_up_for and
-# take_over). HANDOVER runs them in that order, one after another, so the host is
-# installed and its engine started once for the four.
+# test_engine_faults.py, which leaves it up for test_sentinel.py, which leaves it up for
+# test_remove.py (booted's leave_up_for and take_over). HANDOVER runs them in that order,
+# one after another, so the host is installed and its engine started once for the five.
 SERVED_SEED = "served-seed"
 SERVING_KEY = "sk-serve-" + "0123456789abcdef" * 2  # 41 characters: above the minimum
-HANDOVER = ("test_serving.py", "test_integrity.py", "test_engine_faults.py", "test_remove.py")
+HANDOVER = ("test_serving.py", "test_integrity.py", "test_engine_faults.py", "test_sentinel.py",
+            "test_remove.py")
 
 
 def pytest_collection_modifyitems(session, config, items):

@@ -47,6 +47,7 @@ from facts.gpus import GpuComputeCapability, GpuInventory, GpuProcesses
 from facts.model import ModelContent, ModelFiles
 from facts.nginx import NginxServers
 from facts.python_env import EnvironmentContent, VllmEnvironments
+from facts.sentinel import SentinelState
 from facts.storage import BlockDevice, FilesystemSize, Fstab, MountPoint
 from facts.sysctl import KernelParam, normalize
 from facts.topology import GpuTopology, NvlinkStatus, parse_topology
@@ -143,6 +144,11 @@ class ConvergedHost:
             DebPackage: lambda package: {"name": package, "version": "1.0-1ubuntu1"},
             NginxServers: self.nginx_servers,
             BenchRecord: lambda path: None,
+            # The sentinel's state: serving, nothing held (files/sentinel.py).
+            SentinelState: lambda state_path, rotation_flag: {
+                "state": "ok", "reason": "a one-token completion answered", "failures": 0,
+                "restarts": 0, "last_latency_s": 0.05, "updated": 1796648531.0,
+                "events": [], "rotation": None},
             ModelContent: lambda path, lock: {
                 "files": len(lock["files"]), "bytes": sum(f["size"] for f in lock["files"]),
                 "seconds": 61.2, "jobs": 16, "problems": {}, "error": None},
@@ -337,11 +343,13 @@ class ConvergedHost:
                                        "digest": entry["digest"]}
         return {"verified": verified, "files": files}
 
-    def unit_activation(self, unit: str) -> dict[str, Any]:
+    def unit_activation(self, unit: str) -> dict[str, Any] | None:
         """Every unit enabled and running; the engine's only enabled where vllm_start is
-        false."""
+        false; the sentinel's unknown where it is off."""
         if unit == vllm_service_plan.UNIT and not self.settings.vllm_start:
             return {"active": "inactive", "enabled": "enabled", "start_to_active_s": None}
+        if unit.startswith("vllm-sentinel") and not self.settings.sentinel:
+            return None  # removed: systemd does not know it
         return {"active": "active", "enabled": "enabled", "start_to_active_s": 41.5}
 
     def engine_process(self, unit: str, keys: list[str], secret_keys: list[str]

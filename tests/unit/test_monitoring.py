@@ -214,15 +214,15 @@ def test_promtool_accepts_the_rules():
     result = subprocess.run([PROMTOOL, "check", "rules", str(RULES)], capture_output=True,
                             text=True, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 26 rules found" in result.stdout
+    assert "SUCCESS: 31 rules found" in result.stdout
 
 
 @needs_promtool
 @pytest.mark.parametrize("tests", ["vllm-alerts.test.yml", "gpu-health-alerts.test.yml",
-                                   "bench-alerts.test.yml"])
+                                   "bench-alerts.test.yml", "sentinel-alerts.test.yml"])
 def test_the_rules_fire_where_they_must_and_only_there(tests):
     # Each file says what it checks: the serving alerts, each GPU-health reason, the
-    # benchmark below its thresholds.
+    # benchmark below its thresholds, each state of the sentinel.
     result = subprocess.run([PROMTOOL, "test", "rules", tests],
                             cwd=RULES.parent, capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -243,7 +243,7 @@ def test_promtool_accepts_the_generated_config(tmp_path):
 def test_every_rule_has_for_severity_and_summary():
     rules = [rule for group in yaml.safe_load(RULES.read_text())["groups"]
              for rule in group["rules"]]
-    assert len(rules) == 26
+    assert len(rules) == 31
     for rule in rules:
         assert rule["for"], rule["alert"]
         assert rule["labels"]["severity"] in ("critical", "warning"), rule["alert"]

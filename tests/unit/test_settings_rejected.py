@@ -599,6 +599,23 @@ CASES = [
          "set gateway_proxy_timeout_s instead"),
     case("directive-body-size", {"gateway_extra_directives": ["client_max_body_size 0;"]},
          "gateway_extra_directives", "set gateway_max_body_mib instead"),
+    case("bench-slo-on-a-stack-without-goodput", {"bench_slo_ttft_ms": 2000},
+         "bench_slo_ttft_ms", "is set, but vLLM 0.6.3's stack has no benchmark client with goodput",
+         "set vllm_version to a release whose cuda stack has it: 0.17.0, 0.22.0, 0.33.0"),
+    case("bench-slo-itl", {"bench_slo_itl_ms": 50}, "bench_slo_itl_ms",
+         "takes ttft, tpot and e2el targets, not itl", "set bench_slo_tpot_ms instead"),
+    case("bench-slo-tpot-zero", {"bench_slo_tpot_ms": 0}, "bench_slo_tpot_ms",
+         "greater than 0"),
+    case("sentinel-timeout-as-long-as-interval",
+         {"sentinel_interval_s": 30, "sentinel_timeout_s": 30}, "sentinel_timeout_s",
+         "sentinel_timeout_s (30) must be less than sentinel_interval_s (30)",
+         "lower sentinel_timeout_s or raise sentinel_interval_s"),
+    case("sentinel-interval-too-short", {"sentinel_interval_s": 1}, "sentinel_interval_s",
+         "greater than or equal to 5"),
+    case("sentinel-no-failures", {"sentinel_failures": 0}, "sentinel_failures",
+         "greater than or equal to 1"),
+    case("sentinel-restart-not-a-bool", {"sentinel_restart": "sometimes"}, "sentinel_restart",
+         "valid boolean"),
 ]
 
 

@@ -221,10 +221,10 @@ def scenario(name: str, files: dict[str, str]) -> dict[str, Any]:
                 "rollout_canary": False, "skip_stages": ["metrics"]},
         # The defaults' vLLM 0.6.3 on TCP on loopback, built with uv, enabled but not
         # started (as on the sandbox's GPU hosts), TLS, no model stage and no lock,
-        # node_exporter not installed.
+        # node_exporter not installed, no sentinel.
         "no_model": {**common, **tls, "model_lock": None, "python_env_manager": "uv",
                      "vllm_start": False, "skip_stages": ["model"],
-                     "node_exporter_install": False},
+                     "node_exporter_install": False, "sentinel": False},
     }[name]
 
 

@@ -92,8 +92,8 @@ def test_a_stage_continues_only_a_stage_function():
     (lambda steps: [step for step in steps if step is not RUNBOOK[4]],
      "runbook: the stages run in the order preflight, driver, mig, persistence, "
      "model_volume,"),
-    (lambda steps: [*steps, RUNBOOK[0]], ", metrics, preflight; pyinfra_vllm/core/"),
-    (lambda steps: [*steps, bench], ", metrics, bench; pyinfra_vllm/core/"),
+    (lambda steps: [*steps, RUNBOOK[0]], ", sentinel, preflight; pyinfra_vllm/core/"),
+    (lambda steps: [*steps, bench], ", sentinel, bench; pyinfra_vllm/core/"),
     (lambda steps: [python_env_built, *[s for s in steps if s is not python_env_built]],
      "runbook: python_env_built ends the stage python_env, which no step before it starts"),
     (lambda steps: [*steps, print], "runbook: <built-in function print> is no @stage function"),

