@@ -31,7 +31,8 @@ plan there. The plan holds no secret: the engine's key is made here, for this tr
    record is not touched). With the plan's ``state_dir`` the unit's state directory
    (HOME, HF_HOME) is there instead, and the environment's compile cache (VLLM_CACHE_ROOT,
    TRITON_CACHE_DIR) in its ``compile-cache``, kept after the trial (0700, this user's, no
-   one else may write it): a second trial with it starts as a restarted unit.
+   one else may write it) with the engine's key (its ``engine-key``, 0600, which vLLM's
+   compile cache is keyed on too): a second trial with it starts as a restarted unit.
 4. Always, also on Ctrl-C, SIGTERM or a failure: SIGTERM to the engine's process group,
    SIGKILL to what is left of it after the plan's ``stop_timeout_s``, until no process of
    the group is left (one left is named, and the exit is 1). The trial's directory is
@@ -245,6 +246,41 @@ def state_dir(path: str) -> None:
                        "give another, or chmod go-w it")
 
 
+def trial_key(plan: dict) -> str:
+    """The engine's key (32 random bytes), kept with the plan's ``state_dir`` (its
+    ``engine-key``, 0600) as the unit's key file is kept across its restarts: vLLM keys its
+    compile cache on every vLLM variable it does not list as ignored, VLLM_API_KEY among
+    them (vllm/envs.py ``compile_factors``, 0.22.0), so a new key compiles again."""
+    if not plan.get("state_dir"):
+        key = secrets.token_urlsafe(32)
+    else:
+        key = _kept_key(os.path.join(plan["state_dir"], "engine-key"))
+    _SECRETS.append(key)
+    return key
+
+
+def _kept_key(path: str) -> str:
+    """The key in ``path``, made there (0600, O_EXCL) where absent; one that is not a
+    file of this user's that only it may read is BadInput."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except FileExistsError:
+        pass
+    else:
+        with os.fdopen(fd, "w", encoding="ascii") as out:
+            out.write(secrets.token_urlsafe(32))
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError as exc:
+        raise BadInput(f"{path} cannot be read: {exc.strerror}") from None
+    with os.fdopen(fd, encoding="ascii") as text:
+        found = os.fstat(text.fileno())
+        key = text.read().strip()
+    if found.st_uid != os.getuid() or found.st_mode & 0o077 or len(key) != 43:
+        raise BadInput(f"{path} is not this user's 0600 key file of the trial: remove it")
+    return key
+
+
 def _prctl(option: int, value: int) -> None:
     try:
         ctypes.CDLL(None, use_errno=True).prctl(option, value)
@@ -453,11 +489,9 @@ def _interrupted(signum: int, frame: object) -> None:
 
 
 # --- the trial ---------------------------------------------------------------------------------
-def serve(plan: dict, record: dict, env: dict[str, str], root: str) -> int:
-    """The engine started, asked and stopped, the record filled in: 0, or 1 (why in
-    ``record["error"]``)."""
-    key = secrets.token_urlsafe(32)
-    _SECRETS.append(key)
+def serve(plan: dict, record: dict, env: dict[str, str], root: str, key: str) -> int:
+    """The engine started with its ``key``, asked and stopped, the record filled in: 0, or
+    1 (why in ``record["error"]``)."""
     engine = None
     try:
         engine = start(plan, {**env, "VLLM_API_KEY": key}, root)
@@ -537,12 +571,13 @@ def trial(plan: dict, record_path: str | None) -> int:
     try:
         env = engine_env(plan, root)
         record["vllm"] = check_vllm(plan, env)
+        key = trial_key(plan)
     except BaseException:
         shutil.rmtree(root, ignore_errors=True)
         raise
     record["environment"] = env  # its key is added for the engine alone
     say(f"{record['vllm']['dist']} {record['vllm']['version']} in {plan['python']}")
-    code = serve(plan, record, env, root)
+    code = serve(plan, record, env, root, key)
     record["log"] = cleaned(root, keep_log=code != 0)
     if code != 0:
         say(f"failed: {record['error']}")

@@ -61,7 +61,8 @@ AMX permission are in the trial's own 0700 directory.
 - ``--state-dir DIR``: the engine's state directory (the unit's /var/lib/vllm: HOME,
   HF_HOME) and, in its ``compile-cache``, the environment's compile cache (the unit's
   ``<env>/pyinfra-vllm-cache``: VLLM_CACHE_ROOT with torch.compile's artifacts,
-  TRITON_CACHE_DIR), kept after the trial, so a
+  TRITON_CACHE_DIR) and the engine's key (``engine-key``, 0600; vLLM keys its compile
+  cache on VLLM_API_KEY too), kept after the trial, so a
   second trial with it starts as a restarted unit does, from what the first compiled
   (vLLM keys its compile cache on, among others, VLLM_CONFIG_ROOT, which follows HOME:
   a fresh HOME each time compiles each time); made 0700, or one of this user's no one
@@ -329,8 +330,9 @@ def home_words(state: str | None) -> str:
     if state is None:
         return f"HOME, HF_HOME and the compile cache are in the trial's directory, {unit}"
     return (f"HOME and HF_HOME are in {state} and the compile cache in {state}/compile-cache,"
-            f" {unit}, kept after the trial (--state-dir): a later trial with it starts "
-            "from what this one compiled")
+            f" {unit}, kept after the trial (--state-dir) with the engine's key (its "
+            "engine-key, 0600: vLLM's compile cache is keyed on it too): a later trial with "
+            "it starts from what this one compiled")
 
 
 def differences(plan: EnginePlan, unit: Settings, source: str, ready_s: int,

@@ -70,8 +70,11 @@ trial)
         --record "$OUT/$2.json" 2> "$OUT/$2.log" >/dev/null || { tail -40 "$OUT/$2.log"; exit 1; }
     tail -5 "$OUT/$2.log"
     # What the engine compiled, kept for the next trial with the same --state-dir.
-    if [ -d "$W/state/compile-cache" ]; then
-        du -s --block-size=1M "$W/state/compile-cache"/*/ | tee "$OUT/$2.du"
+    state=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["state_dir"] or "")' \
+        "bench/gpu_trial/plans/$2.json")
+    if [ -n "$state" ] && [ -d "$state/compile-cache" ]; then
+        du -s --block-size=1M "$state/compile-cache"/*/ "$state/compile-cache"/vllm/*/*/ \
+            | tee "$OUT/$2.du"
     fi
     ;;
 esac

@@ -29,4 +29,10 @@ plan graphs "$W/qwen36" --engine-arg=--language-model-only --data enforce_eager=
     --bench-runs 4 --state-dir "$W/state"
 plan graphs-restarted "$W/qwen36" --engine-arg=--language-model-only \
     --data enforce_eager=false --bench-runs 2 --state-dir "$W/state"
+# The same pair from a state directory of its own with one benchmark each: the start
+# with an empty compile cache, then the restart from it.
+plan graphs-cold "$W/qwen36" --engine-arg=--language-model-only \
+    --data enforce_eager=false --bench-runs 1 --state-dir "$W/kept"
+plan graphs-warm "$W/qwen36" --engine-arg=--language-model-only \
+    --data enforce_eager=false --bench-runs 1 --state-dir "$W/kept"
 ls "$out"

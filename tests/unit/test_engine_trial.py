@@ -328,6 +328,7 @@ def trial(box, envs, capfd, server: list[str], *extra: str) -> tuple[int, dict, 
     """The trial with ``server`` for vLLM's, watched: (exit status, record, stderr,
     what the watcher saw)."""
     seen, stop = box["tmp"].parent / "watched.json", box["tmp"].parent / "stop"
+    stop.unlink(missing_ok=True)
     watcher = subprocess.Popen([sys.executable, "-c", WATCH, server[-1], str(seen), str(stop)])
     try:
         code = engine_trial.run([*argv(box, envs["vllm"]), "--record",
@@ -500,8 +501,9 @@ def test_what_the_trial_adds_is_in_its_command_line_environment_and_differences(
     assert plan["differences"][3] == (
         f"HOME and HF_HOME are in {state} and the compile cache in {state}/compile-cache, "
         "not in /var/lib/vllm and the environment's pyinfra-vllm-cache (the engine's "
-        "user's), kept after the trial (--state-dir): a later trial with it starts from what "
-        "this one compiled")
+        "user's), kept after the trial (--state-dir) with the engine's key (its engine-key, "
+        "0600: vLLM's compile cache is keyed on it too): a later trial with it starts from "
+        "what this one compiled")
     assert plan["differences"][-5:-3] == [
         "the trial adds the options --load-format dummy --limit-mm-per-prompt={\"image\":0} "
         "(random weights of the model's shapes: its figures are not the model's answers)",
@@ -540,6 +542,24 @@ def test_bench_runs_and_a_kept_state_directory(box, envs, capfd, tmp_path):
     assert "engine-trial: benchmark 2 of 2: " in err
     # The state directory is kept, 0700; the trial's own directory is gone.
     assert (state.stat().st_mode & 0o777, os.listdir(box["tmp"])) == (0o700, [])
+    # Its key is kept there (0600) and given to the next trial's engine: vLLM's compile
+    # cache is keyed on VLLM_API_KEY too.
+    kept = state / "engine-key"
+    assert (kept.stat().st_mode & 0o777, kept.read_text()) == (0o600, engine["env"]["VLLM_API_KEY"])
+    assert kept.read_text() not in err and kept.read_text() not in json.dumps(record)
+    code, _, err, watcher = trial(box, envs, capfd, [STUB], "--state-dir", str(state))
+    assert code == 0, err
+    [again] = watcher["found"].values()
+    assert again["env"]["VLLM_API_KEY"] == kept.read_text()
+
+
+def test_a_kept_key_others_may_read_is_refused(box, envs, capfd, tmp_path):
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    (state / "engine-key").write_text("k" * 43)
+    (state / "engine-key").chmod(0o644)
+    err = refused(box, envs, capfd, "--state-dir", str(state), server=[STUB])
+    assert f"{state}/engine-key is not this user's 0600 key file of the trial: remove it" in err
 
 
 def test_a_state_directory_others_may_write_is_refused(box, envs, capfd, tmp_path):
