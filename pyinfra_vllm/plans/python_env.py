@@ -97,6 +97,89 @@ def proven(environments: dict, path: str, stack: StackRow) -> bool:
             and found.get("integrity", {}).get("state") == "intact")
 
 
+# The engine's compile cache (COMPILE_CACHE_NAME) as a build's disk check counts it, MiB.
+# Measured on an H100 (vLLM 0.22.0, Qwen3.6-27B's config with dummy weights, tensor
+# parallel 1, CUDA graphs and torch.compile, 128K context): one compile wrote 284 MiB to
+# VLLM_CACHE_ROOT (torch_compile_cache) and 74 MiB to TRITON_CACHE_DIR, 358 MiB for its
+# compile key; vLLM keys the cache on its configuration and environment, and a second key
+# took it to 568 + 74 MiB. Counted: those two keys, the first start's and one change of
+# the engine's settings before a stack change empties the cache. A constant, not a
+# setting: the check is a floor before a build, not a quota the engine is held to (the
+# cache grows as vLLM needs, and goes with its environment), and the margin below covers
+# a model whose graphs compile somewhat larger.
+COMPILE_CACHE_MIB = 568 + 74
+# What a build writes on python_env_root's file system beyond its environment and the
+# installer's cache, and room left after it, MiB: pip's bytecode (pip compiles every
+# module it installs; uv does not: 267 MiB of .py in vLLM 0.22.0's environment, whose
+# compiled modules came to 1.24 times their source), Miniforge's prefix and the stack's
+# Python under conda (not measured here), uv's binary, and the file system not filled to
+# its last block by the build (the journal and apt write there too).
+BUILD_MARGIN_MIB = 2048
+
+
+@dataclass(frozen=True)
+class BuildSpace:
+    """What building a stack's environment needs free on python_env_root's file
+    system, MiB, by what it is for (``build_space``)."""
+
+    stack: str
+    environment: int
+    # The installer's cache, counted where it is kept (uv: /root/.cache/uv; pip:
+    # /root/.cache/pip) as though on the same file system, as on a host whose
+    # python_env_root is on its root file system: where it is not, the figure asks that
+    # much more, which the message names.
+    cache: int
+    cache_words: str
+    compile_cache: int
+    margin: int = BUILD_MARGIN_MIB
+
+    @property
+    def total(self) -> int:
+        return self.environment + self.cache + self.compile_cache + self.margin
+
+    def words(self) -> str:
+        """``8927 MiB the environment + 4069 MiB pip's cache of its wheels + ...``."""
+        parts = [f"{self.environment} MiB the environment"]
+        if self.cache:
+            parts.append(f"{self.cache} MiB {self.cache_words}")
+        if self.compile_cache:
+            parts.append(f"{self.compile_cache} MiB the engine's compile cache")
+        parts.append(f"{self.margin} MiB margin")
+        return " + ".join(parts)
+
+
+def build_space(stack: StackRow, manager: str, link_mode: str, compiles: bool) -> BuildSpace:
+    """What building ``stack``'s environment with ``manager`` needs free (``BuildSpace``):
+    its installed size; uv's cache under ``link_mode`` copy (the unpacked wheels the
+    environment copies: under hardlink the environment's files are the cache's, counted
+    once), or pip's cache (conda, venv: every wheel it downloaded); the engine's compile
+    cache where it ``compiles`` (vllm_device cuda, enforce_eager false); the margin."""
+    if manager == "uv":
+        cache = 0 if link_mode == "hardlink" else stack.env_mib
+        words = "uv's cache of its unpacked wheels (python_env_link_mode copy)"
+    else:
+        cache, words = stack.wheels_mib, "pip's cache of its wheels"
+    return BuildSpace(stack=stack_label(stack), environment=stack.env_mib, cache=cache,
+                      cache_words=words, compile_cache=COMPILE_CACHE_MIB if compiles else 0)
+
+
+def space_problem(found: dict | None, root: str, space: BuildSpace) -> str | None:
+    """Why the file system of ``root`` cannot take the build (facts.storage
+    .FilesystemFree ``found``): less free than ``space`` needs, or its free space
+    unknown. None: it has room."""
+    needs = (f"building vLLM {space.stack}'s environment needs {space.total} MiB there "
+             f"({space.words()})")
+    if found is None:
+        return (f"python_env: the free space of the file system holding {root} is unknown "
+                f"(df gave no number); {needs}: fix df on the host, then run again")
+    free = found["free"] // 2**20
+    if free >= space.total:
+        return None
+    return (f"python_env: {free} MiB free on the file system holding {root} (read at "
+            f"{found['path']}); {needs}: free {space.total - free} MiB or more there, or set "
+            "python_env_root to a file system with room")
+
+
 def returns_to_kept(environments: dict, path: str, stack: StackRow) -> bool:
     """Does a run move the host back to an environment it kept (a rollback, or a release
     tried before), not to a new one or the one ``current`` names?"""

