@@ -60,7 +60,7 @@ AMX permission are in the trial's own 0700 directory.
   the record keeps each run (``bench_runs``) and the last (``bench``).
 - ``--state-dir DIR``: the engine's state directory (the unit's /var/lib/vllm: HOME,
   HF_HOME) and, in its ``compile-cache``, the environment's compile cache (the unit's
-  ``<env>/pyinfra-vllm-cache``: VLLM_CACHE_ROOT with torch.compile's artifacts,
+  ``/var/cache/vllm/<env>``: VLLM_CACHE_ROOT with torch.compile's artifacts,
   TRITON_CACHE_DIR) and the engine's key (``engine-key``, 0600; vLLM keys its compile
   cache on VLLM_API_KEY too), kept after the trial, so a
   second trial with it starts as a restarted unit does, from what the first compiled
@@ -98,7 +98,7 @@ from pyinfra_vllm.plans import engine_access
 from pyinfra_vllm.plans import vllm_service as vllm_service_plan
 from pyinfra_vllm.plans.engine_access import Endpoint
 from pyinfra_vllm.plans.engine_plan import EnginePlan, engine_plan, ready_argv, stop_timeout_s
-from pyinfra_vllm.plans.python_env import COMPILE_CACHE_NAME, compile_cache
+from pyinfra_vllm.plans.python_env import COMPILE_CACHE_ROOT, compile_cache
 from tools import bench as bench_tool
 from tools import scrape_config
 from tools.tune import UsageError, resolve_host
@@ -325,8 +325,8 @@ def relocations(settings: Settings, python: str) -> list[dict[str, Any]]:
 
 def home_words(state: str | None) -> str:
     """Where the trial's engine keeps its state, in words."""
-    unit = (f"not in {vllm_service_plan.STATE_DIR} and the environment's "
-            f"{COMPILE_CACHE_NAME} (the engine's user's)")
+    unit = (f"not in {vllm_service_plan.STATE_DIR} and {COMPILE_CACHE_ROOT} (the engine's "
+            "user's)")
     if state is None:
         return f"HOME, HF_HOME and the compile cache are in the trial's directory, {unit}"
     return (f"HOME and HF_HOME are in {state} and the compile cache in {state}/compile-cache,"

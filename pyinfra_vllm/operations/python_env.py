@@ -51,6 +51,7 @@ from pyinfra_vllm.operations.util.uploads import (
 )
 from pyinfra_vllm.plans.python_env import (
     LOCK_NAME,
+    compile_cache,
     download_env,
     proven,
     prunable,
@@ -422,7 +423,8 @@ def pruned(root: str, keep: int, wanted: str, environments: dict | None = None):
     + environments: the VllmEnvironments fact when the deploy already read it
 
     Nothing to remove: no command. Only built environments (with a marker) under
-    ``{root}/envs`` are candidates.
+    ``{root}/envs`` are candidates; each goes with the engine's compile cache for it
+    (``compile_cache``: a directory of the engine user's in root's /var/cache/vllm).
     """
     found = environments or host.get_fact(VllmEnvironments, root=root)
     doomed = [path for path in prunable(found, keep, wanted)
@@ -430,4 +432,5 @@ def pruned(root: str, keep: int, wanted: str, environments: dict | None = None):
     if not doomed:
         host.noop(f"no environment beyond the {keep} kept for rollback")
         return
-    yield StringCommand("rm -rf", *(QuoteString(path) for path in doomed))
+    caches = [compile_cache(f"{path}/bin/python") for path in doomed]
+    yield StringCommand("rm -rf", *(QuoteString(path) for path in [*doomed, *caches]))

@@ -181,7 +181,7 @@ def render_unit(
         model_path=systemd_plain(plan.model_path),
         user=service.SERVICE_USER,
         state_dir=service.STATE_DIR,
-        compile_cache=systemd_plain(compile_cache(plan.python)),
+        cache_dir_name=systemd_plain(compile_cache(plan.python).removeprefix("/var/cache/")),
         state_dir_name=service.STATE_DIR.removeprefix("/var/lib/"),
         env_path=env_path,
         **_reach_words(plan.endpoint),

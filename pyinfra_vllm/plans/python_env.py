@@ -24,12 +24,13 @@ ENVS_DIR = "envs"
 TOOL_PREFIXES = ("uv", "miniforge3")
 CURRENT_LINK = "current"
 # What the engine compiles for an environment (vLLM's torch.compile artifacts, with their
-# Inductor and Triton caches, and Triton's own kernels), in a directory inside it that the
-# engine's unit makes the engine user's: it outlives restarts, so a restart loads what the
-# last start compiled, and it goes with its environment, so a stack change starts from an
-# empty one and a pruned environment takes its cache along. Its name keeps it out of the
-# environment's listing (facts.python_env.listing_command skips ``pyinfra-vllm-*``).
-COMPILE_CACHE_NAME = "pyinfra-vllm-cache"
+# Inductor and Triton caches, and Triton's own kernels), in a directory of that
+# environment's name under COMPILE_CACHE_ROOT: the unit names it as its CacheDirectory=
+# (systemd makes it the engine user's before the first command; the directories above
+# it stay root's), so it outlives restarts and a restart loads what the last start
+# compiled; a new stack's environment starts from an empty one, and the pruned
+# environments' caches go with them (pyinfra_vllm/operations/python_env.py pruned).
+COMPILE_CACHE_ROOT = "/var/cache/vllm"
 MINIFORGE_INSTALLER = re.compile(r"Miniforge3-[0-9][A-Za-z0-9._-]*\.sh")
 # The names environment_base gives, of every stack row's distribution, and its
 # rebuilds' (``-g2``).
@@ -97,7 +98,9 @@ def proven(environments: dict, path: str, stack: StackRow) -> bool:
             and found.get("integrity", {}).get("state") == "intact")
 
 
-# The engine's compile cache (COMPILE_CACHE_NAME) as a build's disk check counts it, MiB.
+# The engine's compile cache (compile_cache) as a build's disk check counts it, MiB, on
+# python_env_root's file system as though /var/cache were on it (the root file system
+# holds both by default).
 # Measured on an H100 (vLLM 0.22.0, Qwen3.6-27B's config with dummy weights, tensor
 # parallel 1, CUDA graphs and torch.compile, 128K context): one compile wrote 284 MiB to
 # VLLM_CACHE_ROOT (torch_compile_cache) and 74 MiB to TRITON_CACHE_DIR, 358 MiB for its
@@ -188,8 +191,8 @@ def returns_to_kept(environments: dict, path: str, stack: StackRow) -> bool:
 
 def compile_cache(python: str) -> str:
     """The compile cache of the environment whose interpreter is ``python``
-    (``/opt/vllm/envs/<env>/bin/python``): ``/opt/vllm/envs/<env>/pyinfra-vllm-cache``."""
-    return f"{posixpath.dirname(posixpath.dirname(python))}/{COMPILE_CACHE_NAME}"
+    (``/opt/vllm/envs/<env>/bin/python``): ``/var/cache/vllm/<env>``."""
+    return f"{COMPILE_CACHE_ROOT}/{posixpath.basename(posixpath.dirname(posixpath.dirname(python)))}"
 
 
 def environment_path(root: str, stack: StackRow, manager: str, python: str,

@@ -27,8 +27,9 @@ UNIT_PATH = "/etc/systemd/system/vllm.service"
 ENV_PATH = "/etc/vllm/vllm.env"
 SERVICE_USER = "vllm"
 # The service user's home, one of the two paths the unit may write (ProtectSystem=strict):
-# HF_HOME, vLLM's configuration. The other is its environment's compile cache
-# (pyinfra_vllm/plans/python_env.py compile_cache): VLLM_CACHE_ROOT, TRITON_CACHE_DIR.
+# HF_HOME, vLLM's configuration. The other is its environment's compile cache, its
+# CacheDirectory= (pyinfra_vllm/plans/python_env.py compile_cache): VLLM_CACHE_ROOT,
+# TRITON_CACHE_DIR.
 STATE_DIR = "/var/lib/vllm"
 # Where the deploy uploads files/gpu_guard.py and files/wait_ready.py (readable by vllm).
 HELPER_DIR = "/usr/local/lib/pyinfra-vllm"

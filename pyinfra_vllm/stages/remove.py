@@ -49,6 +49,7 @@ from pyinfra_vllm.plans import model as model_plan
 from pyinfra_vllm.plans import persistence as persistence_plan
 from pyinfra_vllm.plans import sysctl as sysctl_plan
 from pyinfra_vllm.plans import vllm_service as vllm_plan
+from pyinfra_vllm.plans.python_env import COMPILE_CACHE_ROOT
 from pyinfra_vllm.stages.sentinel import sentinel_removed
 
 # Under /var/lib/pyinfra-vllm (pyinfra_vllm/plans/model.py TOOL_DIR): the downloader and the
@@ -147,8 +148,10 @@ def _data(settings: Settings) -> None:
         root=settings.python_env_root,
     )
     file_set.absent(
-        name="Remove: the engine's state, the benchmark's records and the suite's tools",
-        paths=[vllm_plan.STATE_DIR, bench_plan.RECORD_DIR, driver_plan.CUDA_KEY_DIR,
+        name="Remove: the engine's state and compile caches, the benchmark's records and the "
+        "suite's tools",
+        paths=[vllm_plan.STATE_DIR, COMPILE_CACHE_ROOT, bench_plan.RECORD_DIR,
+               driver_plan.CUDA_KEY_DIR,
                *TOOL_FILES, SECRET_DIR, gateway_plan.DRAIN_DIR],
     )
 

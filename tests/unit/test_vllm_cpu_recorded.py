@@ -49,13 +49,6 @@ def test_the_recorded_unit_is_the_one_the_code_renders():
     assert unit == recorded
 
 
-CACHE_LINES = """\
-# What the engine compiles is kept in its environment (VLLM_CACHE_ROOT, TRITON_CACHE_DIR
-# below), in a directory of the engine's user made here as root inside the root-owned
-# environment: a restart loads what the last start compiled, a new stack's environment
-# starts from an empty one, and a pruned environment takes its cache along.
-ExecStartPre=+/usr/bin/install -d -o vllm -g vllm -m 0700 /var/tmp/vllm-cpu-env/pyinfra-vllm-cache
-"""
 SOCKET_LINES = """\
 # The engine listens on a Unix socket in /run/vllm-engine: the engine's user's, group
 # www-data (nginx's workers), 0750, so no other local user can connect to the
@@ -73,7 +66,7 @@ AFTER_THE_RECORDING = [
     ("# Managed by pyinfra-vllm (operations/vllm_service.py)",
      "# Managed by pyinfra-vllm (pyinfra_vllm/operations/vllm_service.py)"),
     ('Environment="VLLM_CACHE_ROOT=/var/lib/vllm/cache/vllm"\n',
-     'Environment="VLLM_CACHE_ROOT=/var/tmp/vllm-cpu-env/pyinfra-vllm-cache/vllm"\n'),
+     'Environment="VLLM_CACHE_ROOT=/var/cache/vllm/vllm-cpu-env/vllm"\n'),
     ('Environment="TORCH_COMPILE_DISABLE=1"\n',
      'Environment="TORCH_COMPILE_DISABLE=1"\n'
      'Environment="PYTHONPATH=/usr/local/lib/pyinfra-vllm/engine-site"\n'
@@ -83,11 +76,16 @@ AFTER_THE_RECORDING = [
      "# Secrets only in root-only 0600 files, never in this unit: the engine's own key\n"
      "# (VLLM_API_KEY), made on this host, no client's key. The engine needs no HF_TOKEN.\n"
      "EnvironmentFile=/etc/vllm/vllm.env\nEnvironmentFile=/etc/vllm/engine-key.env\n"),
-    ("\n# vllm_device=cpu:", "\n" + CACHE_LINES + SOCKET_LINES + "# vllm_device=cpu:"),
+    ("\n# vllm_device=cpu:", "\n" + SOCKET_LINES + "# vllm_device=cpu:"),
     ('"--host" "127.0.0.1" \\\n    "--port" "18080"',
      '"--uds" "/run/vllm-engine/engine.sock"'),
     ("ReadWritePaths=/var/lib/vllm\n",
-     "ReadWritePaths=/var/lib/vllm /var/tmp/vllm-cpu-env/pyinfra-vllm-cache -/run/vllm-engine\n"),
+     "# What the engine compiles (VLLM_CACHE_ROOT, TRITON_CACHE_DIR above), in a directory of\n"
+     "# its environment's name, the engine user's (those above it root's): a restart loads what\n"
+     "# the last start compiled, a new stack's environment starts from an empty one, and a\n"
+     "# pruned environment's goes with it.\n"
+     "CacheDirectory=vllm/vllm-cpu-env\nCacheDirectoryMode=0700\n"
+     "ReadWritePaths=/var/lib/vllm -/run/vllm-engine\n"),
     ('"--url" "http://127.0.0.1:18080/health"',
      '"--url" "http://localhost/health" "--unix-socket" "/run/vllm-engine/engine.sock"'),
 ]

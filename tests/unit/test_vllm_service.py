@@ -31,7 +31,7 @@ from pyinfra_vllm.plans.vllm_service import (
 )
 
 PYTHON = "/opt/vllm/envs/vllm-0.6.3/bin/python"
-CACHE = "/opt/vllm/envs/vllm-0.6.3/pyinfra-vllm-cache"
+CACHE = "/var/cache/vllm/vllm-0.6.3"
 MODEL = "/srv/models/Qwen/Qwen3.6-27B"
 # `systemd-analyze security --offline=true` on the default unit, systemd 252 (Debian 12).
 EXPOSURE = "1.9"
@@ -105,7 +105,6 @@ def test_exec_start_for_the_default_settings():
 def test_guard_ready_and_environment_lines():
     text = unit()
     assert values(text, "ExecStartPre") == [
-        f"+/usr/bin/install -d -o vllm -g vllm -m 0700 {CACHE}",
         # 0.6.3 listens on TCP: its firewall before it binds the port.
         "+/usr/sbin/nft -f /etc/vllm/engine-firewall.nft",
         "-+/usr/bin/nvidia-modprobe -u -c=0",
@@ -135,11 +134,11 @@ def test_what_the_engine_compiles_is_kept_in_its_environment_and_writable_there_
     """The compile cache is a directory of the engine's user inside its environment: kept
     across restarts, new with a new stack's environment, pruned with its environment."""
     text = unit()
-    assert CACHE == "/opt/vllm/envs/vllm-0.6.3/pyinfra-vllm-cache"
-    assert values(text, "ReadWritePaths") == [f"/var/lib/vllm {CACHE}"]
+    assert (values(text, "CacheDirectory"), values(text, "CacheDirectoryMode")) == (
+        ["vllm/vllm-0.6.3"], ["0700"])
+    assert values(text, "ReadWritePaths") == ["/var/lib/vllm"]
     other = unit(python="/opt/vllm/envs/vllm-0.33.0-1a2b3c4d/bin/python")
-    assert values(other, "ReadWritePaths") == [
-        "/var/lib/vllm /opt/vllm/envs/vllm-0.33.0-1a2b3c4d/pyinfra-vllm-cache"]
+    assert values(other, "CacheDirectory") == ["vllm/vllm-0.33.0-1a2b3c4d"]
     cpu = dict(environment_pairs(validate({"vllm_device": "cpu", "vllm_version": "0.32.0",
                                            "gateway_open": True}),
                                  PYTHON, [], "0|1"))
@@ -293,8 +292,7 @@ def test_a_stack_with_a_unix_socket_serves_on_it_in_a_directory_for_nginx_alone(
     assert (f"ExecStartPre=+/usr/bin/install -d -o vllm -g www-data -m 0750 {SOCKET_DIR}\n"
             f"ExecStartPre=+/usr/bin/rm -f {SOCKET_PATH}\n"
             f"ExecStopPost=+/usr/bin/rm -f {SOCKET_PATH}\n") in text
-    assert (f"ReadWritePaths=/var/lib/vllm {CACHE} "
-            f"-{SOCKET_DIR}\n") in text
+    assert f"ReadWritePaths=/var/lib/vllm -{SOCKET_DIR}\n" in text
     # The readiness wait reaches it through the socket.
     assert f'"--url" "http://localhost/health" "--unix-socket" "{SOCKET_PATH}"' in text
     # Beyond loopback it is TCP, as on a stack without --uds (0.6.3).
@@ -317,7 +315,7 @@ def test_unit_parses_as_ini_with_the_expected_sections():
     assert parser.sections() == ["Unit", "Service", "Install"]
     assert parser["Service"]["Type"] == "exec"
     assert parser["Service"]["ProtectSystem"] == "strict"
-    assert parser["Service"]["ReadWritePaths"] == f"/var/lib/vllm {CACHE}"
+    assert parser["Service"]["ReadWritePaths"] == "/var/lib/vllm"
     assert parser["Service"]["CapabilityBoundingSet"] == ""
     assert parser["Service"]["DeviceAllow"] == "char-nvidia* rw"
     assert "PrivateDevices" not in parser["Service"]
