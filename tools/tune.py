@@ -268,8 +268,10 @@ class Tuning:
             stdout=subprocess.PIPE if report else subprocess.DEVNULL, text=True)
 
     def rotation(self, out: bool) -> bool:
-        """The host out of the load balancers' rotation (True) or back in it."""
-        command = (f"install -d -m 755 {DRAIN_DIR} && touch {ROTATION_FLAG}" if out
+        """The host out of the load balancers' rotation (True) or back in it. The flag
+        holds "tune": one the sentinel placed (holding "sentinel") becomes tune's, so the
+        sentinel leaves it to tune until tune removes it (files/sentinel.py)."""
+        command = (f"install -d -m 755 {DRAIN_DIR} && echo tune > {ROTATION_FLAG}" if out
                    else f"rm -f {ROTATION_FLAG}")
         proc = subprocess.run(
             [sys.executable, "-m", "pyinfra", "-y", *self.args["pyinfra"], "--sudo",
