@@ -45,6 +45,7 @@ import pwd
 import subprocess
 import sys
 import time
+import urllib.parse
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -59,6 +60,8 @@ BACKOFF_CAP_S = 600
 # Events kept in the state file.
 EVENTS_KEPT = 20
 UNIT = "vllm.service"
+# vLLM's counter of the tokens it generated (every stack's metrics have it).
+GENERATED = "vllm:generation_tokens_total"
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,8 @@ class Observation:
     probe_ok: bool | None = None
     latency_s: float | None = None
     reason: str = ""
+    # The engine's vllm:generation_tokens_total after the probe (None: unread).
+    generated: float | None = None
 
 
 @dataclass(frozen=True)
@@ -99,6 +104,8 @@ class Memory:
     backoff_step: int = 0
     reason: str = ""
     events: tuple[dict[str, Any], ...] = field(default_factory=tuple)
+    # The engine's generated tokens as the last round read them (None: unread).
+    generated: float | None = None
 
 
 def pause_reason(unit: str, draining: bool, rotation: str | None) -> str | None:
@@ -133,11 +140,17 @@ def step(memory: Memory, seen: Observation, now: float,
             memory = replace(memory, next_restart_at=max(memory.next_restart_at, now + wait))
             return _moved(memory, "restarting", f"{UNIT} is {seen.unit}", now), []
         return _moved(memory, "paused", pause, now), []
-    if seen.probe_ok:
+    busy = progress(memory.generated, seen.generated)
+    memory = replace(memory, generated=seen.generated)
+    if seen.probe_ok or busy:
         actions = ["in"] if seen.rotation == OWNER else []
-        return _moved(replace(memory, failures=0, last_latency_s=seen.latency_s,
+        reason = (f"{seen.reason}, but the engine generated {busy:g} token(s) since the last "
+                  "round: busy, not stuck" if busy and not seen.probe_ok
+                  else "a one-token completion answered")
+        latency = seen.latency_s if seen.probe_ok else memory.last_latency_s
+        return _moved(replace(memory, failures=0, last_latency_s=latency,
                               backoff_step=0, next_restart_at=0.0),
-                      "ok", "a one-token completion answered", now), actions
+                      "ok", reason, now), actions
     memory = replace(memory, failures=memory.failures + 1)
     reason = f"{memory.failures} failure(s) in a row: {seen.reason}"
     if memory.failures < config.failures:
@@ -162,6 +175,15 @@ def step(memory: Memory, seen: Observation, now: float,
                      next_restart_at=now + wait, backoff_step=memory.backoff_step + 1)
     return _moved(memory, "restarting", reason + f"; restart {memory.restarts} asked for",
                   now), [*actions, "restart"]
+
+
+def progress(before: float | None, after: float | None) -> float:
+    """Tokens the engine generated between two rounds' readings (0: none, or unknown). A
+    completion that timed out on an engine that generates is a busy engine, whose
+    requests wait behind its batch, not a stuck one: restarting it would drop them all."""
+    if before is None or after is None or after <= before:
+        return 0.0
+    return after - before
 
 
 def _backoff_s(step: int, config: Config) -> float:
@@ -229,6 +251,24 @@ def probe(url: str, unix_socket: str | None, model: str, timeout: float,
     return False, took, "an answer without choices"
 
 
+def generated_tokens(url: str, unix_socket: str | None, timeout: float) -> float | None:
+    """The sum of the engine's ``vllm:generation_tokens_total`` samples on its /metrics
+    (None: no answer, or no such metric)."""
+    metrics = urllib.parse.urlsplit(url)._replace(path="/metrics", query="").geturl()
+    status, data = request(metrics, unix_socket, timeout)
+    if status != 200:
+        return None
+    total, found = 0.0, False
+    for line in data.decode("utf-8", "replace").splitlines():
+        if line.startswith(GENERATED + " ") or line.startswith(GENERATED + "{"):
+            try:
+                total += float(line.rsplit(" ", 1)[1])
+                found = True
+            except ValueError:
+                return None
+    return total if found else None
+
+
 def _short(data: bytes) -> str:
     return data[:200].decode("utf-8", "replace").replace("\n", " ").strip() or "empty"
 
@@ -265,7 +305,10 @@ def load_memory(path: str) -> Memory:
                       next_restart_at=float(record["next_restart_at"]),
                       backoff_step=int(record["backoff_step"]),
                       reason=str(record.get("reason", "")),
-                      events=tuple(record.get("events") or ()))
+                      events=tuple(record.get("events") or ()),
+                      generated=(float(record["generated"])
+                                 if isinstance(record.get("generated"), (int, float))
+                                 else None))
     except (OSError, ValueError, KeyError, TypeError):
         return Memory()
 
@@ -312,7 +355,10 @@ def observe(args: argparse.Namespace) -> Observation:
         return Observation(unit, draining, rotation)
     uid = os.getuid() if args.engine_user is None else pwd.getpwnam(args.engine_user).pw_uid
     ok, took, reason = probe(args.url, args.unix_socket, args.model, args.timeout, uid)
-    return Observation(unit, draining, rotation, ok, took, reason)
+    # Asked of the engine's listener only, as the probe (its metrics are not secret).
+    generated = (None if foreign_listener(args.url, args.unix_socket, uid) is not None
+                 else generated_tokens(args.url, args.unix_socket, args.timeout))
+    return Observation(unit, draining, rotation, ok, took, reason, generated)
 
 
 def round_once(memory: Memory, args: argparse.Namespace, config: Config) -> Memory:

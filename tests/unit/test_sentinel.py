@@ -58,6 +58,57 @@ def test_the_threshold_takes_the_host_out_and_restarts_the_engine():
     assert memory.events[-1]["from"] == "failing" and memory.events[-1]["to"] == "restarting"
 
 
+def test_a_timeout_on_an_engine_that_generates_is_busy_not_a_failure():
+    """A completion queued behind a full batch times out on a working engine: its
+    generated-tokens counter moved since the last round, so no failure is counted, nothing
+    is restarted, and a host the sentinel took out comes back; a counter that did not move
+    (a frozen engine core), or unread, counts as before."""
+    memory = program.Memory(state="failing", failures=2, generated=1000.0)
+    busy = program.Observation("active", False, "sentinel", False, 20.0, "no answer", 1480.0)
+    after, actions = run(memory, busy, 100.0)
+    assert (after.state, after.failures, actions, after.generated) == ("ok", 0, ["in"], 1480.0)
+    assert "generated 480 token(s) since the last round: busy, not stuck" in after.reason
+    for generated in (1000.0, None):
+        stuck = program.Observation("active", False, None, False, 20.0, "no answer", generated)
+        after, actions = run(memory, stuck, 100.0)
+        assert (after.state, after.failures, actions) == ("restarting", 3, ["out", "restart"])
+    # After an engine restart its counter starts again from 0: no progress, never negative.
+    assert (program.progress(1000.0, 3.0), program.progress(None, 5.0)) == (0.0, 0.0)
+
+
+def test_the_generated_tokens_are_read_from_the_engine_s_metrics(tmp_path):
+    """files/sentinel.py's reading of vLLM's counter, every sample summed (one per engine
+    and model label), against a stand-in for the engine's /metrics."""
+    import http.server
+    import threading
+
+    text = ("# TYPE vllm:generation_tokens_total counter\n"
+            'vllm:generation_tokens_total{engine="0",model_name="m"} 120.0\n'
+            'vllm:generation_tokens_total{engine="1",model_name="m"} 30.0\n'
+            "vllm:generation_tokens_created 1.7e9\n")
+
+    class Metrics(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = text.encode() if self.path == "/metrics" else b""
+            self.send_response(200 if self.path == "/metrics" else 404)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Metrics)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_port}/v1/completions"
+        assert program.generated_tokens(url, None, 5) == 150.0
+        text = "vllm:num_requests_running 0\n"
+        assert program.generated_tokens(url, None, 5) is None
+    finally:
+        server.shutdown()
+
+
 def test_without_restart_the_host_is_only_taken_out():
     config = program.Config(10, 3, False, 3, 1800)
     memory, actions = run(program.Memory(state="failing", failures=2), FAILING, 100.0, config)
