@@ -223,6 +223,16 @@ def test_the_unit_s_hardening_holds_in_the_running_engine(served):
                              "&& echo ok").stdout.strip() == "ok"
     home = sandbox.ssh(host, f"{inside} ls /home /root 2>&1; echo rc=$?", check=False).stdout
     assert "rc=0" not in home
+    # Its compile cache: a directory of its environment's name, the engine user's alone
+    # (systemd's CacheDirectory=), writable there; the directory above it root's.
+    cache = sandbox.ssh(host, f"tr '\\0' '\\n' < /proc/{pid}/environ | "
+                              "sed -n 's/^VLLM_CACHE_ROOT=//p'").stdout.strip()
+    env = sandbox.ssh(host, "readlink /opt/vllm/current").stdout.strip().rsplit("/", 1)[1]
+    assert cache == f"/var/cache/vllm/{env}/vllm"
+    assert sandbox.ssh(host, f"stat -c '%U %a' /var/cache/vllm /var/cache/vllm/{env}"
+                       ).stdout.split("\n")[:2] == ["root 755", "vllm 700"]
+    assert sandbox.ssh(host, f"{inside} sh -c 'touch /var/cache/vllm/{env}/x && "
+                             f"rm /var/cache/vllm/{env}/x' && echo ok").stdout.strip() == "ok"
 
 
 def test_a_long_stream_through_nginx_delivers_its_first_token_well_before_its_last(served):

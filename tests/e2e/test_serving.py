@@ -337,8 +337,12 @@ def test_an_engine_trial_beside_the_unit_s_engine_leaves_it_alone(served, tmp_pa
     assert record["argv"] == [*unit_argv[:at], "--host", "127.0.0.1", "--port",
                               str(TRIAL_PORT), *unit_argv[at + 2:]]
     trial_dir = str(Path(record["environment"]["HOME"]).parent)
+    # The unit's compile cache, /var/cache/vllm/<its environment>, is the trial's own too.
+    cache = unit_env["VLLM_CACHE_ROOT"].removesuffix("/vllm")
+    assert cache == f"/var/cache/vllm/{Path(unit_argv[0]).parent.parent.name}"
     assert {key: value.replace(f"{trial_dir}/state", STATE_DIR).replace(
-        f"{trial_dir}/engine-site", ENGINE_SITE_DIR) for key, value in
+        f"{trial_dir}/engine-site", ENGINE_SITE_DIR).replace(
+        f"{trial_dir}/compile-cache", cache) for key, value in
         record["environment"].items() if key in ENGINE_ENV_KEYS} == unit_env
     assert "VLLM_API_KEY" not in record["environment"] and record["stop"]["left"] == []
     # Nothing of the trial left; the unit's engine and the host's benchmark untouched.
