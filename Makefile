@@ -22,11 +22,13 @@ venv: .venv/.done
 # chromium: tests/unit/test_report_browser.py renders the HTML audit report headless and
 # checks the screenshot and the console. testssl: Debian's testssl.sh (3.0.8) scans the
 # rendered TLS gateway on loopback (tests/unit/test_gateway_analyzers.py) and a sandbox
-# host's (tests/e2e/test_gateway.py).
+# host's (tests/e2e/test_gateway.py). haproxy: Debian's (2.6), the front door's router;
+# the unit tests check its rendered configuration with haproxy -c and run it in the
+# foreground on loopback (tests/unit/test_router_haproxy.py), never as a service.
 SYSTEM_TOOLS := debootstrap:debootstrap systemd-nspawn:systemd-container \
 	mkfs.xfs:xfsprogs ssh:openssh-client iptables:iptables nft:nftables ip:iproute2 \
 	losetup:util-linux curl:curl dpkg-deb:dpkg nginx:nginx openssl:openssl \
-	promtool:prometheus chromium:chromium testssl:testssl.sh
+	promtool:prometheus chromium:chromium testssl:testssl.sh haproxy:haproxy
 .PHONY: system-deps
 system-deps:
 	@missing=""; for pair in $(SYSTEM_TOOLS); do \
@@ -41,6 +43,12 @@ system-deps:
 				service nginx stop >/dev/null 2>&1 || true; \
 			echo "nginx is for the tests only (nginx -t, a foreground nginx on loopback):" \
 				"its service is stopped and disabled";; \
+		esac; \
+		case " $$missing " in *" haproxy "*) \
+			systemctl disable --now haproxy.service >/dev/null 2>&1 || \
+				service haproxy stop >/dev/null 2>&1 || true; \
+			echo "haproxy is for the tests only (haproxy -c, a foreground haproxy on" \
+				"loopback): its service is stopped and disabled";; \
 		esac; \
 		case " $$missing " in *" prometheus "*) \
 			systemctl disable --now prometheus.service >/dev/null 2>&1 || \

@@ -94,6 +94,7 @@ def _checkout_reports_untouched():
 # it starts) or, where a module holds both kinds, by test; tests/e2e has its own marker.
 SERVER_MODULES = {
     "test_gateway_nginx.py",  # the rendered gateway under the real nginx
+    "test_router_haproxy.py",  # the rendered front door under the real HAProxy
     "test_report_browser.py",  # the HTML report in headless Chromium
     "test_wait_ready.py",  # files/wait_ready.py against HTTP servers and another user's
     "test_relay.py",  # sandbox/relay.py on loopback

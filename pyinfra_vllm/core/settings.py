@@ -31,6 +31,7 @@ from pyinfra_vllm.core import (
     settings_checks_keys,
     settings_checks_networks,
     settings_checks_paths,
+    settings_checks_router,
     settings_docs,
 )
 from pyinfra_vllm.core.secret_files import mask_credentials
@@ -38,6 +39,7 @@ from pyinfra_vllm.core.settings_checks import RULE_ERROR
 from pyinfra_vllm.core.settings_engine import EngineSettings
 from pyinfra_vllm.core.settings_gateway import GatewaySettings
 from pyinfra_vllm.core.settings_host import HostSettings
+from pyinfra_vllm.core.settings_router import RouterSettings
 from pyinfra_vllm.core.settings_upkeep import UpkeepSettings
 from pyinfra_vllm.core.stacks import CPU_STACKS, STACKS, StackRow, releases, stack_for
 
@@ -82,14 +84,14 @@ STAGES = (
 SECRET_KEYS = ("hf_token", "api_keys")
 
 
-class Settings(UpkeepSettings, GatewaySettings, HostSettings, EngineSettings):
+class Settings(RouterSettings, UpkeepSettings, GatewaySettings, HostSettings, EngineSettings):
     """The validated settings of one host."""
 
     # Its fields are its sections' (pyinfra_vllm/core/settings_engine.py, _host,
-    # _gateway, _upkeep). pydantic takes a model's fields from its last base first: the
-    # engine's come first, then the host's, the gateway's and upkeep's, in the order
-    # docs/settings.md lists them and validation reads them (a rule may read a setting
-    # declared before its own).
+    # _gateway, _upkeep, _router). pydantic takes a model's fields from its last base
+    # first: the engine's come first, then the host's, the gateway's, upkeep's and the
+    # router's, in the order docs/settings.md lists them and validation reads them (a rule
+    # may read a setting declared before its own).
     if TYPE_CHECKING:
         # What a validated Settings holds: enforce_eager's rule resolves None by
         # vllm_device (settings_checks_engine.eager_by_device), so every reader gets a bool.
@@ -107,6 +109,17 @@ class Settings(UpkeepSettings, GatewaySettings, HostSettings, EngineSettings):
         settings_checks_gateway.gateway_tls_files(self.gateway_tls_cert, self.gateway_tls_key,
                                                   self.gateway_http_redirect_port,
                                                   self.gateway_port)
+        return self
+
+    @model_validator(mode="after")
+    def _router_files(self) -> Settings:
+        problems = settings_checks_router.router_files(
+            self.router_tls_cert, self.router_tls_key, self.router_gateway_ca
+        ) + settings_checks_router.router_limits(
+            self.router_prefix_bytes, self.router_buffer_kib, self.router_port,
+            self.router_metrics_port)
+        if problems:
+            raise settings_checks.rule_errors(problems)
         return self
 
     @model_validator(mode="after")

@@ -84,7 +84,7 @@ def _changed_files(
 
 def _swapped_in(
     changed: list[tuple[str, str, str, str]], site_path: str, keys_path: str,
-    staging_dir: str, service: str, secrets: list[str] | None,
+    staging_dir: str, service: str, secrets: list[str] | None, check: str,
 ) -> Iterator[StringCommand | FileUploadCommand]:
     """The changed files uploaded into ``staging_dir``, then swapped in by the one command
     that tests them with ``nginx -t`` and reloads nginx or rolls back."""
@@ -106,7 +106,7 @@ def _swapped_in(
     yield StringCommand(
         swap_script(
             [(n, live, mode) for n, live, _c, mode in changed], staging_dir, service,
-            hide=[keys_path], redact=REDACT_NAME if redact else None,
+            hide=[keys_path], redact=REDACT_NAME if redact else None, check=check,
         )
     )
 
@@ -121,6 +121,7 @@ def site(
     service: str = "nginx",
     extra_files: dict[str, tuple[str, str]] | None = None,
     secrets: list[str] | None = None,
+    check: str = "nginx -t",
 ):
     """
     Install an nginx site and its API-key file, tested by ``nginx -t`` before it goes live.
@@ -136,6 +137,8 @@ def site(
       directory made (0755) when missing. A "600" file is a secret like the key file.
     + secrets: strings nginx -t's output must never show (the API keys): a failed test's
       output is printed without the lines holding one, or naming keys_path
+    + check: the command that tests the files once swapped in: ``nginx -t``; the router
+      stage's ``haproxy -c -f <its configuration>`` (the same checked swap for HAProxy)
 
     Each file is compared by sha1 with what is live. Changed files are uploaded into
     ``staging_dir``, renamed over the live ones, and ``nginx -t`` is run: if it passes,
@@ -165,7 +168,8 @@ def site(
     ])
 
     if changed:
-        yield from _swapped_in(changed, site_path, keys_path, staging_dir, service, secrets)
+        yield from _swapped_in(changed, site_path, keys_path, staging_dir, service, secrets,
+                               check)
     else:
         host.noop("nginx site and API keys are up to date")
 

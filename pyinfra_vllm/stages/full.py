@@ -27,6 +27,7 @@ from pyinfra_vllm.stages.model_volume import model_volume
 from pyinfra_vllm.stages.persistence import persistence
 from pyinfra_vllm.stages.preflight import preflight
 from pyinfra_vllm.stages.python_env import python_env, python_env_built
+from pyinfra_vllm.stages.router import is_router, router
 from pyinfra_vllm.stages.sentinel import sentinel
 from pyinfra_vllm.stages.sysctl import sysctl
 from pyinfra_vllm.stages.vllm_service import vllm_service
@@ -35,6 +36,11 @@ from pyinfra_vllm.stages.vllm_service import vllm_service
 @deploy("full")
 def full() -> None:
     """Bootstrap or repair a GPU server, stage by stage."""
+    # A front door (a host of the inventory's routers group) gets the router stage alone:
+    # HAProxy in front of the other hosts' gateways (pyinfra_vllm/stages/router.py).
+    if is_router(host):
+        router()
+        return
     # What every stage reads of a converged host, read in one remote command up front.
     context(host, stages=STAGES)
     # Check, change nothing: OS, driver, GPUs, NVLink between the tensor-parallel GPUs.

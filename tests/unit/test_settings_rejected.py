@@ -33,6 +33,9 @@ PASSWORD = "hunter2-Pw0rd"
 SHORT = "sk-short-1234"
 SIGNED = "deb [signed-by=/usr/share/keyrings/nvidia.gpg] https://repo.example/ubuntu2204/x86_64 /"
 CHARS = "letters, digits and _.~+/=:-"
+# The shapes the router's TLS settings look for (their content is never parsed further).
+ROUTER_CERT = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
+ROUTER_KEY = "-----BEGIN PRIVATE KEY-----\nMIGH\n-----END PRIVATE KEY-----\n"
 # Allowed extra directives (tests/unit/test_gateway_nginx.py runs one of each allowed name
 # under the real nginx).
 GATEWAY_EXTRA_ACCEPTED = ["add_header X-Served-By gpu1;", 'add_header X-Note "a b" always;',
@@ -616,6 +619,28 @@ CASES = [
          "greater than or equal to 1"),
     case("sentinel-restart-not-a-bool", {"sentinel_restart": "sometimes"}, "sentinel_restart",
          "valid boolean"),
+    case("router-tls-cert-without-its-key", {"router_tls_cert": "{tmp}/router.pem"},
+         "router_tls_key", "router_tls_key is not set", "set both or neither",
+         files={"router.pem": (ROUTER_CERT, 0o644)}),
+    case("router-tls-key-others-may-read",
+         {"router_tls_cert": "{tmp}/router.pem", "router_tls_key": "{tmp}/router.key"},
+         "router_tls_key", "mode 0644 lets its group or others at the private key",
+         "chmod 600 it",
+         files={"router.pem": (ROUTER_CERT, 0o644), "router.key": (ROUTER_KEY, 0o644)}),
+    case("router-gateway-ca-not-pem", {"router_gateway_ca": "{tmp}/ca.pem"},
+         "router_gateway_ca", "holds no PEM certificate", "name the PEM file",
+         files={"ca.pem": ("not a certificate\n", 0o644)}),
+    case("router-gateway-ca-missing", {"router_gateway_ca": "{tmp}/nowhere.pem"},
+         "router_gateway_ca", "cannot be read (No such file or directory)"),
+    case("router-prefix-beyond-buffer", {"router_prefix_bytes": 20000, "router_buffer_kib": 16},
+         "router_prefix_bytes", "must be less than router_buffer_kib (16) x 1024",
+         "lower router_prefix_bytes or raise router_buffer_kib"),
+    case("router-metrics-on-the-client-port", {"router_metrics_port": 8443},
+         "router_metrics_port", "must differ from router_port", "choose another port"),
+    case("gateway-address-with-a-space", {"gateway_address": "gpu-1 backup"},
+         "gateway_address", "is neither an IP address nor a DNS name"),
+    case("router-buffer-too-small", {"router_buffer_kib": 8}, "router_buffer_kib",
+         "greater than or equal to 16"),
 ]
 
 

@@ -17,6 +17,7 @@ def swap_script(
     *,
     hide: list[str] | tuple[str, ...] = (),
     redact: str | None = None,
+    check: str = "nginx -t",
 ) -> str:
     """One shell command: swap candidates in, ``nginx -t``, reload or roll back.
 
@@ -28,6 +29,7 @@ def swap_script(
       shown when the test fails
     + redact: name, in staging_dir, of a file of fixed strings (the keys), one a line:
       lines that hold one, in any case, are not shown either; removed at the end
+    + check: the fixed command that tests them (the router's: plans/router.py CHECK_COMMAND)
 
     nginx's messages quote the tokens it cannot read, and a string map entry that conflicts
     is quoted in lower case: a failed test's output is filtered before it is printed, and
@@ -46,7 +48,7 @@ def swap_script(
         cleanup.append(f"rm -f {bak}")
     for name, live, _mode in files:
         lines.append(f"mv -f {q(f'{staging_dir}/{name}')} {q(live)} || exit 1")
-    report = 'echo "nginx -t rejected the new configuration; the previous files are back: $out" >&2'
+    report = f'echo "{check} rejected the new configuration; the previous files are back: $out" >&2'
     if hide or redact:
         patterns = " ".join(f"-e {q(text)}" for text in hide)
         if redact:
@@ -56,12 +58,12 @@ def swap_script(
             f"""shown=$(printf '%s\\n' "$out" | grep -v -i -F {patterns}); """
             f"""hidden=$(printf '%s\\n' "$out" | grep -c -i -F {patterns}); """
             + (f"rm -f {q(f'{staging_dir}/{redact}')}; " if redact else "")
-            + 'echo "nginx -t rejected the new configuration; the previous files are back: '
+            + f'echo "{check} rejected the new configuration; the previous files are back: '
             '$shown" >&2; [ "$hidden" = 0 ] || echo "($hidden line(s) of its output not '
             'shown: they name the API key file or hold a key)" >&2'
         )
     lines.append(
-        "if out=$(nginx -t 2>&1); then "
+        f"if out=$({check} 2>&1); then "
         # reload-or-restart reloads a running nginx (graceful: old workers finish their
         # streams) and starts a stopped one; it never restarts a running one.
         f"{'; '.join(cleanup)}; systemctl reload-or-restart {q(service)}; "
