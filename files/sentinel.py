@@ -224,13 +224,10 @@ def rotation_owner(path: str) -> str | None:
         return "other"
 
 
-def probe(url: str, unix_socket: str | None, model: str, timeout: float,
-          uid: int) -> tuple[bool, float, str]:
-    """One ``max_tokens=1`` completion: (answered with a choice, seconds, why not). Only a
-    listener of ``uid`` (the engine's user) is asked: no one else gets the key."""
-    foreign = foreign_listener(url, unix_socket, uid)
-    if foreign is not None:
-        return False, 0.0, foreign
+def probe(url: str, unix_socket: str | None, model: str,
+          timeout: float) -> tuple[bool, float, str]:
+    """One ``max_tokens=1`` completion: (answered with a choice, seconds, why not). The
+    caller checked the listener is the engine's user's: no one else gets the key."""
     body = json.dumps({"model": model, "prompt": "Hello", "max_tokens": 1,
                        "temperature": 0}).encode()
     headers = {"Content-Type": "application/json"}
@@ -354,10 +351,12 @@ def observe(args: argparse.Namespace) -> Observation:
     if pause_reason(unit, draining, rotation) is not None:
         return Observation(unit, draining, rotation)
     uid = os.getuid() if args.engine_user is None else pwd.getpwnam(args.engine_user).pw_uid
-    ok, took, reason = probe(args.url, args.unix_socket, args.model, args.timeout, uid)
-    # Asked of the engine's listener only, as the probe (its metrics are not secret).
-    generated = (None if foreign_listener(args.url, args.unix_socket, uid) is not None
-                 else generated_tokens(args.url, args.unix_socket, args.timeout))
+    # Only a listener of the engine's user is asked: no one else gets the key.
+    foreign = foreign_listener(args.url, args.unix_socket, uid)
+    if foreign is not None:
+        return Observation(unit, draining, rotation, False, 0.0, foreign)
+    ok, took, reason = probe(args.url, args.unix_socket, args.model, args.timeout)
+    generated = generated_tokens(args.url, args.unix_socket, args.timeout)
     return Observation(unit, draining, rotation, ok, took, reason, generated)
 
 
