@@ -4,7 +4,7 @@ PY ?= .venv/bin/python
 PYINFRA ?= .venv/bin/pyinfra
 HOSTS ?= 1
 
-.PHONY: venv test check servers demo audit-local
+.PHONY: venv test check servers demo fleet audit-local
 
 venv: .venv/.done
 .venv/.done: pyproject.toml requirements.lock
@@ -89,6 +89,17 @@ demo: system-deps venv
 	$(PY) -m tools.audit .sandbox/inventory.py
 	$(PY) -m sandbox chat "Hello! Who are you?"
 	@echo "The sandbox host is still up (pyinfra .sandbox/inventory.py ...); make sandbox-down removes it."
+
+# The fleet with its front door: two serving hosts as the demo's (TLS gateways) and a third
+# host of the inventory's routers group, HAProxy in front of both (docs/router.md); the
+# whole run on the three, the audit (the front door's pool beside each host's verdict),
+# then a completion through the front door. `make sandbox-down` removes them.
+fleet: system-deps venv
+	$(PY) -m sandbox up --hosts 2 --routers 1 --tls --own-caches
+	$(PYINFRA) -y .sandbox/inventory.py deploys/full.py
+	$(PY) -m tools.audit .sandbox/inventory.py
+	$(PY) -m sandbox chat --router "Hello! Who are you?"
+	@echo "The fleet is still up (pyinfra .sandbox/inventory.py ...); make sandbox-down removes it."
 
 # The audit of this machine itself.
 audit-local: venv

@@ -1,11 +1,12 @@
 """CLI: python -m sandbox up|down|status|rootfs.
 
-up --hosts N [--scenario seed,pcie,...] [--disk-size 4G] [--model-base-url URL]
+up --hosts N [--scenario seed,pcie,...] [--disk-size 4G] [--model-base-url URL] [--tls]
+            [--routers M]  (M more hosts: front doors in front of the N, with --tls)
 down        tear everything down (processes, mounts, loop devices, netns, veths, NAT)
 status      hosts, their pids and RSS, and any leftovers
 rootfs      build (or show) the cached root file system
-chat        a chat completion through a host's gateway, with the API key; prints the
-            command a user would type for it
+chat        a chat completion through a host's gateway (or, --router, the front door),
+            with the API key; prints the command a user would type for it
 """
 
 from __future__ import annotations
@@ -61,11 +62,20 @@ def _parser() -> argparse.ArgumentParser:
         help="each host gets a hard-linked copy of the package caches instead of the shared "
         "bind mount, and builds environments with hard links (bench/fresh_host.sh)",
     )
+    up.add_argument(
+        "--routers",
+        type=int,
+        default=0,
+        help="this many more hosts, front doors (the inventory's routers group) in front of "
+        "the others' gateways; needs --tls",
+    )
     sub.add_parser("down", help="tear the sandbox down")
     st = sub.add_parser("status", help="show hosts and leftovers")
     st.add_argument("--json", action="store_true")
     ch = sub.add_parser("chat", help="a chat completion through a host's gateway")
     ch.add_argument("--host", default=None, help="host name (default: the first)")
+    ch.add_argument("--router", action="store_true",
+                    help="through the first front door (a host of `up --routers`)")
     ch.add_argument("message", nargs="?", default="Hello! Who are you?")
     rf = sub.add_parser("rootfs", help="build the cached rootfs now")
     rf.add_argument("--force", action="store_true", help="rebuild even if cached")
@@ -83,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
                 model_base_url=args.model_base_url,
                 tls=args.tls,
                 own_caches=args.own_caches,
+                routers=args.routers,
             )
         elif args.command == "down":
             problems = hosts.down()
@@ -110,9 +121,11 @@ def main(argv: list[str] | None = None) -> int:
             state = hosts.load_state()
             if not state or not state["hosts"]:
                 raise SandboxError("no sandbox: python -m sandbox up first")
-            chosen = [h for h in state["hosts"] if args.host in (None, h["name"])]
+            chosen = [h for h in state["hosts"] if args.host in (None, h["name"])
+                      and (h.get("router", False) or not args.router)]
             if not chosen:
-                raise SandboxError(f"no sandbox host {args.host}")
+                raise SandboxError(f"no sandbox host {args.host}" if args.host else
+                                   "no front door: python -m sandbox up --routers 1 --tls")
             chat.main(chosen[0], args.message)
         elif args.command == "rootfs":
             if args.force and hosts.leftovers():

@@ -1,6 +1,7 @@
-"""A chat completion through a sandbox host's gateway, as a client would send it.
+"""A chat completion through a sandbox host's gateway, or through the front door, as a
+client would send it.
 
-    python -m sandbox chat [--host gpu-sbx-1] [MESSAGE]
+    python -m sandbox chat [--host gpu-sbx-1 | --router] [MESSAGE]
 
 The API key is read from the file the inventory names (api_keys_file); it is sent, never
 printed. With ``up --tls`` the gateway's self-signed certificate is the only one trusted.
@@ -21,6 +22,7 @@ from pathlib import Path
 from sandbox.util import SandboxError
 
 GATEWAY_PORT = 8001
+ROUTER_PORT = 8443  # router_port's default (pyinfra_vllm/core/settings_router.py)
 
 
 def _key(path: str) -> str:
@@ -37,12 +39,23 @@ def _shown(path: str) -> str:
     return path if relative.startswith("..") else relative
 
 
+def endpoint(host: dict) -> tuple[str, str | None, str]:
+    """(the host's URL for clients, the certificate to trust or None, what answers there):
+    a front door's HAProxy (a host of `up --routers`), else the host's gateway."""
+    data = host["data"]
+    if host.get("router"):
+        port = data.get("router_port", ROUTER_PORT)
+        return f"https://{host['address']}:{port}", data["router_tls_cert"], "the front door"
+    tls = data.get("gateway_tls_cert")
+    scheme = "https" if tls else "http"
+    return (f"{scheme}://{host['address']}:{data.get('gateway_port', GATEWAY_PORT)}", tls,
+            "nginx")
+
+
 def request(host: dict, message: str, max_tokens: int = 16) -> tuple[str, dict, float]:
     """(the curl command a user would type, the answer, seconds) for one chat completion."""
     data = host["data"]
-    tls = data.get("gateway_tls_cert")
-    scheme = "https" if tls else "http"
-    url = f"{scheme}://{host['address']}:{data.get('gateway_port', GATEWAY_PORT)}"
+    url, tls, _ = endpoint(host)
     url += "/v1/chat/completions"
     model = data.get("served_model_name") or data["model_id"]
     body = {"model": model, "messages": [{"role": "user", "content": message}],
@@ -69,6 +82,7 @@ def main(host: dict, message: str) -> None:
     command, reply, seconds = request(host, message)
     choice = reply["choices"][0]
     print(f"$ {command}")
-    print(f"{host['name']} answered in {seconds:.2f}s through nginx ({reply['model']}, "
+    print(f"{host['name']} answered in {seconds:.2f}s through {endpoint(host)[2]} "
+          f"({reply['model']}, "
           f"{reply['usage']['completion_tokens']} tokens, finish_reason "
           f"{choice['finish_reason']}): {choice['message']['content']!r}")

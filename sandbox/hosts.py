@@ -42,6 +42,8 @@ from sandbox.util import (
 # h200 is an extra gpusim scenario (one H200, driver 580.159.04 packages and module), matching
 # the H200 captures; seed580 is seed's two NVLink-joined A100s on that driver, the branch the
 # example fleet's CUDA 13 stack needs.
+# The front doors' group (pyinfra_vllm/plans/router.py ROUTERS_GROUP: `up --routers`).
+ROUTERS_GROUP = "routers"
 SCENARIOS = ("seed", "seed580", "pcie", "mig", "mismatch", "bare", "h200")
 NAME_PREFIX = "gpu-sbx-"
 HOSTS_DIR = RUN_DIR / "hosts"
@@ -89,6 +91,8 @@ class Host:
     host_dir: str = ""
     boot_seconds: float = 0.0
     data: dict = field(default_factory=dict)
+    # A front door (`up --routers`): in the inventory's routers group, not a serving host.
+    router: bool = False
 
     def __post_init__(self) -> None:
         hn = net.HostNet(self.index)
@@ -119,15 +123,21 @@ def _check_disk_size(size: str) -> None:
         raise SandboxError(f"--disk-size {size}: at least 2G is needed")
 
 
-def plan(count: int, scenarios: list[str] | None) -> list[Host]:
-    """Hosts 1..count, scenarios taken from the list in turn (cycling); default seed."""
+def plan(count: int, scenarios: list[str] | None, routers: int = 0) -> list[Host]:
+    """Hosts 1..count, scenarios taken from the list in turn (cycling); default seed. Then
+    ``routers`` front doors (hosts of the inventory's routers group, docs/router.md), of
+    scenario bare: HAProxy needs no GPU."""
     if count < 1:
         raise SandboxError("--hosts must be at least 1")
+    if routers < 0:
+        raise SandboxError("--routers must be 0 or more")
     chosen = scenarios or ["seed"]
     for scenario in chosen:
         if scenario not in SCENARIOS:
             raise SandboxError(f"unknown scenario {scenario!r}; pick from {', '.join(SCENARIOS)}")
-    return [Host(index=i, scenario=chosen[(i - 1) % len(chosen)]) for i in range(1, count + 1)]
+    serving = [Host(index=i, scenario=chosen[(i - 1) % len(chosen)]) for i in range(1, count + 1)]
+    return serving + [Host(index=i, scenario="bare", router=True)
+                      for i in range(count + 1, count + routers + 1)]
 
 
 def preflight(need_debootstrap: bool) -> None:
@@ -512,16 +522,22 @@ def up(
     model_base_url: str | None = None,
     tls: bool = False,
     own_caches: bool | Collection[str] = False,
+    routers: int = 0,
     log=print,
 ) -> list[Host]:
     """Boot `count` hosts and write .sandbox/inventory.py; tears down a previous sandbox first.
     With ``tls`` the gateways serve HTTPS with a self-signed certificate made for them; with
     ``own_caches`` each host (True) or each host named gets its own hard-linked copy of the
     package caches (_own_caches) and builds environments with hard links
-    (python_env_link_mode)."""
+    (python_env_link_mode); ``routers`` more hosts are front doors in front of the others'
+    gateways, with the same certificate (``tls`` needed: the front door refuses a plain
+    gateway)."""
+    if routers and not tls:
+        raise SandboxError("--routers needs --tls: the front door reaches the gateways over "
+                           "TLS only, and serves its clients with the same certificate")
     with _exclusive():
         return _up(count, scenarios, disk_size=disk_size, model_base_url=model_base_url,
-                   tls=tls, own_caches=own_caches, log=log)
+                   tls=tls, own_caches=own_caches, routers=routers, log=log)
 
 
 def down(log=print) -> list[str]:
@@ -538,10 +554,11 @@ def _up(
     model_base_url: str | None = None,
     tls: bool = False,
     own_caches: bool | Collection[str] = False,
+    routers: int = 0,
     log=print,
 ) -> list[Host]:
     """Boot `count` hosts and write .sandbox/inventory.py; tears down a previous sandbox first."""
-    hosts = plan(count, scenarios)
+    hosts = plan(count, scenarios, routers)
     owners = cache_owners(hosts, own_caches)
     _check_disk_size(disk_size)
     lower = rootfs.rootfs_path()
@@ -596,6 +613,11 @@ def _up(
             if tls:
                 host.data.update(gateway_tls_cert=str(TLS_CERT_FILE),
                                  gateway_tls_key=str(TLS_KEY_FILE))
+            if host.router:  # the certificate names every host: the front door's too
+                host.data.update(router_tls_cert=str(TLS_CERT_FILE),
+                                 router_tls_key=str(TLS_KEY_FILE))
+            elif routers:
+                host.data["vllm_cpu_threads_bind"] = _own_cpu(host)
         state["hosts"] = [asdict(h) for h in hosts]
         save_state(state)
         write_inventory(hosts)
@@ -637,6 +659,15 @@ SERVING_DATA = {
     # for a CPU engine of two cores: 512 + 32 tokens, 1 at once, 4 requests.
     "bench_scale": 0.0625,
 }
+
+
+def _own_cpu(host: Host) -> str:
+    """A CPU of this machine for the host's engine worker, round robin: vLLM's "auto" binds
+    a tensor-parallel-1 worker to the first CPU of its NUMA node, on every sandbox host
+    this machine's CPU 0, where a starting engine beside a serving one took 200 to 300 s
+    in place of 35 (tests/e2e/test_rolling.py). Separate servers have CPUs of their own."""
+    cpus = sorted(os.sched_getaffinity(0))
+    return str(cpus[(host.index - 1) % len(cpus)])
 
 
 def new_certificate(hosts: list[Host]) -> None:
@@ -725,13 +756,14 @@ def write_inventory(hosts: list[Host]) -> None:
     ]
     groups: dict[str, list[str]] = {}
     for host in hosts:
-        groups.setdefault(host.scenario, []).append(
+        groups.setdefault(ROUTERS_GROUP if host.router else host.scenario, []).append(
             f"    ({host.name!r}, {json.dumps(host.data, sort_keys=True)}),"
         )
-    for scenario in SCENARIOS:
-        if scenario in groups:
-            lines += [f"{scenario} = [", *groups[scenario], "]", ""]
-    lines += ["sandbox = " + " + ".join(s for s in SCENARIOS if s in groups), ""]
+    names = [*SCENARIOS, ROUTERS_GROUP]
+    for group in names:
+        if group in groups:
+            lines += [f"{group} = [", *groups[group], "]", ""]
+    lines += ["sandbox = " + " + ".join(g for g in names if g in groups), ""]
     text = "\n".join(lines).replace(": true", ": True").replace(": false", ": False")
     text = text.replace(": null", ": None")
     write_file(INVENTORY_FILE, text)
