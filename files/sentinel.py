@@ -5,11 +5,11 @@ after a run of failures, the engine restarted with a backoff, and back in once i
     python3 sentinel.py --url http://localhost/v1/completions [--unix-socket PATH]
         --model NAME --interval 30 --timeout 10 --failures 3 [--restart]
         --max-restarts 3 --restart-window 1800 --state PATH [--textfile PATH]
-        --drain-flag PATH --rotation-flag PATH --restart-request PATH
+        --drain-flag PATH --leave-flag PATH --rotation-flag PATH --restart-request PATH
 
 Run by its own unit (templates/vllm-sentinel.service.j2), a loop that never ends. Each
-round it reads the engine unit's state (``systemctl show``), the suite's drain flag and
-the rotation flag, then, unless it pauses, sends the engine a real ``max_tokens=1``
+round it reads the engine unit's state (``systemctl show``), the suite's drain and leave
+flags and the rotation flag, then, unless it pauses, sends the engine a real ``max_tokens=1``
 completion (``/health`` answers 200 while the engine core is frozen or wedged) with
 ``--timeout``. ``step`` is the whole decision, a pure function: after ``--failures``
 failures in a row the host leaves the rotation (the rotation flag, holding the word
@@ -22,8 +22,9 @@ after a backoff doubling from the interval (capped at BACKOFF_CAP_S), never more
 starts kept for systemd's own retry and the deploy). Once a completion answers again the
 host returns to rotation (only a flag holding ``sentinel`` is ever removed).
 
-It pauses (no failure counted, no restart, no flag change) while the drain flag exists
-(a rolling restart, pyinfra_vllm/operations/rolling.py), while the engine's unit is not
+It pauses (no failure counted, no restart, no flag change) while the drain flag or the
+leave flag exists (a rolling restart, pyinfra_vllm/operations/rolling.py: the leave flag
+comes first, the engine's restart soon after), while the engine's unit is not
 active (starting, reloading, stopping, stopped or failed: a deploy's restart, or an
 operator's stop), while another owner's rotation flag exists (python -m tools.tune's,
 empty) and while the unit's state cannot be read.
@@ -111,7 +112,7 @@ class Memory:
 def pause_reason(unit: str, draining: bool, rotation: str | None) -> str | None:
     """Why the sentinel leaves the host alone this round, or None."""
     if draining:
-        return "the suite's drain flag is set (a rolling restart)"
+        return "the suite's drain flag or leave flag is set (a rolling restart)"
     if rotation == "other":
         return "another owner's rotation flag is set (python -m tools.tune)"
     if not unit:
@@ -346,7 +347,7 @@ def apply(actions: list[str], args: argparse.Namespace) -> None:
 
 def observe(args: argparse.Namespace) -> Observation:
     unit = unit_state()
-    draining = os.path.exists(args.drain_flag)
+    draining = os.path.exists(args.drain_flag) or os.path.exists(args.leave_flag)
     rotation = rotation_owner(args.rotation_flag)
     if pause_reason(unit, draining, rotation) is not None:
         return Observation(unit, draining, rotation)
@@ -389,6 +390,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--state", required=True)
     parser.add_argument("--textfile")
     parser.add_argument("--drain-flag", required=True)
+    parser.add_argument("--leave-flag", required=True)
     parser.add_argument("--rotation-flag", required=True)
     parser.add_argument("--restart-request", required=True)
     parser.add_argument("--rounds", type=int, help="stop after this many rounds (tests)")

@@ -126,7 +126,7 @@ SERVER_TESTS = {
     "test_sentinel.py": {
         "test_a_serving_engine_keeps_the_host_in",
         "test_completions_that_hang_behind_a_healthy_health_take_the_host_out_and_back",
-        "test_another_owner_s_flag_and_a_drain_pause_it",
+        "test_another_owner_s_flag_a_drain_and_a_leave_pause_it",
         "test_an_engine_unit_starting_pauses_it",
     },
     # files/openai_stub.py on loopback, in the place of vLLM's server

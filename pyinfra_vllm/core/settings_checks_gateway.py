@@ -174,19 +174,28 @@ def gateway_tls_files(cert: str | None, key: str | None, redirect_port: int | No
             raise ValueError("gateway_http_redirect_port must differ from gateway_port")
     if cert is None or key is None:
         return
-    for name, path, marker, what in (
-        ("gateway_tls_cert", cert, "-----BEGIN CERTIFICATE-----", "certificate"),
-        ("gateway_tls_key", key, "PRIVATE KEY-----", "private key"),
-    ):
-        try:
-            text = Path(path).read_text(encoding="ascii", errors="replace")
-            mode = Path(path).stat().st_mode
-        except OSError as exc:
-            raise ValueError(f"{name} {path}: cannot be read ({exc.strerror})") from None
-        if marker not in text:
-            raise ValueError(f"{name} {path}: holds no PEM {what}")
-        if name == "gateway_tls_key" and mode & 0o077:
-            raise ValueError(
-                f"gateway_tls_key {path}: mode {stat.S_IMODE(mode):04o} lets its group or "
-                "others at the private key; chmod 600 it"
-            )
+    for name, path, private in (("gateway_tls_cert", cert, False),
+                                ("gateway_tls_key", key, True)):
+        problem = pem_problem(name, path, private)
+        if problem is not None:
+            raise ValueError(problem)
+
+
+def pem_problem(name: str, path: str, private: bool) -> str | None:
+    """What is wrong with the PEM file ``path`` (the setting ``name``; the gateway's and
+    the front door's TLS files alike): unreadable, no PEM certificate in it (where
+    ``private``: no PEM private key), or, where ``private``, readable by its group or
+    others; None: nothing."""
+    marker, what = ("PRIVATE KEY-----", "private key") if private else (
+        "-----BEGIN CERTIFICATE-----", "certificate")
+    try:
+        text = Path(path).read_text(encoding="ascii", errors="replace")
+        mode = Path(path).stat().st_mode
+    except OSError as exc:
+        return f"{name} {path}: cannot be read ({exc.strerror}); name a file on this machine"
+    if marker not in text:
+        return f"{name} {path}: holds no PEM {what}; name the PEM file"
+    if private and mode & 0o077:
+        return (f"{name} {path}: mode {stat.S_IMODE(mode):04o} lets its group or others at "
+                "the private key; chmod 600 it")
+    return None

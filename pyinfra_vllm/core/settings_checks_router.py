@@ -1,12 +1,17 @@
 """The rules of the front door's settings (pyinfra_vllm/core/settings_router.py): where a
-gateway is reached, the router's TLS files, and the limits that must agree."""
+gateway is reached, the router's TLS files, and the limits that must agree.
+
+The TLS files' PEM check is the gateway's (settings_checks_gateway.pem_problem). The serving
+hosts' drain_leave_s against the front door's health checks is a rule across hosts, which
+the router stage asks (``leave_problems``)."""
 
 from __future__ import annotations
 
 import ipaddress
+import math
 import re
-import stat
-from pathlib import Path
+
+from pyinfra_vllm.core.settings_checks_gateway import pem_problem
 
 # A DNS name as HAProxy's server line and a certificate's name check take it: labels of
 # letters, digits and -, joined by dots.
@@ -30,22 +35,6 @@ def gateway_address(value: str | None) -> str | None:
     return value
 
 
-def pem_problem(name: str, path: str, marker: str, what: str, private: bool) -> str | None:
-    """What is wrong with ``path`` (the setting ``name``): unreadable, no PEM ``what`` in it,
-    or, where ``private``, readable by its group or others; None: nothing."""
-    try:
-        text = Path(path).read_text(encoding="ascii", errors="replace")
-        mode = Path(path).stat().st_mode
-    except OSError as exc:
-        return f"{name} {path}: cannot be read ({exc.strerror}); name a file on this machine"
-    if marker not in text:
-        return f"{name} {path}: holds no PEM {what}; name the PEM file"
-    if private and mode & 0o077:
-        return (f"{name} {path}: mode {stat.S_IMODE(mode):04o} lets its group or others at "
-                "the private key; chmod 600 it")
-    return None
-
-
 def router_files(cert: str | None, key: str | None,
                  gateway_ca: str | None) -> list[tuple[str, str]]:
     """router_tls_cert and router_tls_key: both or neither, readable PEM, the key private;
@@ -54,14 +43,11 @@ def router_files(cert: str | None, key: str | None,
         missing = "router_tls_cert" if cert is None else "router_tls_key"
         return [(missing, f"{missing} is not set: router_tls_cert and router_tls_key go "
                           "together; set both or neither")]
-    checks = [("router_gateway_ca", gateway_ca, "-----BEGIN CERTIFICATE-----", "certificate",
-               False)]
-    if cert is not None and key is not None:
-        checks += [("router_tls_cert", cert, "-----BEGIN CERTIFICATE-----", "certificate", False),
-                   ("router_tls_key", key, "PRIVATE KEY-----", "private key", True)]
+    checks = [("router_gateway_ca", gateway_ca, False), ("router_tls_cert", cert, False),
+              ("router_tls_key", key, True)]
     problems = []
-    for name, path, marker, what, private in checks:
-        problem = pem_problem(name, path, marker, what, private) if path else None
+    for name, path, private in checks:
+        problem = pem_problem(name, path, private) if path else None
         if problem is not None:
             problems.append((name, problem))
     return problems
@@ -83,3 +69,19 @@ def router_limits(prefix_bytes: int, buffer_kib: int, router_port: int,
                          "clients must not reach the front door's metrics; choose another "
                          "port"))
     return problems
+
+
+def leave_problems(router: str, leaves: dict[str, int], check_interval_ms: int) -> list[str]:
+    """The serving hosts whose rolling restart refuses requests before the front door
+    ``router`` can have taken them out: ``leaves`` is each one's drain_leave_s by name,
+    shorter than two failed health checks (router_check_interval_ms x 2). A rule across
+    hosts (one host's settings do not say whether the inventory has a front door): the
+    router stage asks it. Each problem a sentence naming the host."""
+    needed = math.ceil(2 * check_interval_ms / 1000)
+    return [f"router {router}: drain_leave_s of {name} is {leave_s} s, shorter than the front "
+            f"door's two failed health checks (router_check_interval_ms {check_interval_ms} "
+            "x 2) that take a host out: a request larger than router_buffer_kib sent to it "
+            "then gets its drain's 503; set drain_leave_s to at least "
+            f"{needed} for that host (a second more for margin) or lower "
+            "router_check_interval_ms"
+            for name, leave_s in leaves.items() if leave_s * 1000 < 2 * check_interval_ms]

@@ -167,6 +167,15 @@ class EngineSettings(SettingsSection):
     records were measured under the same latency targets (bench_slo_*), goodput may fall
     by at most this much instead (docs/bench.md).
     """
+    drain_leave_s: int = Field(default=3, ge=0, le=300)
+    """How long a host a rolling restart drains is out of the load balancers before it
+    refuses requests: its gateway answers 503 on /health while /v1 still serves, then, after
+    this, on /v1 too (drain_grace_s follows). A balancer retries a 503 elsewhere only for a
+    request it still holds (the front door: one within router_buffer_kib); this lets its
+    health checks take the host out first. 3: the front door's check every
+    router_check_interval_ms (1 s), out after 2 failures, plus a second; its router stage
+    refuses a serving host whose value is shorter than those two checks. 0: no wait.
+    """
     drain_grace_s: int = Field(default=120, ge=0, le=3600)
     """How long a drained host waits for its in-flight requests (vLLM's /metrics
     vllm:num_requests_running and vllm:num_requests_waiting) to reach 0 before its engine

@@ -12,9 +12,12 @@ anything. The hosts take their turns in the order pyinfra runs them, which comes
 its set of active hosts (``State.active_hosts``), not the inventory's order: no host is
 a designated canary; whichever goes first and fails stops the others.
 
-A host is drained with a flag file (``DRAIN_FLAG``, on the /run tmpfs, so a reboot
-clears it) that the gateway's site tests on every request: while it exists, /health and
-/v1 answer 503 (templates/nginx-vllm.conf.j2). Files a restart brings (the engine's
+A host is drained with two flag files (on the /run tmpfs, so a reboot clears them) that
+the gateway's site tests on every request (templates/nginx-vllm.conf.j2): first
+``LEAVE_FLAG``, /health answers 503 while /v1 still serves, so load balancers take the
+host out (drain_leave_s) before any request meets a refusal; then ``DRAIN_FLAG``, /v1
+answers 503 too while the requests in flight finish (drain_grace_s). Both are removed
+together when the host serves again. Files a restart brings (the engine's
 unit and environment file) wait beside their live paths under ``STAGED_SUFFIX``
 (pyinfra_vllm/operations/file_set.py ``present(stage=True)``) and are moved into place inside the
 slot (``promote_command``), so a host the rollout never reaches keeps its unit.
@@ -29,19 +32,23 @@ from facts.files import PathTypes
 from pyinfra_vllm.operations.util.rolling import (
     undrain_command,
 )
-from pyinfra_vllm.plans.gateway import DRAIN_FLAG
+from pyinfra_vllm.plans.gateway import DRAIN_FLAG, LEAVE_FLAG
+
+# What not_draining reads (the vllm_service stage declares the same read).
+FLAGS_READ = {"paths": [DRAIN_FLAG, LEAVE_FLAG]}
 
 
 @operation()
 def not_draining():
     """
-    Serve again where a drain outlived its restart: the flag removed.
+    Serve again where a drain outlived its restart: its flags removed.
 
-    A host whose engine failed readiness stays drained (its /health answers 503); once a
-    later run has its engine running, this puts it back. No flag: no command.
+    A host whose engine failed readiness stays drained (its /health answers 503); so does
+    one whose drain stopped after it left the load balancers (the leave flag alone). Once
+    a later run has its engine running, this puts it back. No flag: no command.
     """
-    found = host.get_fact(PathTypes, paths=[DRAIN_FLAG])
-    if not found.get(DRAIN_FLAG):
+    found = host.get_fact(PathTypes, **FLAGS_READ)
+    if not any(found.get(path) for path in FLAGS_READ["paths"]):
         host.noop("the gateway is not draining")
         return
     yield undrain_command()

@@ -86,7 +86,7 @@ def _report_ready(state, host) -> bool:
 
 
 def _roll(state, host, staged: list[list[str]], start: bool, serving: bool, batch: int,
-          grace_s: int, python: str, metrics_url: str, client: list[str],
+          leave_s: int, grace_s: int, python: str, metrics_url: str, client: list[str],
           new_key: bool, canary: dict | None = None, env_link: dict | None = None) -> bool:
     pairs = [(path, digest) for path, digest in staged]
     arguments = connector_arguments(host)
@@ -96,20 +96,20 @@ def _roll(state, host, staged: list[list[str]], start: bool, serving: bool, batc
                                       print_input=state.print_input, **arguments)
 
     try:
-        return _roll_host(state, host, run, pairs, start, serving, batch, grace_s, python,
-                          metrics_url, client, new_key, canary, env_link)
+        return _roll_host(state, host, run, pairs, start, serving, batch, leave_s, grace_s,
+                          python, metrics_url, client, new_key, canary, env_link)
     finally:
         if canary:
             run(StringCommand("rm -f", QuoteString(CANARY_ENV)))
 
 
-def _roll_host(state, host, run, pairs, start, serving, batch, grace_s, python,
+def _roll_host(state, host, run, pairs, start, serving, batch, leave_s, grace_s, python,
                metrics_url, client, new_key, canary, env_link) -> bool:
     """_roll's work for one host, in its slot (``run``: a command on the host)."""
 
     def work() -> str | None:
         if serving:
-            ok, output = run(rolling_util.drain_command())
+            ok, output = _drained(run, leave_s)
             if not ok:
                 return "to drain: " + (" ".join(output.stderr_lines) or "touch failed")
             _, output = run(idle_command(python, metrics_url, grace_s, client))
@@ -134,7 +134,7 @@ def _roll_host(state, host, run, pairs, start, serving, batch, grace_s, python,
         if start:
             _report_ready(state, host)
         if canary:
-            return _canary(host, run, canary, [path for path, _ in pairs], env_link)
+            return _canary(host, run, canary, [path for path, _ in pairs], env_link, leave_s)
         return None
 
     outcome = rolling_util.rollout(state, batch, host.name).step(host.name, serving, work)
@@ -148,7 +148,18 @@ def _roll_host(state, host, run, pairs, start, serving, batch, grace_s, python,
     return False
 
 
-def _canary(host, run, canary: dict, paths: list[str], env_link: dict | None) -> str | None:
+def _drained(run, leave_s: int) -> tuple[bool, Any]:
+    """The host out of the load balancers, ``leave_s`` waited, then draining
+    (``rolling_util.drain_commands``), stopping at a command that fails: its (ok, output)."""
+    for command in rolling_util.drain_commands(leave_s):
+        ok, output = run(command)
+        if not ok:
+            break
+    return ok, output
+
+
+def _canary(host, run, canary: dict, paths: list[str], env_link: dict | None,
+            leave_s: int) -> str | None:
     """The restarted host benchmarked in its previous record's shape, through its
     gateway, its record's files kept first. Within the bound: the kept files dropped,
     None. Worse, not measured, or the record not kept: ``_rejected`` puts the host back
@@ -158,10 +169,10 @@ def _canary(host, run, canary: dict, paths: list[str], env_link: dict | None) ->
     if not kept:
         why = ("its benchmark record could not be kept for a put back, so the canary did "
                "not run: " + failure_reason(output.stderr_lines))
-        return _rejected(host, run, why, paths, env_link, textfile=None)
+        return _rejected(host, run, why, paths, env_link, None, leave_s)
     entry, worse = _measured(run, canary)
     if worse is not None or entry is None:
-        return _rejected(host, run, str(worse), paths, env_link, textfile=textfile)
+        return _rejected(host, run, str(worse), paths, env_link, textfile, leave_s)
     run(rolling_util.previous_dropped_command(paths))
     run(record_command("drop", textfile))
     # Goodput, or output tokens/s and TTFT p95 (printable: the records are the host's).
@@ -182,16 +193,17 @@ def _measured(run, canary: dict) -> tuple[dict | None, str | None]:
 
 
 def _rejected(host, run, why: str, paths: list[str], env_link: dict | None,
-              textfile: str | None) -> str:
-    """The host drained and put back as it was before the run: the unit and environment
-    file it ran with, the environment link (``env_link``), restarted on them until ready,
-    and its benchmark record (its files were kept, with node_exporter's ``textfile``;
-    None: not kept, the canary did not run); then serving again. The reason the rollout
-    stops, naming what was rejected and what was put back."""
+              textfile: str | None, leave_s: int) -> str:
+    """The host drained (out of the load balancers first, for ``leave_s``) and put back
+    as it was before the run: the unit and environment file it ran with, the environment
+    link (``env_link``), restarted on them until ready, and its benchmark record (its
+    files were kept, with node_exporter's ``textfile``; None: not kept, the canary did not
+    run); then serving again. The reason the rollout stops, naming what was rejected and
+    what was put back."""
     what = _put_back_words(env_link, textfile is not None)
     host.log_styled(printable(f"canary: {why}: putting back {what}"), fg="red",
                     log_func=logger.error)
-    run(rolling_util.drain_command())
+    _drained(run, leave_s)
     back, output = run(rollback_command(paths, env_link))
     record_failed = ""
     if textfile is not None:
@@ -226,7 +238,7 @@ def _put_back_words(env_link: dict | None, record: bool) -> str:
 
 @operation(is_idempotent=False)
 def restarted(start: bool = True, staged: dict[str, str] | None = None, batch: int = 1,
-              grace_s: int = 0, python: str = "python3",
+              leave_s: int = 0, grace_s: int = 0, python: str = "python3",
               metrics_url: str = "http://127.0.0.1:8000/metrics",
               client: list[str] | None = None, new_key: bool = False,
               canary: dict | None = None, env_link: dict | None = None):
@@ -239,6 +251,8 @@ def restarted(start: bool = True, staged: dict[str, str] | None = None, batch: i
     + staged: ``{live path: sha256}`` of the files staged for this restart
       (``file_set.present(stage=True)``), moved into place inside the slot
     + batch: the run's rolling_batch (0: no limit)
+    + leave_s: drain_leave_s, how long the host is out of the load balancers (/health 503)
+      while /v1 still serves, before the drain
     + grace_s: drain_grace_s, the longest wait for in-flight requests
     + python: the interpreter that runs files/engine_idle.py (the environment's)
     + metrics_url: the engine's /metrics
@@ -252,8 +266,9 @@ def restarted(start: bool = True, staged: dict[str, str] | None = None, batch: i
     + env_link: the environment link this run moved, ``{"path", "before"}`` (its target
       before; None: there was none), put back where the rollout leaves the unit; None: not moved
 
-    An engine that runs (``UnitActivation`` when the operation executes) takes a slot, is
-    drained (the gateway answers 503), waits until no request is in flight or the grace
+    An engine that runs (``UnitActivation`` when the operation executes) takes a slot,
+    leaves the load balancers (/health 503, /v1 served) for ``leave_s``, is drained (the
+    gateway answers 503 on /v1 too), waits until no request is in flight or the grace
     ends, gets the staged files, restarts, and is put back once ready: ``systemctl
     restart`` returns when ExecStartPost's readiness wait (health, a one-token completion,
     the warm-ups) answered, its start limit reset first (as ``running``). One that does
@@ -278,7 +293,7 @@ def restarted(start: bool = True, staged: dict[str, str] | None = None, batch: i
         gate = {**{key: value for key, value in canary.items() if key != "env"},
                 "previous": previous}
     yield FunctionCommand(_roll, (sorted([path, digest] for path, digest in (staged or {}).items()),
-                                  start, serving, batch, grace_s, python, metrics_url,
+                                  start, serving, batch, leave_s, grace_s, python, metrics_url,
                                   list(client or []), new_key, gate, env_link), {})
 
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pyinfra_vllm.core.settings import Settings
 from pyinfra_vllm.plans import engine_access
 from pyinfra_vllm.plans import gateway as gateway_plan
+from pyinfra_vllm.plans import router as router_plan
 from pyinfra_vllm.plans import vllm_service as vllm_service_plan
 from pyinfra_vllm.plans.engine_access import Endpoint
 
@@ -92,6 +93,8 @@ class Access:
 
 
 ENGINE_USER = vllm_service_plan.SERVICE_USER
+# The stage of a router host (pyinfra_vllm/stages/router.py), the only one it runs.
+ROUTER_STAGE = "router"
 TABLE: tuple[Access, ...] = (
     Access(engine_access.KEY_ENV_PATH, "root", "root", "600", "file", "vllm_service",
            "the engine's own key, VLLM_API_KEY (the unit's second EnvironmentFile)"),
@@ -129,10 +132,22 @@ TABLE: tuple[Access, ...] = (
            _with_tls),
     Access(gateway_plan.STAGING_DIR, "root", "root", "700", "directory", "gateway",
            "the gateway's staging directory (candidate key files before nginx -t)"),
+    Access(router_plan.KEYS_PATH, "root", "root", "600", "file", ROUTER_STAGE,
+           "the front door's key list (the sha256 of each accepted header)",
+           "a router host"),
+    Access(router_plan.TLS_DIR, "root", "root", "755", "directory", ROUTER_STAGE,
+           "the front door's TLS directory (its certificate and key, the gateways' CA): "
+           "nobody else may write it", "a router host"),
+    Access(router_plan.TLS_KEY_PATH, "root", "root", "600", "file", ROUTER_STAGE,
+           "the front door's TLS key (from router_tls_key)", "a router host"),
+    Access(router_plan.STAGING_DIR, "root", "root", "700", "directory", ROUTER_STAGE,
+           "the front door's staging directory (candidate files before haproxy -c)",
+           "a router host"),
 )
 ROWS = {row.path: row for row in TABLE}
-# The stages that keep rows of the table.
-STAGES = tuple(sorted({row.stage for row in TABLE}))
+# The stages of a serving host that keep rows of the table (the router stage keeps a
+# router host's, which a serving host never reads).
+STAGES = tuple(sorted({row.stage for row in TABLE if row.stage != ROUTER_STAGE}))
 
 
 def mode(path: str) -> str:

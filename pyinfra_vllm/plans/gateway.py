@@ -18,12 +18,17 @@ from pyinfra_vllm.core.templating import render
 from pyinfra_vllm.plans.engine_access import KEY_NGINX_PATH
 
 # /run: a tmpfs, so a host rebooted while drained comes back serving. 0755: nginx's
-# workers (www-data) test the flag. A directory of its own, holding the flag alone: the
+# workers (www-data) test the flags. A directory of its own, holding the flags alone: the
 # secrets' directory (/run/pyinfra-vllm, pyinfra_vllm/operations/util/uploads.py) is 0700, and a
 # drain there made it listable, then the next secret upload made it 0700 again and hid the flag from
 # the workers, so the host went on serving while it was restarted.
 DRAIN_DIR = "/run/pyinfra-vllm-drain"
 DRAIN_FLAG = f"{DRAIN_DIR}/draining"
+# Leaving the load balancers' rotation before a drain (/health 503) while /v1 still serves:
+# a rolling restart writes it drain_leave_s before the drain flag, so a balancer takes the
+# host out while a request it cannot retry elsewhere (one larger than its buffer) is still
+# served; removed with the drain flag (pyinfra_vllm/operations/util/rolling.py).
+LEAVE_FLAG = f"{DRAIN_DIR}/leaving"
 # Out of the load balancers' rotation (/health 503) while /v1 still serves: a host being
 # tuned (python -m tools.tune), which benchmarks itself through its own gateway.
 ROTATION_FLAG = f"{DRAIN_DIR}/out-of-rotation"
@@ -145,6 +150,7 @@ def render_site(
     tls_key_path: str = TLS_KEY_PATH,
     node_exporter_port: int | None = None,
     drain_flag: str = DRAIN_FLAG,
+    leave_flag: str = LEAVE_FLAG,
     rotation_flag: str = ROTATION_FLAG,
     server_tokens_http: bool = True,
 ) -> str:
@@ -162,8 +168,8 @@ def render_site(
       the metrics_allow networks; None serves no /node-metrics
     + drain_flag: while this file exists, /health and /v1 answer 503 (a rolling restart
       drains the host: pyinfra_vllm/operations/rolling.py)
-    + rotation_flag: while this file exists, /health answers 503 and /v1 serves (a host
-      being tuned: tools/tune.py)
+    + leave_flag, rotation_flag: while either file exists, /health answers 503 and /v1
+      serves (a rolling restart's leave before its drain; a host being tuned: tools/tune.py)
     + server_tokens_http: ``server_tokens off`` at http level, for every server of this
       nginx; False where another file sets server_tokens there (a second one fails nginx -t)
     """
@@ -184,6 +190,7 @@ def render_site(
         tls_key_path=tls_key_path,
         node_exporter_port=node_exporter_port,
         drain_flag=drain_flag,
+        leave_flag=leave_flag,
         rotation_flag=rotation_flag,
         server_tokens_http=server_tokens_http,
     )

@@ -9,14 +9,15 @@ of the inventory is a serving host, and its gateway is a server of the front doo
 
 from __future__ import annotations
 
-import csv
 import hashlib
 import ipaddress
 import re
 from dataclasses import dataclass
 from typing import Any
 
+from facts.router import pool_view as pool_view  # the pool read back (RouterPool)
 from pyinfra_vllm.core.templating import render
+from pyinfra_vllm.plans.gateway import sha1
 
 # The inventory group whose hosts are front doors, not serving hosts.
 ROUTERS_GROUP = "routers"
@@ -36,6 +37,7 @@ STAGING_DIR = "/etc/haproxy/.pyinfra-vllm-staging"
 DROPIN_PATH = "/etc/systemd/system/haproxy.service.d/pyinfra-vllm.conf"
 STATS_SOCKET = "/run/haproxy/vllm-router.sock"
 SERVICE = "haproxy"
+UNIT = f"{SERVICE}.service"
 # What tests a candidate configuration before it goes live (the files it names too).
 CHECK_COMMAND = f"haproxy -c -f {CONFIG_PATH}"
 # Attempts on other hosts after the first fails (HAProxy's retries, with redispatch).
@@ -145,30 +147,68 @@ def render_dropin() -> str:
     return render(DROPIN_TEMPLATE, config_path=CONFIG_PATH)
 
 
-# HAProxy's ``show stat`` CSV: the columns the pool's view reads.
-_STAT_FIELDS = ("pxname", "svname", "status", "check_status", "check_code", "last_chk")
+# --- the audit's view of a router host --------------------------------------------------
+# facts.router.RouterPool's arguments.
+POOL_READ = {"socket": STATS_SOCKET}
+# What each of the front door's files is, in the audit's words.
+FILE_WORDS = {
+    CONFIG_PATH: "HAProxy's configuration",
+    KEYS_PATH: "the key hashes",
+    TLS_CERT_PATH: "the front door's certificate",
+    TLS_KEY_PATH: "the front door's TLS key",
+    GATEWAY_CA_PATH: "the gateways' trust",
+    DROPIN_PATH: "haproxy's drop-in",
+}
 
 
-def pool_view(show_stat: str, backend: str = "vllm_gateways") -> list[dict[str, Any]]:
-    """The router's view of its pool from ``show stat``'s CSV (its runtime API): each
-    server of ``backend`` with ``in_pool`` (HAProxy's status UP, or going down but still
-    taking requests: "UP 1/2"), the status as HAProxy says it, and why (the last check's
-    status and code). A text that is not that CSV raises ValueError: never read as an
-    empty, healthy pool."""
-    lines = show_stat.lstrip().splitlines()
-    if not lines or not lines[0].startswith("# pxname,svname,"):
-        raise ValueError("not HAProxy's show stat output (no '# pxname,svname,' header)")
-    rows = csv.DictReader([lines[0][2:], *lines[1:]])
-    missing = [field for field in _STAT_FIELDS if field not in (rows.fieldnames or [])]
-    if missing:
-        raise ValueError(f"show stat output without the column(s) {', '.join(missing)}")
-    view = []
-    for row in rows:
-        if row["pxname"] != backend or row["svname"] in ("FRONTEND", "BACKEND"):
-            continue
-        status = row["status"]
-        why = " ".join(part for part in (row["check_status"], row["check_code"],
-                                         row["last_chk"]) if part)
-        view.append({"host": row["svname"], "in_pool": status.startswith("UP"),
-                     "status": status, "why": why})
-    return view
+def verdict(pool: dict[str, Any] | None, activation: dict[str, Any] | None) -> dict[str, Any]:
+    """The front door's verdict for the audit: ``{"state", "ok", "reason", "servers"}``
+    from HAProxy's unit (facts.units.UnitActivation, ``activation``) and its pool
+    (facts.router.RouterPool, ``pool``). ``ok`` is False where HAProxy is not active, its
+    pool cannot be read ("unknown": never an empty, healthy pool) or no serving host is
+    in it ("empty"); True otherwise, ``reason`` naming each host out of the pool."""
+    servers = list((pool or {}).get("servers") or [])
+    active = (activation or {}).get("active")
+    if active != "active":
+        return {"state": "inactive", "ok": False, "servers": servers,
+                "reason": f"{UNIT} is {active or 'not installed'}"}
+    if pool is None or pool.get("error"):
+        why = (pool or {}).get("error") or (f"no stats socket at {STATS_SOCKET}: HAProxy "
+                                            "does not run the front door's configuration")
+        return {"state": "unknown", "ok": False, "servers": [], "reason": why}
+    inside = [server for server in servers if server["in_pool"]]
+    out = "; ".join(f"{server['host']} out ({server_words(server)})"
+                    for server in servers if not server["in_pool"])
+    if not inside:
+        return {"state": "empty", "ok": False, "servers": servers,
+                "reason": "no serving host in the pool" + (f": {out}" if out else "")}
+    return {"state": "ok", "ok": True, "servers": servers,
+            "reason": f"{len(inside)} of {len(servers)} serving host(s) in the pool"
+                      + (f"; {out}" if out else "")}
+
+
+def server_words(server: dict[str, Any]) -> str:
+    """One server of the pool (pool_view's) as HAProxy says it: ``DOWN L7STS 503``."""
+    return " ".join(part for part in (server["status"], server["why"]) if part)
+
+
+def refusal(host_name: str, judged: dict[str, Any]) -> str:
+    """The audit's line for a front door that cannot serve (``verdict``'s ``judged``)."""
+    return (f"router: {host_name}: the front door cannot serve ({judged['state']}: "
+            f"{judged['reason']}): journalctl -u {UNIT}; each gateway's /health")
+
+
+def file_findings(wanted: dict[str, str], live_sha1: dict[str, str | None]) -> list[str]:
+    """The audit's words for each of the front door's files (``wanted``: the router
+    stage's, ``{path: content}``) whose live sha1 (``live_sha1``, pyinfra's Sha1File) is
+    not its content's: changed by hand, or missing; the next run puts it back."""
+    lines = []
+    for path, content in wanted.items():
+        have = live_sha1.get(path)
+        what = FILE_WORDS.get(path, "a file of the front door")
+        if have is None:
+            lines.append(f"router: {path} ({what}) is missing: the next run writes it")
+        elif have != sha1(content):
+            lines.append(f"router: {path} ({what}) is not what the router stage writes "
+                         "(changed by hand): the next run puts it back")
+    return lines

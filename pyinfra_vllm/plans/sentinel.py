@@ -12,7 +12,8 @@ the engine's firewall lets root connect. A restart is asked for, not made: the s
 writes RESTART_REQUEST and the path unit ``vllm-sentinel-restart.path`` starts
 ``vllm-sentinel-restart.service``, a oneshot that runs ``systemctl restart --no-block
 vllm.service`` with systemd's own privileges (systemd lets a caller without
-CAP_SYS_ADMIN restart nothing, root's uid or not), unless the suite's drain flag exists.
+CAP_SYS_ADMIN restart nothing, root's uid or not), unless the suite's drain flag or leave
+flag exists.
 
 Pure functions of settings; pyinfra_vllm/stages/sentinel.py writes and starts them.
 """
@@ -27,7 +28,7 @@ from pyinfra_vllm.core.settings import Settings
 from pyinfra_vllm.core.templating import render
 from pyinfra_vllm.plans import engine_access
 from pyinfra_vllm.plans import vllm_service as vllm_service_plan
-from pyinfra_vllm.plans.gateway import DRAIN_DIR, DRAIN_FLAG, ROTATION_FLAG
+from pyinfra_vllm.plans.gateway import DRAIN_DIR, DRAIN_FLAG, LEAVE_FLAG, ROTATION_FLAG
 
 UNIT = "vllm-sentinel.service"
 UNIT_PATH = f"/etc/systemd/system/{UNIT}"
@@ -76,7 +77,8 @@ def sentinel_argv(settings: Settings, place: engine_access.Endpoint) -> list[str
             "--failures", str(settings.sentinel_failures),
             "--max-restarts", str(MAX_RESTARTS), "--restart-window", str(RESTART_WINDOW_S),
             "--state", STATE_PATH, "--textfile", textfile(settings),
-            "--drain-flag", DRAIN_FLAG, "--rotation-flag", ROTATION_FLAG,
+            "--drain-flag", DRAIN_FLAG, "--leave-flag", LEAVE_FLAG,
+            "--rotation-flag", ROTATION_FLAG,
             "--restart-request", RESTART_REQUEST]
     if settings.sentinel_restart:
         argv.append("--restart")
@@ -99,7 +101,8 @@ def render_units(settings: Settings, place: engine_access.Endpoint) -> dict[str,
         RESTART_PATH_UNIT_PATH: render(RESTART_PATH_TEMPLATE, request=RESTART_REQUEST,
                                        service=RESTART_SERVICE),
         RESTART_SERVICE_PATH: render(RESTART_SERVICE_TEMPLATE, systemctl=SYSTEMCTL,
-                                     drain_flag=DRAIN_FLAG, engine=vllm_service_plan.UNIT),
+                                     drain_flag=DRAIN_FLAG, leave_flag=LEAVE_FLAG,
+                                     engine=vllm_service_plan.UNIT),
     }
 
 

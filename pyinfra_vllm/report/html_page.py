@@ -20,6 +20,7 @@ import re
 from typing import Any
 
 from pyinfra_vllm.plans.bench import bench_words
+from pyinfra_vllm.plans.router import server_words
 from pyinfra_vllm.report.changes import change_words, previous_words
 from pyinfra_vllm.report.text import printable
 
@@ -323,6 +324,19 @@ def _gpu_health_section(entry: dict[str, Any]) -> str:
         ("GPU", "bus id", "verdict", "reasons", *(head for _, head in HEALTH_COLUMNS)), rows)
 
 
+def _front_door_section(entry: dict[str, Any]) -> str:
+    """A router host's pool: each serving host in or out, and why ("" for any other host:
+    its place in the pool is its row's "front door")."""
+    router = entry.get("router")
+    if entry.get("role") != "router" or not router:
+        return ""
+    rows = [[esc(server.get("host")), esc("yes" if server.get("in_pool") else "NO"),
+             esc(server_words(server))] for server in router.get("servers") or []]
+    return "<h3>Front door's pool</h3>" + (
+        _table(("serving host", "in pool", "HAProxy's status and last check"), rows) if rows
+        else f"<p>{esc(router.get('reason'))}</p>")
+
+
 def _host_section(name: str, anchor: str, entry: dict[str, Any], row: dict[str, str]) -> str:
     """One host: the terminal table's row for it as a list, then its drift, findings,
     link matrix, model plan and checks."""
@@ -336,6 +350,7 @@ def _host_section(name: str, anchor: str, entry: dict[str, Any], row: dict[str, 
         f'<section class="host" id="{anchor}"><h2>{esc(name)} '
         f'<span class="pill {status}">{esc(status)}</span></h2>',
         _table(("what", "found"), [[esc(k), esc(v)] for k, v in facts]),
+        _front_door_section(entry),
         _drift_section(entry),
         _topology_section(entry),
         _gpu_health_section(entry),

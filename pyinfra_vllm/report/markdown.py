@@ -11,9 +11,11 @@ from __future__ import annotations
 from typing import Any
 
 from pyinfra_vllm.plans.bench import bench_words
+from pyinfra_vllm.plans.router import server_words
 from pyinfra_vllm.plans.sentinel import sentinel_words
 from pyinfra_vllm.report.changes import markdown_changes
 from pyinfra_vllm.report.drift import host_problems
+from pyinfra_vllm.report.front_door import front_door_words, is_router_entry
 from pyinfra_vllm.report.html_page import HEALTH_COLUMNS
 from pyinfra_vllm.report.summary import (
     drift_words,
@@ -58,7 +60,9 @@ def render_markdown(report: dict[str, Any]) -> str:
     for name, entry in sorted(report["hosts"].items()):
         s, state = entry["summary"], entry["state"]
         lines += [f"## {_md(name)}", ""]
-        lines += _markdown_host_state(s, state)
+        lines += (_markdown_host_state(s, state) if not is_router_entry(entry) else
+                  [f"- OS: {_md(s['os'])} (kernel {_md(state.get('kernel'))}); a front "
+                   "door (the routers group): no GPU, driver or engine judged"])
         lines += ["", "| check | ok | detail | fix |", "|---|---|---|---|"]
         for check in entry["checks"]:
             ok = {True: "yes", False: "NO", None: "-"}[check["ok"]]
@@ -66,7 +70,7 @@ def render_markdown(report: dict[str, Any]) -> str:
                 ok = "warn"
             lines.append(f"| {check['name']} | {ok} | {_md(check['detail'])} | "
                          f"{_md(check['fix'])} |")
-        lines += ["", f"Verdict: {_md(s['verdict'])}", ""]
+        lines += ["", f"Verdict: {_md(s['verdict'])}", ""] + _markdown_front_door(entry)
         lines += _markdown_gpu_health(entry)
         if "engine" in entry:
             lines += [f"Engine: {_md(engine_words(entry))}", ""]
@@ -82,6 +86,22 @@ def render_markdown(report: dict[str, Any]) -> str:
         lines += (_markdown_drift(entry) + _markdown_integrity(entry) + _markdown_model(entry)
                   + _markdown_model_integrity(entry))
     return "\n".join(lines)
+
+
+def _markdown_front_door(entry: dict[str, Any]) -> list[str]:
+    """A router host's pool, each serving host in or out and why; a serving host's place
+    in the front door's pool ([] without a router host in the audit)."""
+    if not is_router_entry(entry):
+        return ([f"Front door: {_md(front_door_words(entry))}", ""]
+                if "front_door" in entry else [])
+    lines = [f"Front door: {_md(front_door_words(entry))}", ""]
+    servers = entry["router"]["servers"]
+    if servers:
+        lines += ["| serving host | in pool | HAProxy's status and last check |", "|---|---|---|"]
+        lines += [f"| {_md(server['host'])} | {'yes' if server['in_pool'] else 'NO'} | "
+                  f"{_md(server_words(server))} |" for server in servers]
+        lines.append("")
+    return lines
 
 
 def _markdown_host_state(summary: dict[str, Any], state: dict[str, Any]) -> list[str]:

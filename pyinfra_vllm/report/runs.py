@@ -23,6 +23,7 @@ from weakref import WeakKeyDictionary
 
 from pyinfra_vllm.report import store
 from pyinfra_vllm.report.changes import changes
+from pyinfra_vllm.report.front_door import with_front_door
 from pyinfra_vllm.report.html_page import render_html
 from pyinfra_vllm.report.markdown import render_markdown
 from pyinfra_vllm.report.summary import summary_rows, summary_table
@@ -62,7 +63,8 @@ class AuditRun:
     written: bool = False
 
     def report(self) -> dict[str, Any]:
-        return {"generated_at": self.generated_at, "hosts": self.hosts}
+        # Each serving host with the front door's view of it, where a router host was read.
+        return {"generated_at": self.generated_at, "hosts": with_front_door(self.hosts)}
 
 
 # Keyed by pyinfra's State, as the run context is keyed by its Host objects: a second

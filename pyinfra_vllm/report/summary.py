@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from pyinfra_vllm.report.drift import host_problems
+from pyinfra_vllm.report.front_door import front_door_words, is_router_entry
 from pyinfra_vllm.report.text import printable
 
 
@@ -105,24 +106,32 @@ def summary_rows(report: dict[str, Any]) -> list[tuple[str, ...]]:
         "health", "verdict", "drift",
     )
     asked = any("engine" in entry for entry in report["hosts"].values())
+    # The front door's view beside each verdict, where the audit read a router host.
+    routed = any(is_router_entry(entry) for entry in report["hosts"].values())
+    if routed:
+        header = (*header[:11], "front door", *header[11:])
     if asked:
         header += ("engine",)
     rows: list[tuple[str, ...]] = [header]
     for name, entry in sorted(report["hosts"].items()):
         s = entry["summary"]
+        hardware = ("-",) * 8 if is_router_entry(entry) else (
+            gpu_words(s),
+            s["driver_version"] or "-",
+            s["cuda_version"] or "-",
+            mig_words(s),
+            persistence_words(s),
+            nvlink_words(entry["state"]),
+            link_words(s, entry["state"]),
+            s.get("health") or "-",
+        )
         rows.append(
             (
                 name,
                 s["os"] or "-",
-                gpu_words(s),
-                s["driver_version"] or "-",
-                s["cuda_version"] or "-",
-                mig_words(s),
-                persistence_words(s),
-                nvlink_words(entry["state"]),
-                link_words(s, entry["state"]),
-                s.get("health") or "-",
+                *hardware,
                 s["verdict"],
+                *([front_door_words(entry)] if routed else []),
                 drift_words(entry),
                 *([engine_words(entry)] if asked else []),
             )

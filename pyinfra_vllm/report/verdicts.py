@@ -1,8 +1,8 @@
 """Each host's entry in the audit's report: the digest of what was read, the checks and
-the GPUs' health (``summarize``), the entry of a host whose settings are invalid
-(``settings_refusal``), the model's plan (``model_plans``), and what was changed by hand
-around the suite (``integrity``, the deep checks of the model and the environment), each
-judged by pyinfra_vllm/plans/.
+the GPUs' health (``summarize``), a router host's (``router_summary``), the entry of a host
+whose settings are invalid (``settings_refusal``), the model's plan (``model_plans``), and
+what was changed by hand around the suite (``integrity``, the deep checks of the model and
+the environment), each judged by pyinfra_vllm/plans/.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from pyinfra_vllm.plans import checks as host_checks
 from pyinfra_vllm.plans.checks import blocking, check_host, gpu_health
 from pyinfra_vllm.plans.gates import gpu_memory_mib, model_gates
 from pyinfra_vllm.plans.gateway import foreign_servers, foreign_words
+from pyinfra_vllm.plans.router import UNIT as ROUTER_UNIT
 from pyinfra_vllm.plans.topology import tp_link_verdict
 from pyinfra_vllm.plans.units import foreign_drop_ins
 from pyinfra_vllm.plans.vllm_service import difference_words, engine_differences
@@ -29,6 +30,18 @@ def summarize(name: str, state: dict[str, Any], settings: Settings,
     checks = check_host(state, settings, health)
     digest = _digest(state, checks, health, settings.tensor_parallel_size)
     return {"summary": digest, "checks": checks, "state": state, "gpu_health": health}
+
+
+def router_summary(state: dict[str, Any], judged: dict[str, Any]) -> dict[str, Any]:
+    """A router host's entry (``role`` "router"): its OS, and the front door's verdict
+    (``judged``: pyinfra_vllm/plans/router.py ``verdict``) as its one check besides the
+    OS's; no GPU, driver or engine is judged on a front door."""
+    checks = [host_checks.check_os(state),
+              host_checks.check("front_door", judged["ok"], judged["reason"],
+                                "" if judged["ok"] else f"journalctl -u {ROUTER_UNIT}; "
+                                "each gateway's /health")]
+    return {"role": "router", "summary": _digest(state, checks, {}, None), "checks": checks,
+            "state": state, "gpu_health": {}, "router": judged}
 
 
 def _digest(state: dict[str, Any], checks: list[dict[str, Any]], health: dict[str, Any],

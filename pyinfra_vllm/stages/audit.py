@@ -7,6 +7,12 @@ each problem (``settings: <key>: <problem>``) and the OS and GPU state read with
 settings, and its one operation fails it when the run executes, changing nothing, so
 that the run exits 1 while the other hosts are audited.
 
+A router host (the inventory's ``routers`` group) is audited as the front door, never as
+a serving host: HAProxy active, its pool as its runtime API says it, its files and secrets
+as the router stage writes them; a front door that cannot serve is refused, named
+(docs/router.md). Each serving host's entry gets the front door's view of it when the
+report is made (pyinfra_vllm/report/front_door.py).
+
     pyinfra inventory.py deploys/audit.py                  # state and verdicts
     python -m tools.audit inventory.py                     # ... plus drift; exit 1 on drift
 
@@ -32,20 +38,24 @@ from typing import Any
 
 from pyinfra import host, state
 from pyinfra.api import deploy
+from pyinfra.facts.files import Sha1File
 
 from facts.bench import BenchRecord
 from facts.files import PathModes
 from facts.nginx import NginxServers
+from facts.router import RouterPool
 from facts.sentinel import SentinelState
-from facts.units import UnitDropIns
+from facts.units import UnitActivation, UnitDropIns
 from facts.vllm_service import EngineProcess, EngineServing
 from pyinfra_vllm.core.settings import Settings, SettingsError
 from pyinfra_vllm.plans import access, engine_access
 from pyinfra_vllm.plans import bench as bench_plan
 from pyinfra_vllm.plans import persistence as persistence_plan
+from pyinfra_vllm.plans import router as router_plan
 from pyinfra_vllm.plans import sentinel as sentinel_plan
 from pyinfra_vllm.plans import vllm_service as vllm_service_plan
 from pyinfra_vllm.plans.gates import installed_registry
+from pyinfra_vllm.plans.units import foreign_drop_ins
 from pyinfra_vllm.report.drift import host_plan
 from pyinfra_vllm.report.runs import previous_entry, record
 from pyinfra_vllm.report.verdicts import (
@@ -55,6 +65,7 @@ from pyinfra_vllm.report.verdicts import (
     integrity_problems,
     model_integrity,
     model_plans,
+    router_summary,
     settings_problems,
     settings_refusal,
     summarize,
@@ -63,6 +74,7 @@ from pyinfra_vllm.run import host_reads
 from pyinfra_vllm.run.context import HostContext, collect, context, refuse
 from pyinfra_vllm.run.host_reads import Read
 from pyinfra_vllm.stages.persistence import persistence_reads
+from pyinfra_vllm.stages.router import front_door_files, is_router
 from pyinfra_vllm.stages.vllm_service import vllm_service_reads
 
 # The audit reads a host without a model lock too (it then says so); deploys/full.py,
@@ -94,9 +106,14 @@ def engine_serving_read(place: engine_access.Endpoint) -> dict:
 def audit() -> None:
     """Audit: read every host's OS, driver, GPUs, MIG, persistence, topology and NVLink"""
     try:
-        ctx = context(host, lock_required=False, stages=("audit",))
+        # A router host is read as the router stage reads it, never as a serving host.
+        ctx = context(host, lock_required=False,
+                      stages=("router",) if is_router(host) else ("audit",))
     except SettingsError as error:
         _refuse_for_settings(str(error))
+        return
+    if is_router(host):
+        _audit_router(ctx)
         return
     settings = ctx.settings
     previous = previous_entry(host.state, host.name, settings.audit_report_dir,
@@ -148,6 +165,39 @@ def _sentinel(ctx: HostContext) -> dict[str, Any]:
         ctx.refuse("Audit: host out of rotation by its sentinel",
                    [sentinel_plan.refusal(host.name, judged)])
     return judged
+
+
+def _audit_router(ctx: HostContext) -> None:
+    """A router host's entry: HAProxy active, its pool as its runtime API says it, each
+    of the front door's files as the router stage writes it, and the drift. A front door
+    that cannot serve (HAProxy not active, its pool unreadable or empty) is refused,
+    named (the audit exits 1), as a host out of rotation by its sentinel is."""
+    judged = router_plan.verdict(host.get_fact(RouterPool, **router_plan.POOL_READ),
+                                 host.get_fact(UnitActivation, unit=router_plan.UNIT))
+    if judged["ok"] is False:
+        ctx.refuse("Audit: the front door cannot serve",
+                   [router_plan.refusal(host.name, judged)])
+    entry = router_summary(ctx.state, judged)
+    entry.update(host_plan(state, host, ctx.refused, ctx.refusals, planned=bool(ctx.stages_asked)))
+    entry["findings"] = _router_findings(ctx)
+    record(host.state, host.name, entry, report_dir=ctx.settings.audit_report_dir,
+           keep=ctx.settings.audit_report_keep)
+
+
+def _router_findings(ctx: HostContext) -> list[str]:
+    """What was changed by hand on a router host, named: a file of the front door that is
+    not the router stage's (none compared where the stage refused the host: it says
+    why), a secret's owner or mode (the access table), a foreign drop-in for haproxy."""
+    settings, place = ctx.settings, ctx.endpoint
+    _problems, wanted = front_door_files(settings, host.name)
+    lines = router_plan.file_findings(
+        wanted, {path: host.get_fact(Sha1File, path=path) for path in wanted})
+    found = host.get_fact(PathModes, **access.read(settings, access.ROUTER_STAGE, place))
+    lines += access.findings(access.rows(settings, access.ROUTER_STAGE, place), found)
+    drop_ins = host.get_fact(UnitDropIns, unit=router_plan.UNIT)
+    lines += [f"foreign drop-in for {router_plan.UNIT}: {drop_in['path']}"
+              for drop_in in foreign_drop_ins(drop_ins, (router_plan.DROPIN_PATH,))]
+    return lines
 
 
 def _access_findings(settings: Settings, place: engine_access.Endpoint) -> list[str]:

@@ -20,11 +20,15 @@ from pyinfra_vllm.plans import bench as bench_plan
 from pyinfra_vllm.plans import vllm_service as vllm_service_plan
 from pyinfra_vllm.run.context import HostContext
 from pyinfra_vllm.run.stage import stage
+from pyinfra_vllm.stages.router import is_router
 
 
 @stage(lock_required=False, runbook=False)
 def bench(ctx: HostContext) -> None:
     """Bench: the acceptance benchmark, through the host's gateway, with vLLM's own client."""
+    if is_router(host):  # a front door has no engine of its own: its pool's hosts are measured
+        host.noop(f"{host.name} is a front door: nothing of its own to measure")
+        return
     settings = ctx.settings
     env_path = ctx.environment_path(host)
     unit = host.get_fact(UnitActivation, unit=vllm_service_plan.UNIT) or {}

@@ -30,7 +30,7 @@ import pytest
 
 from pyinfra_vllm.core.settings import SettingsError, validate
 from pyinfra_vllm.core.settings_checks_gateway import GATEWAY_DIRECTIVES
-from pyinfra_vllm.operations.util.rolling import drain_command
+from pyinfra_vllm.operations.util.rolling import drain_command, drain_commands, undrain_command
 from pyinfra_vllm.operations.util.uploads import SECRET_DIR
 from pyinfra_vllm.operations.util.vllm_service import engine_key_command
 from pyinfra_vllm.plans.engine_access import engine_address
@@ -84,6 +84,7 @@ class Gateway:
             keys_path=str(keys_path), tls=tls is not None,
             http_redirect_port=http_redirect_port, node_exporter_port=node_exporter_port,
             drain_flag=str(self.drain_flag),
+            leave_flag=str(self.drain_flag.parent / "leaving"),
             rotation_flag=str(self.drain_flag.parent / "out-of-rotation"),
             server_tokens_http="server_tokens" not in http_directives,
             **({"tls_cert_path": str(tls[0]), "tls_key_path": str(tls[1])} if tls else {}),
@@ -783,3 +784,37 @@ def test_a_draining_gateway_answers_503_on_health_and_v1_and_serves_again(tmp_pa
             assert request(gateway.gateway_port, authorization=bearer)[0] == 200
             rotation.unlink()
             assert request(gateway.gateway_port, "/health", method="GET")[0] == 200
+
+
+def test_a_leaving_gateway_fails_health_but_serves_v1_until_its_drain(tmp_path):
+    # The rolling step's own commands (pyinfra_vllm/operations/util/rolling.py), /run
+    # moved into a 0755 directory of this test's: the leave flag takes the host out of the
+    # load balancers (/health 503) while /v1 still reaches the engine; the drain flag then
+    # refuses /v1 too; the put back serves both again.
+    root = tempfile.mkdtemp(prefix="pyinfra-vllm-root-")
+    Path(root, "run").mkdir()
+    for directory in (Path(root), Path(root, "run")):
+        directory.chmod(0o755)
+
+    def sh(command) -> None:
+        raw = command.get_raw_value().replace(" /run/", f" {root}/run/")
+        subprocess.run(["sh", "-c", raw], check=True, timeout=30)
+
+    with engine() as engine_port, contextlib.ExitStack() as cleanup:
+        cleanup.callback(shutil.rmtree, root)
+        gateway = Gateway(tmp_path, keys=[KEY], vllm_port=engine_port,
+                          gateway_port=free_port(), drain_flag=Path(root + DRAIN_FLAG))
+        bearer = f"Bearer {KEY}"
+        leave, drain = drain_commands(0)
+        with gateway.running():
+            sh(leave)
+            assert request(gateway.gateway_port, "/health", method="GET")[0] == 503
+            status, _, body = request(gateway.gateway_port, authorization=bearer)
+            assert status == 200 and json.loads(body)["path"] == "/v1/models"
+            sh(drain)
+            assert request(gateway.gateway_port, "/health", method="GET")[0] == 503
+            assert request(gateway.gateway_port, authorization=bearer)[0] == 503
+            sh(undrain_command())
+            assert request(gateway.gateway_port, "/health", method="GET")[0] == 200
+            status, _, body = request(gateway.gateway_port, authorization=bearer)
+            assert status == 200 and json.loads(body)["path"] == "/v1/models"

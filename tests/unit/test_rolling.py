@@ -31,7 +31,7 @@ from pyinfra_vllm.operations.util import vllm_service as vllm_service_util
 from pyinfra_vllm.operations.util.uploads import SECRET_DIR, UPLOAD_ROOT
 from pyinfra_vllm.plans import bench as bench_plan
 from pyinfra_vllm.plans import vllm_service as vllm_service_plan
-from pyinfra_vllm.plans.gateway import DRAIN_DIR, DRAIN_FLAG
+from pyinfra_vllm.plans.gateway import DRAIN_DIR, DRAIN_FLAG, LEAVE_FLAG
 from tests.unit.impostor import impostor
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -251,10 +251,16 @@ def test_the_restart_and_drain_commands():
             "systemctl start vllm.service ;; esac ||") in (
         vllm_service_util.restart_command([], False).get_raw_value())
     assert "reset-failed" not in vllm_service_util.restart_command([], False).get_raw_value()
-    assert rolling_util.drain_command().get_raw_value() == (
-        "install -d -m 755 /run/pyinfra-vllm-drain && touch /run/pyinfra-vllm-drain/draining")
+    assert [command.get_raw_value() for command in rolling_util.drain_commands(3)] == [
+        "install -d -m 755 /run/pyinfra-vllm-drain && touch /run/pyinfra-vllm-drain/leaving",
+        "sleep 3",
+        "install -d -m 755 /run/pyinfra-vllm-drain && touch /run/pyinfra-vllm-drain/draining"]
+    assert [command.get_raw_value() for command in rolling_util.drain_commands(0)] == [
+        "install -d -m 755 /run/pyinfra-vllm-drain && touch /run/pyinfra-vllm-drain/leaving",
+        "install -d -m 755 /run/pyinfra-vllm-drain && touch /run/pyinfra-vllm-drain/draining"]
+    # The drain's flag first: /v1 serves again before /health brings the balancers back.
     assert rolling_util.undrain_command().get_raw_value() == (
-        "rm -f /run/pyinfra-vllm-drain/draining")
+        "rm -f /run/pyinfra-vllm-drain/draining /run/pyinfra-vllm-drain/leaving")
     assert vllm_service_util.idle_command("/opt/vllm/current/bin/python", "http://[::1]:8000/metrics",
                             120).get_raw_value() == (
         "/opt/vllm/current/bin/python /usr/local/lib/pyinfra-vllm/engine_idle.py --url "
@@ -279,11 +285,13 @@ def test_draining_never_changes_the_secrets_directory_nor_does_a_secret_upload_t
     (secrets / "hf_token").write_text("hf_x\n")
     drain_dir, flag = Path(f"{tmp_path}{DRAIN_DIR}"), Path(f"{tmp_path}{DRAIN_FLAG}")
 
-    sh(rolling_util.drain_command())
+    for command in rolling_util.drain_commands(0):
+        sh(command)
     assert stat.S_IMODE(secrets.stat().st_mode) == 0o700
     assert [p.name for p in secrets.iterdir()] == ["hf_token"]
     assert stat.S_IMODE(drain_dir.stat().st_mode) == 0o755
-    assert [p.name for p in drain_dir.iterdir()] == ["draining"] and flag.is_file()
+    assert sorted(p.name for p in drain_dir.iterdir()) == ["draining", "leaving"]
+    assert flag.is_file()
     # A secret upload while drained sets its own directory's mode, not the flag's.
     secrets.chmod(0o700)
     sh(rolling_util.drain_command())  # drained twice: a rerun of the step
@@ -291,7 +299,7 @@ def test_draining_never_changes_the_secrets_directory_nor_does_a_secret_upload_t
     assert stat.S_IMODE(drain_dir.stat().st_mode) == 0o755 and flag.is_file()
 
     sh(rolling_util.undrain_command())
-    assert not flag.exists()
+    assert list(drain_dir.iterdir()) == []
     assert stat.S_IMODE(secrets.stat().st_mode) == 0o700
     assert [p.name for p in secrets.iterdir()] == ["hf_token"]
 
@@ -451,7 +459,7 @@ def rolled(tmp_path: Path, measured: dict) -> tuple[dict, dict, dict]:
                   "textfile": f"{host.root}{TEXTFILE}", "bound": 0.1,
                   "previous": CANARY_RECORD}
         steps[name] = gevent.spawn(
-            vllm_service_ops._roll, state, host, staged, True, True, 1, 0, sys.executable,
+            vllm_service_ops._roll, state, host, staged, True, True, 1, 0, 0, sys.executable,
             "http://127.0.0.1:9/metrics", [], False, canary, env_link)
         hosts.append(host)
     gevent.joinall(list(steps.values()), raise_error=True)
@@ -486,7 +494,7 @@ def test_a_rejected_canary_puts_unit_environment_file_link_and_record_back(tmp_p
                 if line.startswith("restart")]
     assert restarts == [f"restart # {NEW_ENV} {first}/opt/vllm/envs/{NEW_ENV}",
                         f"restart # {OLD_ENV} {first}/opt/vllm/envs/{OLD_ENV}"]
-    assert not (first / "run/pyinfra-vllm-drain/draining").exists()
+    assert list((first / "run/pyinfra-vllm-drain").iterdir()) == []  # neither flag left
     # Not reached: its staged files gone, `current` back where its unit's engine runs from.
     assert logged["gpu-2"] == [f"rollout stopped: host gpu-1 failed {reason}"]
     assert tree(second) == trees["gpu-2"][0]
@@ -505,6 +513,50 @@ def test_a_passed_canary_keeps_the_new_files_and_nothing_kept_is_left(tmp_path):
         assert json.loads(after["var/lib/pyinfra-vllm/bench/latest.json"][1]) == faster
         assert sorted(set(after) - set(trees[name][0])) == []  # nothing kept or staged
     assert logged["gpu-1"][-1].startswith("canary: 160 output tokens/s (before 154.878)")
+
+
+class RecordingHost(TreeHost):
+    """A TreeHost that keeps each command as the step sent it, and the drain directory's
+    flags each command found."""
+
+    def __init__(self, name: str, root: Path) -> None:
+        super().__init__(name, root, {}, None)
+        self.sent: list[tuple[str, list[str]]] = []
+
+    def run_shell_command(self, command: StringCommand, **arguments: object):
+        drain_dir = Path(f"{self.root}{DRAIN_DIR}")
+        found = sorted(p.name for p in drain_dir.iterdir()) if drain_dir.is_dir() else []
+        self.sent.append((command.get_raw_value(), found))
+        return super().run_shell_command(command, **arguments)
+
+
+def test_a_serving_host_leaves_the_balancers_then_drains_restarts_and_serves_again(tmp_path):
+    """One rolling step's commands in order, run by sh on a directory tree: the leave
+    flag, the leave wait, the drain flag, the wait for in-flight requests, the restart
+    (both flags there), both flags removed once ready."""
+    host = RecordingHost("gpu-1", tmp_path / "gpu-1")
+    for directory in ("etc/systemd/system", "run"):
+        (host.root / directory).mkdir(parents=True)
+    (host.root / "etc/systemd/system/vllm.service").write_text(UNIT_TEXT)
+    state = State(Inventory((HOSTS[:1], {})), Config())
+    started = time.monotonic()
+    assert vllm_service_ops._roll(state, host, [], True, True, 1, 1, 0, sys.executable,
+                                  "http://127.0.0.1:9/metrics", [], False) is True
+    assert time.monotonic() - started >= 1  # the leave's second, waited on the host
+    sent = [(raw.split(" ")[0] if raw.startswith(sys.executable) else raw, found)
+            for raw, found in host.sent]
+    restart = vllm_service_util.restart_command([], True).get_raw_value()
+    assert sent == [
+        (f"install -d -m 755 {DRAIN_DIR} && touch {LEAVE_FLAG}", []),
+        ("sleep 1", ["leaving"]),
+        (f"install -d -m 755 {DRAIN_DIR} && touch {DRAIN_FLAG}", ["leaving"]),
+        (sys.executable, ["draining", "leaving"]),  # files/engine_idle.py, the grace 0
+        (restart, ["draining", "leaving"]),
+        (f"rm -f {DRAIN_FLAG} {LEAVE_FLAG}", ["draining", "leaving"]),
+    ]
+    assert list(Path(f"{host.root}{DRAIN_DIR}").iterdir()) == []
+    assert [line.split()[0] for line in (host.root / "systemctl.log").read_text().splitlines()
+            ] == ["is-active", "stop", "daemon-reload", "reset-failed", "restart"]
 
 
 # --- files/engine_idle.py ------------------------------------------------------------

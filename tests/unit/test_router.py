@@ -125,6 +125,40 @@ def test_a_router_without_a_pool_tls_or_a_fit_name_is_refused_with_each_reason()
                                 tls=True) == []
 
 
+def test_a_serving_host_that_leaves_too_briefly_for_two_checks_refuses_the_router(tmp_path):
+    """Each serving host's drain_leave_s against the front door's two failed health checks
+    (router_check_interval_ms x 2): the router stage's refusal, read from the settings of
+    a real inventory's hosts."""
+    from pyinfra.api import Config, Inventory, State
+    from pyinfra.context import ctx_host, ctx_state
+
+    from pyinfra_vllm.core.settings import load_settings
+    from pyinfra_vllm.core.settings_checks_router import leave_problems
+    from pyinfra_vllm.stages import router as router_stage
+
+    # The defaults (3 s, 1000 ms) agree, and 2 s is exactly two checks of 1 s.
+    assert leave_problems("rt-1", {"gpu-1": 3, "gpu-2": 2}, 1000) == []
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    cert.write_text("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n")
+    key.write_text("-----BEGIN PRIVATE KEY-----\nMIGH\n-----END PRIVATE KEY-----\n")
+    key.chmod(0o600)
+    tls = {"gateway_tls_cert": str(cert), "gateway_tls_key": str(key)}
+    hosts = [("gpu-1", tls), ("gpu-2", {**tls, "drain_leave_s": 2}),
+             ("rt-1", {"router_tls_cert": str(cert), "router_tls_key": str(key),
+                       "router_check_interval_ms": 1500})]
+    inventory = Inventory((hosts, {"api_keys": [KEY]}), routers=(hosts[2:], {}))
+    front_door = inventory.get_host("rt-1")
+    with ctx_state.use(State(inventory, Config())), ctx_host.use(front_door):
+        problems, files = router_stage.front_door_files(load_settings(front_door), "rt-1")
+    assert problems == [
+        "router rt-1: drain_leave_s of gpu-2 is 2 s, shorter than the front door's two failed "
+        "health checks (router_check_interval_ms 1500 x 2) that take a host out: a request "
+        "larger than router_buffer_kib sent to it then gets its drain's 503; set "
+        "drain_leave_s to at least 3 for that host (a second more for margin) or lower "
+        "router_check_interval_ms"]
+    assert files == {}
+
+
 SHOW_STAT = """\
 # pxname,svname,qcur,qmax,scur,smax,slim,stot,bin,bout,dreq,dresp,ereq,econ,eresp,wretr,wredis,status,weight,act,bck,chkfail,chkdown,lastchg,downtime,qlimit,pid,iid,sid,throttle,lbtot,tracked,type,rate,rate_lim,rate_max,check_status,check_code,check_duration,hrsp_1xx,hrsp_2xx,hrsp_3xx,hrsp_4xx,hrsp_5xx,hrsp_other,hanafail,req_rate,req_rate_max,req_tot,cli_abrt,srv_abrt,comp_in,comp_out,comp_byp,comp_rsp,lastsess,last_chk,last_agt,qtime,ctime,rtime,ttime
 vllm_front_door,FRONTEND,,,0,1,2000,3,0,0,0,0,0,,,,,OPEN,,,,,,,,,1,2,0,,,,0,0,0,1,,,,0,3,0,0,0,0,,0,1,3,,,0,0,0,0,,,,,,,,
@@ -223,19 +257,26 @@ def planned_router(monkeypatch, tmp_path):
     inventory = Inventory((hosts, common), serving=(hosts[:2], {}), routers=(hosts[2:], {}))
     bare_host(monkeypatch, {})
 
-    def plan(name: str) -> tuple[list[str], dict]:
+    def plan(name: str, whole=None) -> tuple[list[str], dict]:
         state = State(inventory, Config())
         state.set_stage(StateStage.Prepare)
         host = inventory.get_host(name)
         state.activate_host(host)
         with ctx_state.use(state), ctx_host.use(host):
             _calls, seen = counted(monkeypatch, [(gateway_ops, "site")])
-            full_stage.full()
+            (whole or full_stage.full)()
         names = [list(state.op_meta[op].names)[0] for op in state.get_op_order()
                  if op in host.op_hash_order]
         return names, seen
 
     return plan
+
+
+def test_a_router_host_is_not_benchmarked(planned_router):
+    from pyinfra_vllm.stages.bench import bench
+
+    names, seen = planned_router("rt-1", bench)
+    assert names == [] and not seen.get("site")
 
 
 def test_a_router_host_is_planned_the_router_stage_alone(planned_router):
@@ -245,6 +286,7 @@ def test_a_router_host_is_planned_the_router_stage_alone(planned_router):
         "Router: haproxy installed",
         "Router: HAProxy's configuration, key hashes and TLS files (haproxy -c before going "
         "live)",
+        "Router: owner and mode of its key files and directories",
         "Router: no foreign drop-in for haproxy",
         "Router: haproxy runs the front door's configuration, hardened",
         "Router: reload systemd units",

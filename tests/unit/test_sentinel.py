@@ -273,8 +273,14 @@ def test_the_restart_is_systemd_s_and_skipped_while_the_host_drains():
     assert f"PathModified={sentinel.RESTART_REQUEST}" in path
     assert f"Unit={sentinel.RESTART_SERVICE}" in path
     service = units[sentinel.RESTART_SERVICE_PATH]
-    assert "ExecCondition=/usr/bin/test ! -e /run/pyinfra-vllm-drain/draining" in service
-    assert "ExecStart=/usr/bin/systemctl restart --no-block vllm.service" in service
+    assert [line for line in service.splitlines() if line.startswith("ExecCondition=")] == [
+        "ExecCondition=/usr/bin/test ! -e /run/pyinfra-vllm-drain/draining",
+        "ExecCondition=/usr/bin/test ! -e /run/pyinfra-vllm-drain/leaving"]
+    # A stuck engine is killed first, every process of it (a frozen one too), then started:
+    # no --shutdown-timeout spent on requests it will never serve.
+    starts = [line for line in service.splitlines() if line.startswith("ExecStart=")]
+    assert starts == ["ExecStart=-/usr/bin/systemctl kill --signal=SIGKILL vllm.service",
+                      "ExecStart=/usr/bin/systemctl restart --no-block vllm.service"]
 
 
 # --- the fact and the audit ---------------------------------------------------------------
@@ -368,7 +374,7 @@ def _sentinel(tmp_path: Path, env: dict[str, str], rounds: int, *extra: str
          "--interval", "1", "--timeout", "0.5", "--failures", "2", "--max-restarts", "3",
          "--restart-window", "1800", "--state", str(tmp_path / "state.json"),
          "--textfile", str(tmp_path / "textfiles" / "pyinfra_vllm_sentinel.prom"),
-         "--drain-flag", str(tmp_path / "draining"),
+         "--drain-flag", str(tmp_path / "draining"), "--leave-flag", str(tmp_path / "leaving"),
          "--rotation-flag", str(tmp_path / "out-of-rotation"),
          "--restart-request", str(tmp_path / "restart-request"), "--rounds", str(rounds),
          *extra],
@@ -422,7 +428,7 @@ def test_completions_that_hang_behind_a_healthy_health_take_the_host_out_and_bac
     assert [event["to"] for event in state["events"]] == ["failing", "restarting", "ok"]
 
 
-def test_another_owner_s_flag_and_a_drain_pause_it(tmp_path):
+def test_another_owner_s_flag_a_drain_and_a_leave_pause_it(tmp_path):
     env = _systemctl(tmp_path, "active")
     (tmp_path / "out-of-rotation").write_text("")  # tools.tune's: touched, empty
     stub = _stub(tmp_path, "--stall-completions")
@@ -431,13 +437,18 @@ def test_another_owner_s_flag_and_a_drain_pause_it(tmp_path):
         assert _state(tmp_path)["state"] == "paused"
         assert (tmp_path / "out-of-rotation").read_text() == ""
         (tmp_path / "out-of-rotation").unlink()
-        (tmp_path / "draining").write_text("")
-        _sentinel(tmp_path, env, 3, "--restart")
+        # A rolling restart's leave (its drain and the engine's restart come next), then
+        # its drain.
+        for flag in ("leaving", "draining"):
+            (tmp_path / flag).write_text("")
+            _sentinel(tmp_path, env, 3, "--restart")
+            state = _state(tmp_path)
+            assert (state["state"], state["failures"], state["restarts"]) == ("paused", 0, 0)
+            assert state["reason"] == ("the suite's drain flag or leave flag is set (a rolling "
+                                       "restart)")
+            (tmp_path / flag).unlink()
     finally:
         stub.kill()
-    state = _state(tmp_path)
-    assert (state["state"], state["failures"], state["restarts"]) == ("paused", 0, 0)
-    assert "drain flag" in state["reason"]
     assert not (tmp_path / "out-of-rotation").exists()
     assert not (tmp_path / "restart-request").exists()
 

@@ -641,6 +641,10 @@ CASES = [
          "gateway_address", "is neither an IP address nor a DNS name"),
     case("router-buffer-too-small", {"router_buffer_kib": 8}, "router_buffer_kib",
          "greater than or equal to 16"),
+    case("drain-leave-negative", {"drain_leave_s": -1}, "drain_leave_s",
+         "greater than or equal to 0"),
+    case("drain-leave-beyond-five-minutes", {"drain_leave_s": 301}, "drain_leave_s",
+         "less than or equal to 300"),
 ]
 
 

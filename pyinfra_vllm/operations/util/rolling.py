@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from gevent.lock import BoundedSemaphore
 from pyinfra.api import OperationValueError, QuoteString, State, StringCommand
 
-from pyinfra_vllm.plans.gateway import DRAIN_DIR, DRAIN_FLAG
+from pyinfra_vllm.plans.gateway import DRAIN_DIR, DRAIN_FLAG, LEAVE_FLAG
 
 # Beside the live file (one file system: the move is a rename); systemd loads no unit
 # from a name with this suffix.
@@ -104,15 +104,31 @@ def rollout(state: State, batch: int, host_name: str) -> Rollout:
     return found
 
 
+def leave_command() -> StringCommand:
+    """The gateway's /health answers 503 from now on while /v1 still serves (the leave
+    flag exists): load balancers take the host out before the drain refuses requests.
+    ``install -d -m`` sets the mode of a directory that exists too: DRAIN_DIR holds the
+    flags alone, never a secret."""
+    return StringCommand("install -d -m 755", DRAIN_DIR, "&& touch", LEAVE_FLAG)
+
+
 def drain_command() -> StringCommand:
-    """The gateway answers 503 from now on (the flag exists). ``install -d -m`` sets the
-    mode of a directory that exists too: DRAIN_DIR holds the flag alone, never a secret."""
+    """The gateway answers 503 on /v1 too from now on (the drain flag exists)."""
     return StringCommand("install -d -m 755", DRAIN_DIR, "&& touch", DRAIN_FLAG)
 
 
+def drain_commands(leave_s: int) -> list[StringCommand]:
+    """A host drained, in order: it leaves the load balancers (``leave_command``), waits
+    ``leave_s`` (drain_leave_s: their health checks see it out; 0: no wait), then refuses
+    new requests (``drain_command``). Its in-flight requests are waited for after these."""
+    wait = [StringCommand("sleep", str(leave_s))] if leave_s else []
+    return [leave_command(), *wait, drain_command()]
+
+
 def undrain_command() -> StringCommand:
-    """The gateway serves again."""
-    return StringCommand("rm -f", DRAIN_FLAG)
+    """The gateway serves again: both flags removed, the drain's first, so /v1 serves
+    before /health brings the load balancers back."""
+    return StringCommand("rm -f", DRAIN_FLAG, LEAVE_FLAG)
 
 
 def promote_command(staged: Sequence[tuple[str, str]], keep_previous: bool = False,
