@@ -89,6 +89,8 @@ class SandboxHost:
     # This machine's address on the host's link: where the mirror listens, and what the
     # host sees as another machine.
     gateway: str
+    # A front door (booted's ``routers``): of the inventory's routers group.
+    router: bool = False
 
 
 @dataclass
@@ -158,7 +160,7 @@ def _from_state() -> list[SandboxHost]:
     state = json.loads(sbx.STATE_FILE.read_text())
     return [
         SandboxHost(h["name"], h["address"], h["scenario"], h["loop_device"], Path(h["host_dir"]),
-                    h["gateway"])
+                    h["gateway"], h.get("router", False))
         for h in state["hosts"]
     ]
 
@@ -176,7 +178,8 @@ def _down() -> None:
 
 @contextmanager
 def booted(scenarios: list[str], leave_up_for: str | None = None,
-           take_over: str | None = None, own_caches: bool | Collection[str] = False):
+           take_over: str | None = None, own_caches: bool | Collection[str] = False,
+           routers: int = 0):
     """Boot one host per scenario (one sandbox per machine), tear it down afterwards; with
     ``leave_up_for``, leave it up for the next module booted with the same name as
     ``take_over`` and the same scenarios, which then uses it instead of booting.
@@ -188,6 +191,8 @@ def booted(scenarios: list[str], leave_up_for: str | None = None,
     build CUDA stacks, name those three: in two whole-suite runs their set-up took 14-16 s
     and their teardown 16-17 s, against 33 s and 51 s with a copy for each of the eight,
     and the two runs that build 62-64 s and 42 s, against 84 s and 61 s.
+    ``routers``: that many more hosts, front doors in front of the others' gateways, which
+    then serve TLS (``sandbox up --routers N --tls``).
 
     With SANDBOX_REUSE=1 and a running sandbox, that sandbox is used as is and kept.
     """
@@ -196,11 +201,13 @@ def booted(scenarios: list[str], leave_up_for: str | None = None,
         pytest.skip(f"e2e sandbox unavailable: {reason}")
     reuse = os.environ.get("SANDBOX_REUSE") == "1" and sbx.INVENTORY_FILE.is_file()
     left_up = _LEFT_UP.pop("sandbox", None)
-    taken_over = take_over is not None and left_up == (take_over, tuple(scenarios))
+    shape = (*scenarios, *["router"] * routers)
+    taken_over = take_over is not None and left_up == (take_over, shape)
     if not reuse and not taken_over:
         try:
             # Tears down one left up, if any.
-            sbx.up(len(scenarios), scenarios, own_caches=own_caches)
+            sbx.up(len(scenarios), scenarios, own_caches=own_caches, routers=routers,
+                   tls=routers > 0)
         except SandboxError as exc:
             pytest.fail(f"sandbox up failed: {exc}")
     try:
@@ -210,7 +217,7 @@ def booted(scenarios: list[str], leave_up_for: str | None = None,
     finally:
         if not reuse:
             if leave_up_for is not None:
-                _LEFT_UP["sandbox"] = (leave_up_for, tuple(scenarios))
+                _LEFT_UP["sandbox"] = (leave_up_for, shape)
             else:
                 _down()
 

