@@ -57,14 +57,16 @@ def proven_environment(settings) -> dict[str, Any]:
 
 
 def bare_host(monkeypatch, answers: dict[str, Any]) -> list[tuple[str, dict]]:
-    """Every host's facts answered from ``answers`` (by the fact's name), else as a bare
+    """Every host's facts answered from ``answers`` (by the fact's name; a callable is
+    called with the fact's arguments: ``{"Sha1File": lambda path: ...}``), else as a bare
     host's: what the fact makes of no output. The reads made, in order."""
     made: list[tuple[str, dict]] = []
 
     def get_fact(self, fact, *args, **kwargs):
         made.append((fact.__name__, kwargs))
         if fact.__name__ in answers:
-            return copy.deepcopy(answers[fact.__name__])
+            answer = answers[fact.__name__]
+            return answer(**kwargs) if callable(answer) else copy.deepcopy(answer)
         try:
             return fact().process([])
         except Exception:  # a fact that needs output: its default

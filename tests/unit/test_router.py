@@ -227,6 +227,24 @@ def test_the_whole_run_gives_a_router_host_the_router_stage_alone():
 
 
 # --- the router stage planned for a router host of a real inventory ----------------------
+def router_inventory(tmp_path: Path, reports: Path):
+    """A real inventory of two serving hosts (gpu-1 at 10.0.0.11, gpu-2.example.internal)
+    with TLS gateways and one router host, rt-1, in the routers group: their certificate
+    and key files made in ``tmp_path`` (the key 0600), the audit's reports in ``reports``."""
+    from pyinfra.api import Inventory
+
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    cert.write_text("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n")
+    key.write_text("-----BEGIN PRIVATE KEY-----\nMIGH\n-----END PRIVATE KEY-----\n")
+    key.chmod(0o600)
+    common = {"api_keys": [KEY], "audit_report_dir": str(reports), "skip_stages": ["model"]}
+    gateway_tls = {"gateway_tls_cert": str(cert), "gateway_tls_key": str(key)}
+    hosts = [("gpu-1", {"ssh_hostname": "10.0.0.11", **gateway_tls}),
+             ("gpu-2.example.internal", gateway_tls),
+             ("rt-1", {"router_tls_cert": str(cert), "router_tls_key": str(key)})]
+    return Inventory((hosts, common), serving=(hosts[:2], {}), routers=(hosts[2:], {}))
+
+
 @pytest.fixture
 def planned_router(monkeypatch, tmp_path):
     """``planned_router(name)``: the whole run (deploys/full.py's ``full``) planned for the
@@ -234,7 +252,7 @@ def planned_router(monkeypatch, tmp_path):
     answered as a bare host's: the names of the operations it got, and the arguments of
     the gateway's checked swap."""
     import pyinfra
-    from pyinfra.api import Config, Inventory, State
+    from pyinfra.api import Config, State
     from pyinfra.api.state import StateStage
     from pyinfra.context import ctx_host, ctx_state
 
@@ -245,16 +263,7 @@ def planned_router(monkeypatch, tmp_path):
 
     monkeypatch.setattr(pyinfra, "is_cli", True)
     monkeypatch.setattr(report_runs.atexit, "register", lambda *args, **kwargs: None)
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    cert.write_text("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n")
-    key.write_text("-----BEGIN PRIVATE KEY-----\nMIGH\n-----END PRIVATE KEY-----\n")
-    key.chmod(0o600)
-    common = {"api_keys": [KEY], "audit_report_dir": str(tmp_path), "skip_stages": ["model"]}
-    gateway_tls = {"gateway_tls_cert": str(cert), "gateway_tls_key": str(key)}
-    hosts = [("gpu-1", {"ssh_hostname": "10.0.0.11", **gateway_tls}),
-             ("gpu-2.example.internal", gateway_tls),
-             ("rt-1", {"router_tls_cert": str(cert), "router_tls_key": str(key)})]
-    inventory = Inventory((hosts, common), serving=(hosts[:2], {}), routers=(hosts[2:], {}))
+    inventory = router_inventory(tmp_path, tmp_path)
     bare_host(monkeypatch, {})
 
     def plan(name: str, whole=None) -> tuple[list[str], dict]:

@@ -6,7 +6,6 @@ each serving host beside its own verdict in every report (JSON, Markdown, HTML, 
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import subprocess
@@ -15,8 +14,7 @@ from typing import Any
 
 import pyinfra
 import pytest
-from pyinfra.api import Config, Inventory, State
-from pyinfra.api.host import Host
+from pyinfra.api import Config, State
 from pyinfra.api.state import StateStage
 from pyinfra.context import ctx_host, ctx_state
 
@@ -35,6 +33,8 @@ from pyinfra_vllm.stages import audit as audit_stage
 from pyinfra_vllm.stages import full as full_stage
 from pyinfra_vllm.stages.router import front_door_files
 from tests.unit.fleet_reports import connected_state, h200_state, host_entry
+from tests.unit.test_engine_plan import bare_host
+from tests.unit.test_router import router_inventory
 from tests.unit.test_router_haproxy import fleet  # noqa: F401 - the real HAProxy's fixture
 from tools.audit import verdict
 
@@ -125,33 +125,11 @@ def audited(monkeypatch, tmp_path):
     entry in the JSON report the audit wrote, its context and the facts read."""
     monkeypatch.setattr(pyinfra, "is_cli", True)
     monkeypatch.setattr(report_runs.atexit, "register", lambda *args, **kwargs: None)
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    cert.write_text("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n")
-    key.write_text("-----BEGIN PRIVATE KEY-----\nMIGH\n-----END PRIVATE KEY-----\n")
-    key.chmod(0o600)
-    common = {"api_keys": [KEY], "audit_report_dir": str(tmp_path / "reports"),
-              "skip_stages": ["model"]}
-    tls = {"gateway_tls_cert": str(cert), "gateway_tls_key": str(key)}
-    hosts = [("gpu-1", {"ssh_hostname": "10.0.0.11", **tls}), (GPU2, tls),
-             ("rt-1", {"router_tls_cert": str(cert), "router_tls_key": str(key)})]
 
     def audit(answers: dict[str, Any], sha1s: dict[str, str] | None = None):
-        made: list[str] = []
-        answers = {"LinuxDistribution": ROUTER_STATE["os"], **answers}
-
-        def get_fact(self, fact, *args, **kwargs):
-            made.append(fact.__name__)
-            if fact.__name__ == "Sha1File":
-                return (sha1s or {}).get(kwargs["path"])
-            if fact.__name__ in answers:
-                return copy.deepcopy(answers[fact.__name__])
-            try:
-                return fact().process([])
-            except Exception:  # a fact that needs output: its default
-                return fact().default()
-
-        monkeypatch.setattr(Host, "get_fact", get_fact)
-        inventory = Inventory((hosts, common), serving=(hosts[:2], {}), routers=(hosts[2:], {}))
+        inventory = router_inventory(tmp_path, tmp_path / "reports")
+        reads = bare_host(monkeypatch, {"LinuxDistribution": ROUTER_STATE["os"], **answers,
+                                        "Sha1File": lambda path, **_: (sha1s or {}).get(path)})
         state = State(inventory, Config())
         state.set_stage(StateStage.Prepare)
         host = inventory.get_host("rt-1")
@@ -162,7 +140,7 @@ def audited(monkeypatch, tmp_path):
             _problems, files = front_door_files(load_settings(host), "rt-1")
         run = report_runs.audit_run(state, str(tmp_path / "reports"))
         report = json.loads(run.json_path.read_text())
-        return report["hosts"]["rt-1"], made, files
+        return report["hosts"]["rt-1"], [name for name, _ in reads], files
 
     return audit
 
