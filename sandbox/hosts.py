@@ -618,6 +618,7 @@ def _up(
                                  router_tls_key=str(TLS_KEY_FILE))
             elif routers:
                 host.data["vllm_cpu_threads_bind"] = _own_cpu(host)
+                del host.data["drain_leave_s"]  # behind the front door: leave it first
         state["hosts"] = [asdict(h) for h in hosts]
         save_state(state)
         write_inventory(hosts)
@@ -658,6 +659,9 @@ SERVING_DATA = {
     # The benchmark's default shape (8192 + 512 tokens, 16 at once, 64 requests) scaled
     # for a CPU engine of two cores: 512 + 32 tokens, 1 at once, 4 requests.
     "bench_scale": 0.0625,
+    # No load balancer in front of a sandbox host but a front door's (`up --routers`, which
+    # keeps the default): a restart's leave phase would only wait.
+    "drain_leave_s": 0,
 }
 
 
