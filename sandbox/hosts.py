@@ -617,7 +617,9 @@ def _up(
                 host.data.update(router_tls_cert=str(TLS_CERT_FILE),
                                  router_tls_key=str(TLS_KEY_FILE))
             elif routers:
-                host.data["vllm_cpu_threads_bind"] = _own_cpu(host)
+                # A fleet of this machine's CPUs: one engine worker per host (tensor
+                # parallel 1), each on a CPU of its own (two hosts of TP 2 would want four).
+                host.data.update(tensor_parallel_size=1, vllm_cpu_threads_bind=_own_cpu(host))
                 del host.data["drain_leave_s"]  # behind the front door: leave it first
         state["hosts"] = [asdict(h) for h in hosts]
         save_state(state)

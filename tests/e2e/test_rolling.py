@@ -49,7 +49,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import runpy
 import ssl
 import subprocess
 import sys
@@ -60,7 +59,6 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from itertools import pairwise
-from pathlib import Path
 
 import pytest
 
@@ -89,7 +87,7 @@ BASE = ["--data", f'api_keys=["{KEY}"]', "--data", "tensor_parallel_size=1",
         "--data", "rolling_batch=1", "--data", "drain_grace_s=30",
         # A host that cannot start fails readiness in minutes, not the default half hour.
         # 600 s: far above the 35 to 50 s a start takes here with a CPU of its own
-        # (own_cpu_inventory), and above the 200 to 300 s it took without.
+        # (serving_fleet), and above the 200 to 300 s it took without.
         "--data", "vllm_start_timeout_s=600"]
 HOSTS = int(os.environ.get("ROLLING_HOSTS", "2"))
 JOIN_S = 15  # after the run, for the client's last request
@@ -186,40 +184,23 @@ def clients_see_no_failure(what: str):
     assert failed == [], f"{what}: {len(failed)} of {len(client.results)} failed: {failed[:10]}"
 
 
-def own_cpu_inventory(sandbox, path: Path) -> Path:
-    """The sandbox's inventory with each host's engine worker bound to a CPU of its own.
-
-    vLLM's "auto" binds a tensor-parallel-1 worker to the first CPU of its NUMA node: on
-    every sandbox host, this machine's CPU 0. A starting worker then shared that CPU with
-    the other host's serving one, which polls its queue without rest under the client, and
-    its start took 200 to 300 s in place of 35 (seen). Separate servers have CPUs of their
-    own; so does each host here (round robin when there are more hosts than CPUs).
-    """
-    groups = runpy.run_path(str(sandbox.inventory))
-    cpus = sorted(os.sched_getaffinity(0))
-    routers = groups.get(sbx.ROUTERS_GROUP, [])
-    serving = [entry for entry in groups["sandbox"] if entry not in routers]
-    hosts = [(name, {**data, "vllm_cpu_threads_bind": str(cpus[number % len(cpus)])})
-             for number, (name, data) in enumerate(serving)]
-    path.write_text('"""test_rolling.py: the sandbox\'s hosts, a CPU each, and its front '
-                    'door."""\n\n'
-                    f"sandbox = {hosts!r}\n{sbx.ROUTERS_GROUP} = {routers!r}\n")
-    return path
-
-
-def serving_fleet(sandbox, inventory: Path):
-    """The sandbox as its serving hosts (``hosts``) with ``inventory``, the front door
-    left out of ``hosts`` (in the inventory's routers group, run by every run)."""
-    return dataclasses.replace(sandbox, hosts=[host for host in sandbox.hosts if not host.router],
-                               inventory=own_cpu_inventory(sandbox, inventory))
+def serving_fleet(sandbox):
+    """The sandbox as its serving hosts (``hosts``), the front door left out of them (in
+    the inventory's routers group, run by every run). The sandbox gives a front door's
+    fleet tensor parallel 1 and each serving host's engine worker a CPU of its own: vLLM's
+    "auto" binds a tensor-parallel-1 worker to the first CPU of its NUMA node, on every
+    sandbox host this machine's CPU 0, and a starting worker that shared it with the other
+    host's serving one, which polls its queue without rest under the client, took 200 to
+    300 s to start in place of 35 (seen)."""
+    return dataclasses.replace(sandbox, hosts=[host for host in sandbox.hosts if not host.router])
 
 
 @pytest.fixture(scope="module")
-def fleet(tmp_path_factory):
+def fleet():
     builders = [f"{sbx.NAME_PREFIX}{number}" for number in range(1, HOSTS + 1)]
     with booted(["seed"] * HOSTS, own_caches=builders, routers=1,
                 leave_up_for=ROUTED_FLEET) as sandbox:
-        sandbox = serving_fleet(sandbox, tmp_path_factory.mktemp("rolling") / "inventory.py")
+        sandbox = serving_fleet(sandbox)
         proc, data = run(sandbox, f"vllm_version={OLD.vllm}", timeout=INSTALL_TIMEOUT)
         if data is None or proc.returncode != 0:
             pytest.fail(f"first run failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")

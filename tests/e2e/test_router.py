@@ -78,13 +78,13 @@ SHOW_STAT = ("python3 -c 'import socket; s = socket.socket(socket.AF_UNIX); "
 
 
 @pytest.fixture(scope="module")
-def routed(tmp_path_factory):
+def routed():
     """(the serving fleet as test_rolling.py's fixture gives it, the router host)."""
     builders = [f"{sbx.NAME_PREFIX}{number}" for number in range(1, HOSTS + 1)]
     with booted(["seed"] * HOSTS, take_over=ROUTED_FLEET, own_caches=builders,
                 routers=1) as sandbox:
         router = next(host for host in _from_state() if host.router)
-        fleet = serving_fleet(sandbox, tmp_path_factory.mktemp("router") / "inventory.py")
+        fleet = serving_fleet(sandbox)
         serving = [fleet.ssh(host, "systemctl is-active vllm", check=False).stdout
                    for host in fleet.hosts]
         if serving != ["active\n"] * HOSTS:  # booted here, not taken over: the install
