@@ -142,6 +142,11 @@ def test_the_front_door_is_converged_hardened_and_holds_no_key(routed):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert any("Router: HAProxy's configuration" in name for name in changed(data)), changed(data)
     assert "retries 2" in sandbox.ssh(router, f"cat {CONFIG}").stdout
+    # The reload's old worker is stopped by the master (root signalling haproxy's process:
+    # CAP_KILL), leaving the new one alone.
+    workers = "pgrep -c -u haproxy -x haproxy || true"
+    wait_until(lambda: sandbox.ssh(router, workers).stdout.strip() == "1", 15,
+               "one worker after the reload")
 
 
 def test_a_bad_key_is_refused_at_the_front_door(routed):

@@ -197,7 +197,7 @@ def test_the_drop_in_hardens_debian_s_unit(tmp_path):
     result = subprocess.run(["systemd-analyze", "security", "--offline=true", "--no-pager",
                              str(unit)], capture_output=True, text=True, timeout=120)
     assert "Unknown key" not in result.stderr, result.stderr
-    assert "Overall exposure level for haproxy.service: 2.9 OK" in result.stdout, result.stdout
+    assert "Overall exposure level for haproxy.service: 3.0 OK" in result.stdout, result.stdout
     dropin = router.render_dropin()
     assert f"ExecStart=\nExecStart=/usr/sbin/haproxy -Ws -f {router.CONFIG_PATH} " in dropin
     assert " -S " not in dropin  # no master CLI

@@ -322,3 +322,43 @@ def test_the_metrics_port_serves_haproxy_s_exporter_and_nothing_else(fleet):
     assert 'haproxy_server_status{proxy="vllm_gateways",server="gpu-2",state="UP"} 1' in text
     assert get("/v1/models")[0] == 404 and get("/stats")[0] == 404
     assert one.seen == [] and two.seen == []
+
+
+def test_the_master_stops_its_workers_with_the_drop_in_s_capabilities_alone(fleet):
+    """HAProxy in master-worker mode (``-W``, as the unit's ``-Ws``), root with only the
+    capabilities the drop-in's CapabilityBoundingSet leaves, its workers haproxy's: a
+    SIGTERM stops the whole of it at once. Without CAP_KILL the master's kill(2) of its
+    workers fails with EPERM and the stop waited out systemd's 90 s (a sandbox host)."""
+    front, _one, _two = fleet
+    [line] = [line for line in router.render_dropin().splitlines()
+              if line.startswith("CapabilityBoundingSet=")]
+    caps = ",".join("+" + cap.removeprefix("CAP_").lower() for cap in line.split("=")[1].split())
+    proc = subprocess.Popen(["setpriv", f"--bounding-set=-all,{caps}", "--", HAPROXY, "-W",
+                             "-db", "-f", str(front.config)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 10
+        while not front.socket.exists() or not _workers(proc.pid):
+            assert proc.poll() is None and time.monotonic() < deadline, "haproxy did not start"
+            time.sleep(0.05)
+        workers = _workers(proc.pid)
+        assert {_owner(pid) for pid in workers} == {"haproxy"}
+        proc.terminate()
+        assert proc.wait(timeout=5) is not None
+        assert [pid for pid in workers if Path(f"/proc/{pid}").exists()] == []
+    finally:
+        if proc.poll() is None:
+            subprocess.run(["pkill", "-KILL", "-P", str(proc.pid)], check=False)
+            proc.kill()
+            proc.wait()
+
+
+def _workers(master: int) -> list[int]:
+    found = subprocess.run(["pgrep", "-P", str(master)], capture_output=True, text=True)
+    return [int(pid) for pid in found.stdout.split()]
+
+
+def _owner(pid: int) -> str:
+    import pwd
+
+    return pwd.getpwuid(os.stat(f"/proc/{pid}").st_uid).pw_name
