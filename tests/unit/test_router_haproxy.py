@@ -362,3 +362,30 @@ def _owner(pid: int) -> str:
     import pwd
 
     return pwd.getpwuid(os.stat(f"/proc/{pid}").st_uid).pw_name
+
+
+@pytest.mark.skipif(shutil.which("testssl") is None,
+                    reason="testssl is not installed (make system-deps installs it)")
+def test_testssl_finds_the_front_door_s_tls_as_the_gateway_s(fleet, tmp_path):
+    """The front door's TLS for clients, scanned as the gateway's is
+    (tests/unit/test_gateway_analyzers.py): TLS 1.2 and 1.3 only, ECDHE with AEAD suites,
+    HSTS for two years on its own answers too (here a 401: no key), no Server banner, and
+    nothing flagged but the headers a browser's HTML page would want. About 25 s."""
+    from tests.unit.test_gateway_analyzers import TLS13_SUITES, offered_suites, scan_with_testssl
+
+    door, _one, _two = fleet
+    report = scan_with_testssl(f"https://127.0.0.1:{door.port}/v1/models",
+                               tmp_path / "testssl.json")
+    findings = {item["id"]: item for item in report}
+    flagged = {item["id"]: item["severity"] for item in report
+               if item["severity"] not in ("OK", "INFO") and item["id"] != "engine_problem"}
+    assert flagged == {"security_headers": "MEDIUM"}, flagged
+    assert offered_suites(report, "tls1_2") == {
+        "ECDHE-ECDSA-AES128-GCM-SHA256", "ECDHE-ECDSA-AES256-GCM-SHA384",
+        "ECDHE-ECDSA-CHACHA20-POLY1305"}
+    assert offered_suites(report, "tls1_3") == TLS13_SUITES
+    for name in ("SSLv2", "SSLv3", "TLS1", "TLS1_1"):
+        assert findings[name]["finding"] == "not offered", findings[name]
+    assert findings["HSTS_time"]["finding"] == "730 days (=63072000 seconds) > 15552000 seconds"
+    assert findings["banner_server"]["finding"] == "No Server banner line in header, interesting!"
+    assert findings["LUCKY13"]["severity"] == "OK"
