@@ -130,7 +130,7 @@ def _roll_host(state, host, run, pairs, start, serving, batch, leave_s, grace_s,
                 return "nginx reload for the engine's new key: " + failure_reason(
                     output.stderr_lines)
         if serving:
-            run(rolling_util.undrain_command())
+            _rejoined(run, leave_s)
         if start:
             _report_ready(state, host)
         if canary:
@@ -156,6 +156,13 @@ def _drained(run, leave_s: int) -> tuple[bool, Any]:
         if not ok:
             break
     return ok, output
+
+
+def _rejoined(run, leave_s: int) -> None:
+    """The host serving again, and back in the load balancers' pools before its slot
+    goes to the next host (``rolling_util.rejoin_commands``)."""
+    for command in [rolling_util.undrain_command(), *rolling_util.rejoin_commands(leave_s)]:
+        run(command)
 
 
 def _canary(host, run, canary: dict, paths: list[str], env_link: dict | None,
@@ -216,7 +223,7 @@ def _rejected(host, run, why: str, paths: list[str], env_link: dict | None,
         # Left drained: rolling.not_draining serves again once a run has it running.
         return printable(f"{rejected}; the put back ({what}) or the engine's restart on it "
                          f"failed: {failure_reason(output.stderr_lines)}{record_failed}")
-    run(rolling_util.undrain_command())
+    _rejoined(run, leave_s)
     if record_failed:
         return printable(f"{rejected}; put back and ready again but for its record"
                          f"{record_failed}")

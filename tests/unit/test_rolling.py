@@ -533,7 +533,8 @@ class RecordingHost(TreeHost):
 def test_a_serving_host_leaves_the_balancers_then_drains_restarts_and_serves_again(tmp_path):
     """One rolling step's commands in order, run by sh on a directory tree: the leave
     flag, the leave wait, the drain flag, the wait for in-flight requests, the restart
-    (both flags there), both flags removed once ready."""
+    (both flags there), both flags removed once ready, and the same wait again before the
+    slot goes to the next host."""
     host = RecordingHost("gpu-1", tmp_path / "gpu-1")
     for directory in ("etc/systemd/system", "run"):
         (host.root / directory).mkdir(parents=True)
@@ -553,6 +554,7 @@ def test_a_serving_host_leaves_the_balancers_then_drains_restarts_and_serves_aga
         (sys.executable, ["draining", "leaving"]),  # files/engine_idle.py, the grace 0
         (restart, ["draining", "leaving"]),
         (f"rm -f {DRAIN_FLAG} {LEAVE_FLAG}", ["draining", "leaving"]),
+        ("sleep 1", []),  # back in the balancers' pools before the next host leaves them
     ]
     assert list(Path(f"{host.root}{DRAIN_DIR}").iterdir()) == []
     assert [line.split()[0] for line in (host.root / "systemctl.log").read_text().splitlines()

@@ -125,6 +125,14 @@ def drain_commands(leave_s: int) -> list[StringCommand]:
     return [leave_command(), *wait, drain_command()]
 
 
+def rejoin_commands(leave_s: int) -> list[StringCommand]:
+    """A host put back waits ``leave_s`` (drain_leave_s: two good health checks and a
+    second) before the next host takes the slot and leaves the load balancers: never both
+    out of a pool at once, which a front door of two hosts answers with its own 503 (seen:
+    one request of 100 in a rolling upgrade). 0: no wait."""
+    return [StringCommand("sleep", str(leave_s))] if leave_s else []
+
+
 def undrain_command() -> StringCommand:
     """The gateway serves again: both flags removed, the drain's first, so /v1 serves
     before /health brings the load balancers back."""
