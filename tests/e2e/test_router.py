@@ -37,6 +37,8 @@ from collections.abc import Callable
 import pytest
 
 from facts.router import pool_view
+from pyinfra_vllm.plans import router as router_plan
+from pyinfra_vllm.plans.gateway import DRAIN_FLAG, ROTATION_FLAG
 from sandbox import hosts as sbx
 from tests.e2e.conftest import REPO_ROOT, _from_state, booted
 from tests.e2e.test_rolling import (
@@ -61,13 +63,10 @@ pytestmark = pytest.mark.e2e
 # as it was left, so the first run here changes nothing; alone, the module's install.
 LEFT = ("max_num_seqs=4", f"vllm_version={OLD.vllm}", NO_CANARY)
 FAST_SENTINEL = ("sentinel_interval_s=5", "sentinel_timeout_s=3", "sentinel_failures=2")
-CONFIG = "/etc/haproxy/vllm-router.cfg"
-KEYS = "/etc/haproxy/vllm-router-keys.lst"
-STATS_SOCKET = "/run/haproxy/vllm-router.sock"
-DRAIN_FLAG = "/run/pyinfra-vllm-drain/draining"
+# The paths the suite writes them at: the router's and the gateway's plans.
+CONFIG, KEYS, STATS_SOCKET = router_plan.CONFIG_PATH, router_plan.KEYS_PATH, router_plan.STATS_SOCKET
 SENTINEL_STATE = "/var/lib/pyinfra-vllm-sentinel/state.json"
 SENTINEL_TEXTFILE = "/var/lib/pyinfra-vllm-metrics/pyinfra_vllm_sentinel.prom"
-ROTATION_FLAG = "/run/pyinfra-vllm-drain/out-of-rotation"
 ENGINE_HEALTH = ("curl -s -o /dev/null -w '%{http_code}' --unix-socket "
                  "/run/vllm-engine/engine.sock http://localhost/health")
 CORE = "pgrep -u vllm -f '^VLLM::EngineCore'"
